@@ -1,0 +1,33 @@
+# The README's two commands: `make quickstart` (set up + run the main job) and
+# `make test` (set up + run the whole suite).  Everything is installed into
+# .venv by `make setup`, so a fresh machine needs only python3, gcc and make
+# (plus Java for the Spark tests).
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+ARGS    ?=
+
+.PHONY: setup native test quickstart bench clean
+
+$(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip setuptools wheel
+	$(VPY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Rebuild the C helpers in place after editing native/src (serialized with a
+# lock so parallel builds never clobber each other's .so).
+native: $(STAMP)
+	flock .native.lock $(VPY) native/_build.py
+
+test: setup native
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+quickstart: setup native
+	$(VPY) -m tools.quickstart $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/_native.o

@@ -1,0 +1,1 @@
+# RocketMQ message records, the name server, the broker and its clients.

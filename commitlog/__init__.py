@@ -1,0 +1,1 @@
+# The DLedger-format replicated commitlog: entry codecs, segmented store, Raft.

@@ -1,0 +1,1 @@
+# RocketMQ ConsumeQueue and IndexFile, built from committed commitlog positions.

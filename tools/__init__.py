@@ -1,0 +1,1 @@
+# Operator-facing tools: the mqadmin CLI, benchmarks, migration and pipeline.

@@ -1,0 +1,1 @@
+# Benchmarks (run on demand, never as timed assertions in tests).

@@ -1,0 +1,55 @@
+# Owns the `mqadmin` click group and the one translation point from
+# ledgermq errors to one-line messages and exit codes.  Commands live in
+# tools/mqadmin/<area>_cmds.py modules, registered below; a module that
+# registers commands exposes `register(group)`.
+import importlib
+import sys
+
+import click
+
+from commitlog.errors import CommitLogError
+
+# Each area of the tree adds its commands in its own module, so parallel work
+# never edits the same file.
+COMMAND_MODULES = [
+    "tools.mqadmin.store_cmds",
+    "tools.mqadmin.cq_cmds",
+]
+
+EXIT_PROBLEMS = 1  # the command ran and found problems (verify, compare, ...)
+EXIT_USAGE = 2  # click's own code for usage errors; kept for our own too
+EXIT_ERROR = 3  # the command could not run (unreadable store, unreachable server)
+
+
+class MQAdminGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (CommitLogError, OSError, ValueError) as exc:
+            # A user mistake or an environment problem: one line, no traceback.
+            click.echo(f"mqadmin: error: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
+
+
+@click.group(cls=MQAdminGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ledgermq")
+def cli():
+    """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands)."""
+
+
+def _load_commands() -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # that area has no commands yet
+        module.register(cli)
+
+
+_load_commands()
+
+
+def main() -> None:
+    cli(prog_name="mqadmin")
