@@ -185,3 +185,55 @@ def encode_blank(remaining: int) -> bytes:
     if remaining < MIN_BLANK_LEN:
         raise EntryFormatError(f"blank filler needs >= {MIN_BLANK_LEN} bytes, got {remaining}")
     return BLANK.pack(BLANK_MAGIC, remaining)
+
+
+@attrs.frozen
+class EntryBatch:
+    """Contiguous entries as shipped between replicas: the encoded bytes back
+    to back (blank fillers are not shipped; the follower re-creates them from
+    each entry's pos) plus the term of every index as runs, so Raft's log
+    matching can run without one Python object per entry."""
+
+    first_index: int
+    count: int
+    # (first index carrying this term, term), ascending by index.
+    term_runs: tuple[tuple[int, int], ...]
+    raw: bytes
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + self.count - 1
+
+    @property
+    def last_term(self) -> int:
+        return self.term_runs[-1][1] if self.term_runs else -1
+
+    def term_at(self, index: int) -> int:
+        if not self.first_index <= index <= self.last_index:
+            raise IndexError(f"index {index} outside batch [{self.first_index}, {self.last_index}]")
+        term = self.term_runs[0][1]
+        for start, t in self.term_runs:
+            if start > index:
+                break
+            term = t
+        return term
+
+
+def batch_from_entries(entries: "list[Entry]") -> EntryBatch:
+    """Build a batch from decoded entries (tests and slow paths)."""
+    if not entries:
+        raise ValueError("empty batch")
+    runs: list[tuple[int, int]] = []
+    for e in entries:
+        if not runs or runs[-1][1] != e.term:
+            runs.append((e.index, e.term))
+    return EntryBatch(entries[0].index, len(entries), tuple(runs), b"".join(e.encode() for e in entries))
+
+
+def iter_batch(batch: EntryBatch):
+    """Decode every entry of a batch (tests and slow paths)."""
+    off = 0
+    for _ in range(batch.count):
+        e = decode_entry(batch.raw, off)
+        off += e.size
+        yield e

@@ -95,3 +95,18 @@ def test_entry_round_trip(body, index, term, pos, prev, magic, with_crc):
 
 def test_message_vector_is_intact():
     assert len(MESSAGE_146) == 146 and MESSAGE_146[:4] == b"\x00\x00\x00\x92"
+
+
+def test_entry_batch_terms_and_round_trip():
+    ents, prev, pos = [], 0, 0
+    for i, term in enumerate([1, 1, 2, 2, 2, 5]):
+        e = E.make_entry(b"x" * i, index=10 + i, term=term, pos=pos, prev_chain_crc=prev)
+        ents.append(e)
+        prev, pos = e.chain_crc, pos + e.size
+    batch = E.batch_from_entries(ents)
+    assert batch.term_runs == ((10, 1), (12, 2), (15, 5))
+    assert [batch.term_at(i) for i in range(10, 16)] == [1, 1, 2, 2, 2, 5]
+    assert (batch.last_index, batch.last_term) == (15, 5)
+    assert list(E.iter_batch(batch)) == ents
+    with pytest.raises(IndexError):
+        batch.term_at(16)
