@@ -1,0 +1,163 @@
+# Owns what the TCP and in-memory transports share: the tuning knobs, the
+# statistics the admin port shows, the reconnect backoff rule and the
+# Transport protocol the node shell programs against.  Both transports move
+# opaque bytes between peer ids; neither knows what a Raft message is.
+import random
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Protocol
+
+import attrs
+
+from commitlog.transport.framing import DEFAULT_MAX_FRAME_SIZE
+
+
+def _positive(inst, attribute, value) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen
+class TransportConfig:
+    """Send semantics: send() never blocks.  Each peer has a bounded queue
+    (send_queue_messages AND send_queue_bytes; a message is always accepted
+    into an empty queue so any frame up to max_frame_size can travel).  When
+    the queue is full send() drops the NEW message, counts it in
+    dropped_full and returns False -- the caller learns synchronously that the
+    message was not queued (Raft retransmits on its own timers).  Messages
+    queued longer than max_queue_age (peer down, link stalled) are discarded
+    unsent and counted in dropped_stale: a Raft message that old is useless
+    and flushing a backlog of them after a reconnect only delays fresh ones."""
+
+    max_frame_size: int = attrs.field(default=DEFAULT_MAX_FRAME_SIZE, validator=_positive)
+    send_queue_messages: int = attrs.field(default=1024, validator=_positive)
+    send_queue_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_positive)
+    max_queue_age: float = attrs.field(default=2.0, validator=_positive)
+    # Received messages waiting for receive(); when full, readers stop
+    # reading and TCP flow control pushes back on the senders.
+    recv_queue_messages: int = attrs.field(default=1024, validator=_positive)
+    # One send_all() carries queued frames up to this many bytes; payloads
+    # above join_limit are written on their own instead of being copied into
+    # the joined buffer.
+    write_batch_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
+    join_limit: int = attrs.field(default=64 * 1024, validator=_positive)
+    recv_chunk_bytes: int = attrs.field(default=256 * 1024, validator=_positive)
+    connect_timeout: float = attrs.field(default=1.0, validator=_positive)
+    handshake_timeout: float = attrs.field(default=1.0, validator=_positive)
+    # Reconnect delay: min(backoff_max, backoff_initial * 2**attempt) scaled by
+    # a uniform [0.5, 1) jitter so peers restarted together do not redial in
+    # lockstep.  A connection that lived backoff_reset_after seconds resets
+    # the attempt count; one that dies right after its handshake does not, so
+    # a peer that keeps dropping us is not redialled in a tight loop.
+    backoff_initial: float = attrs.field(default=0.05, validator=_positive)
+    backoff_max: float = attrs.field(default=1.0, validator=_positive)
+    backoff_reset_after: float = attrs.field(default=1.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_frame_size > 0xFFFFFFFF:
+            raise ValueError("max_frame_size must fit the u32 length field")
+        if self.backoff_initial > self.backoff_max:
+            raise ValueError("backoff_initial must be <= backoff_max")
+
+
+def backoff_delay(cfg: TransportConfig, attempt: int, rng: random.Random) -> float:
+    """Seconds to wait before reconnect attempt number `attempt` (0-based)."""
+    base = min(cfg.backoff_max, cfg.backoff_initial * 2.0 ** min(attempt, 62))
+    return base * rng.uniform(0.5, 1.0)
+
+
+@attrs.frozen
+class PeerStats:
+    """One peer's counters as seen from this node.  Bytes count payloads
+    only (not the 8-byte frame headers).  `writes` is the number of
+    send_all() calls (TCP only), so sent_frames / writes is the batching
+    factor.  dropped_fault, duplicated and reordered are injected by the
+    memory transport and stay 0 on TCP."""
+
+    peer_id: str
+    connected: bool = False
+    queued_messages: int = 0
+    queued_bytes: int = 0
+    sent_frames: int = 0
+    sent_bytes: int = 0
+    writes: int = 0
+    received_frames: int = 0
+    received_bytes: int = 0
+    connects: int = 0
+    disconnects: int = 0
+    dropped_full: int = 0
+    dropped_stale: int = 0
+    dropped_fault: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    bad_frames: int = 0
+    last_error: str | None = None
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self.connects - 1)
+
+
+@attrs.frozen
+class TransportStats:
+    self_id: str
+    peers: dict[str, PeerStats]
+    # Inbound connections closed before or at the handshake: garbage, wrong
+    # group, unknown peer id, wrong dialing direction, handshake timeout.
+    rejected_connections: int = 0
+
+
+@attrs.define
+class Counters:
+    """The mutable twin of PeerStats that the transports update in place."""
+
+    sent_frames: int = 0
+    sent_bytes: int = 0
+    writes: int = 0
+    received_frames: int = 0
+    received_bytes: int = 0
+    connects: int = 0
+    disconnects: int = 0
+    dropped_full: int = 0
+    dropped_stale: int = 0
+    dropped_fault: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    bad_frames: int = 0
+    last_error: str | None = None
+
+    def snapshot(self, peer_id: str, *, connected: bool, queued_messages: int = 0,
+                 queued_bytes: int = 0) -> PeerStats:
+        return PeerStats(peer_id, connected, queued_messages, queued_bytes,
+                         **attrs.asdict(self))
+
+
+class Transport(Protocol):
+    """What the node shell needs from a transport (TCP or in-memory)."""
+
+    self_id: str
+    group: str
+
+    def send(self, peer_id: str, payload: bytes) -> bool:
+        """Queue `payload` for `peer_id` without blocking.  True if queued
+        (delivery is still not guaranteed), False if dropped because the
+        peer's queue is full or the transport is closed.  Raises
+        UnknownPeerError for an id that is not a peer, FrameError for a
+        payload above max_frame_size."""
+
+    async def receive(self) -> tuple[str, bytes]:
+        """The next (sender id, payload).  Raises trio.EndOfChannel once the
+        transport has shut down."""
+
+    def incoming(self) -> AsyncIterator[tuple[str, bytes]]:
+        """receive() as an async iterator that ends when the transport does."""
+
+    def connected_peers(self) -> frozenset[str]: ...
+
+    async def wait_connected(self, peers: Iterable[str] | None = None) -> None:
+        """Return once every peer in `peers` (default: all) is connected."""
+
+    async def wait_state(self, predicate: Callable[[TransportStats], bool]) -> TransportStats:
+        """Wait until predicate(stats()) holds, re-checked on connectivity
+        changes only (connect, disconnect, failed dial, partition...)."""
+
+    def stats(self) -> TransportStats: ...

@@ -1,0 +1,191 @@
+# Owns the byte layout of peer-to-peer frames and its sans-IO codec (h11
+# style: the decoder is fed bytes and hands back frames; it never touches a
+# socket, so it is tested and fuzzed without any I/O).
+#
+# Frame (8-byte header, big-endian like everything else in the spec):
+#   u16 magic 0x4C51 ("LQ") | u8 version (1) | u8 kind | u32 length | payload
+#
+# Kinds:
+#   HELLO    (1) dialer -> acceptor, first frame of every connection.
+#   HELLO_OK (2) acceptor -> dialer, handshake accepted (acceptor's own Hello).
+#   REJECT   (3) either way, UTF-8 reason, sent best-effort just before close.
+#   DATA     (4) an opaque message (a Raft message encoded by raft/wire.py).
+#
+# Hello payload: three u16-length-prefixed UTF-8 strings: group, src, dst.
+# Carrying dst lets the acceptor detect a dialer whose peer table maps the
+# address to a different node (misconfiguration, or a TCP self-connect).
+#
+# Kind 0 is invalid on purpose so that zero-filled garbage fails at once.
+# `length` is checked against max_frame_size as soon as the header is in, so
+# a corrupt or hostile length never makes the decoder buffer gigabytes.
+import enum
+import struct
+from typing import Literal
+
+import attrs
+
+from commitlog.transport.errors import FrameError
+
+MAGIC = 0x4C51
+VERSION = 1
+HEADER = struct.Struct(">HBBI")
+HEADER_SIZE = HEADER.size  # 8
+DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
+_U16 = struct.Struct(">H")
+
+
+class FrameKind(enum.IntEnum):
+    HELLO = 1
+    HELLO_OK = 2
+    REJECT = 3
+    DATA = 4
+
+
+_KINDS = frozenset(int(k) for k in FrameKind)
+
+
+class _Event(enum.Enum):
+    NEED_DATA = "NEED_DATA"
+    CLOSED = "CLOSED"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+# next_frame() results besides a Frame: more bytes are needed, or the peer
+# closed cleanly on a frame boundary.
+NEED_DATA = _Event.NEED_DATA
+CLOSED = _Event.CLOSED
+
+
+@attrs.frozen
+class Frame:
+    kind: FrameKind
+    payload: bytes
+
+
+def frame_header(kind: FrameKind, length: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    if length > max_frame_size:
+        raise FrameError(f"frame of {length} bytes exceeds the maximum of {max_frame_size}")
+    return HEADER.pack(MAGIC, VERSION, kind, length)
+
+
+def encode_frame(payload: bytes, kind: FrameKind = FrameKind.DATA,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    return frame_header(kind, len(payload), max_frame_size) + bytes(payload)
+
+
+class FrameDecoder:
+    """Incremental decoder.  Feed with receive_data() (b"" means EOF), drain
+    with next_frame() until it returns NEED_DATA or CLOSED.  After a
+    FrameError the decoder stays failed: every later call raises the same
+    error, because the stream has lost its frame boundaries."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if not 0 < max_frame_size <= 0xFFFFFFFF:
+            raise ValueError(f"max_frame_size must be in (0, 2**32), got {max_frame_size}")
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        # Consumed prefix of _buf; compacted lazily on the next receive_data()
+        # so draining many small frames from one chunk stays linear.
+        self._pos = 0
+        self._eof = False
+        self._error: FrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._eof:
+            if data:
+                self._fail("data after end of stream")
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> Frame | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+        if self._error is not None:
+            raise self._error
+        avail = len(self._buf) - self._pos
+        if avail < HEADER_SIZE:
+            if not self._eof:
+                return NEED_DATA
+            if avail == 0:
+                return CLOSED
+            self._fail(f"stream ended inside a frame header ({avail} of {HEADER_SIZE} bytes)")
+        magic, version, kind, length = HEADER.unpack_from(self._buf, self._pos)
+        if magic != MAGIC:
+            self._fail(f"bad magic {magic:#06x} (expected {MAGIC:#06x})")
+        if version != VERSION:
+            self._fail(f"unsupported frame version {version} (this node speaks {VERSION})")
+        if kind not in _KINDS:
+            self._fail(f"unknown frame kind {kind}")
+        if length > self.max_frame_size:
+            self._fail(f"frame length {length} exceeds the maximum of {self.max_frame_size}")
+        if avail < HEADER_SIZE + length:
+            if self._eof:
+                self._fail(f"stream ended inside a {length}-byte frame "
+                           f"({avail - HEADER_SIZE} payload bytes received)")
+            return NEED_DATA
+        start = self._pos + HEADER_SIZE
+        end = start + length
+        with memoryview(self._buf) as view:  # one copy, released before any resize
+            payload = bytes(view[start:end])
+        self._pos = end
+        return Frame(FrameKind(kind), payload)
+
+    def _fail(self, reason: str):
+        self._error = FrameError(reason)
+        raise self._error
+
+
+# --- handshake payload ---------------------------------------------------------
+
+@attrs.frozen
+class Hello:
+    group: str
+    src: str
+    dst: str
+
+    def encode(self) -> bytes:
+        out = bytearray()
+        for field in (self.group, self.src, self.dst):
+            raw = field.encode("utf-8")
+            if len(raw) > 0xFFFF:
+                raise FrameError(f"hello field of {len(raw)} bytes is too long")
+            out += _U16.pack(len(raw)) + raw
+        return bytes(out)
+
+
+def decode_hello(payload: bytes) -> Hello:
+    fields = []
+    off = 0
+    for name in ("group", "src", "dst"):
+        if off + 2 > len(payload):
+            raise FrameError(f"hello payload truncated before {name}")
+        (n,) = _U16.unpack_from(payload, off)
+        off += 2
+        if off + n > len(payload):
+            raise FrameError(f"hello field {name} runs past the payload")
+        try:
+            fields.append(payload[off:off + n].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise FrameError(f"hello field {name} is not UTF-8") from None
+        off += n
+    if off != len(payload):
+        raise FrameError(f"{len(payload) - off} trailing bytes after hello")
+    return Hello(*fields)
+
+
+def decode_reject(payload: bytes) -> str:
+    # Reasons are informational; never fail on them.
+    return payload.decode("utf-8", errors="replace")

@@ -1,0 +1,453 @@
+# Owns the TCP peer mesh: listening, dialing, the handshake, reconnect with
+# backoff, the per-peer send queues and the reader/writer tasks.
+#
+# Connection model: ONE TCP connection per peer pair, used in both
+# directions.  The peer whose id sorts lower (plain string comparison, so
+# every node agrees without talking) dials; the higher one only accepts.  So
+# there is never a duplicate dial to resolve, and reconnecting is the
+# dialer's job alone.  An acceptor that gets a new connection from a peer it
+# believes is already connected replaces the old one (the dialer only redials
+# when it has given the old connection up, so the old one is dead or dying).
+#
+# Handshake: the dialer sends HELLO(group, src=self, dst=peer); the acceptor
+# checks it and answers HELLO_OK(group, src=self, dst=dialer) or REJECT(reason)
+# and closes.  The dialer checks HELLO_OK the same way.  Only then do DATA
+# frames flow and the peer count as connected.
+#
+# Failure handling: a bad frame, a reset, EOF or a write error ends that one
+# connection with a logged reason; the peer's queue survives for the next
+# connection.  Nothing a remote sends can end the transport's own tasks.
+import collections
+import functools
+import logging
+import math
+import random
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from commitlog.transport.base import Counters, TransportConfig, TransportStats, backoff_delay
+from commitlog.transport.errors import FrameError, HandshakeError, UnknownPeerError
+from commitlog.transport.framing import (CLOSED, NEED_DATA, FrameDecoder, FrameKind,
+                                         Hello, decode_hello, decode_reject, encode_frame,
+                                         frame_header)
+
+log = logging.getLogger(__name__)
+
+# What a dying connection raises; anything else is a bug and propagates.
+_CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                FrameError, HandshakeError, trio.TooSlowError)
+
+
+class _PeerClosed(Exception):
+    pass
+
+
+@attrs.define(eq=False)
+class _Conn:
+    stream: trio.SocketStream
+    remote: str
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+
+@attrs.define(eq=False)
+class _Peer:
+    peer_id: str
+    addr: tuple[str, int]
+    dials: bool
+    # (enqueue time, payload), oldest first.
+    queue: collections.deque = attrs.field(factory=collections.deque)
+    queued_bytes: int = 0
+    wakeup: trio.Event = attrs.field(factory=trio.Event)
+    conn: _Conn | None = None
+    counters: Counters = attrs.field(factory=Counters)
+
+
+def _set_nodelay(stream: trio.SocketStream) -> None:
+    # trio already enables TCP_NODELAY on SocketStreams; set it explicitly
+    # because Raft heartbeats and acks are small and latency-bound.
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _peername(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+async def _read_frame(stream: trio.SocketStream, decoder: FrameDecoder, chunk: int):
+    while (frame := decoder.next_frame()) is NEED_DATA:
+        decoder.receive_data(await stream.receive_some(chunk))
+    return frame
+
+
+async def _send_reject(stream: trio.SocketStream, reason: str) -> None:
+    # Best effort: the other side may already be gone or be no peer at all.
+    with trio.move_on_after(0.2):
+        try:
+            await stream.send_all(encode_frame(reason.encode("utf-8")[:4096], FrameKind.REJECT))
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+class PeerTransport:
+    """The TCP transport of one node.  Create it with open_peer_transport()
+    or serve_peer_transport(); see base.Transport for the API contract."""
+
+    def __init__(self, cfg: TransportConfig, self_id: str, group: str,
+                 peers: Mapping[str, tuple[str, int]], rng: random.Random) -> None:
+        self.cfg = cfg
+        self.self_id = self_id
+        self.group = group
+        self._rng = rng
+        self._peers = {pid: _Peer(pid, tuple(addr), self_id < pid)
+                       for pid, addr in peers.items() if pid != self_id}
+        self._in_send, self._in_recv = trio.open_memory_channel(cfg.recv_queue_messages)
+        self._changed = trio.Event()
+        self._closed = False
+        self.rejected_connections = 0
+        self.listen_addresses: list[tuple[str, int]] = []
+
+    # --- public API ------------------------------------------------------
+
+    @property
+    def peer_ids(self) -> tuple[str, ...]:
+        return tuple(self._peers)
+
+    @property
+    def listen_port(self) -> int:
+        return self.listen_addresses[0][1]
+
+    def send(self, peer_id: str, payload: bytes) -> bool:
+        peer = self._peer(peer_id)
+        payload = bytes(payload)
+        n = len(payload)
+        if n > self.cfg.max_frame_size:
+            raise FrameError(f"payload of {n} bytes exceeds max_frame_size {self.cfg.max_frame_size}")
+        if self._closed:
+            return False
+        if peer.queue and self._queue_full(peer, n):
+            self._drop_stale(peer, trio.current_time())
+            if peer.queue and self._queue_full(peer, n):
+                peer.counters.dropped_full += 1
+                return False
+        peer.queue.append((trio.current_time(), payload))
+        peer.queued_bytes += n
+        peer.wakeup.set()
+        return True
+
+    async def receive(self) -> tuple[str, bytes]:
+        return await self._in_recv.receive()
+
+    async def incoming(self) -> AsyncIterator[tuple[str, bytes]]:
+        async for item in self._in_recv:
+            yield item
+
+    def connected_peers(self) -> frozenset[str]:
+        return frozenset(p.peer_id for p in self._peers.values() if p.conn is not None)
+
+    async def wait_connected(self, peers: Iterable[str] | None = None) -> None:
+        wanted = set(self._peers) if peers is None else set(peers)
+        for pid in wanted:
+            self._peer(pid)
+        while not wanted <= self.connected_peers():
+            await self._changed.wait()
+
+    async def wait_state(self, predicate: Callable[[TransportStats], bool]) -> TransportStats:
+        """Wait until predicate(stats()) holds; re-checked whenever a
+        connection comes up, goes down or a dial attempt fails (not per
+        frame).  Returns the stats that satisfied it."""
+        while not predicate(stats := self.stats()):
+            await self._changed.wait()
+        return stats
+
+    def stats(self) -> TransportStats:
+        return TransportStats(self.self_id, {
+            p.peer_id: p.counters.snapshot(p.peer_id, connected=p.conn is not None,
+                                           queued_messages=len(p.queue),
+                                           queued_bytes=p.queued_bytes)
+            for p in self._peers.values()}, self.rejected_connections)
+
+    # --- queue -----------------------------------------------------------
+
+    def _peer(self, peer_id: str) -> _Peer:
+        try:
+            return self._peers[peer_id]
+        except KeyError:
+            raise UnknownPeerError(peer_id, tuple(self._peers)) from None
+
+    def _queue_full(self, peer: _Peer, n: int) -> bool:
+        return (len(peer.queue) >= self.cfg.send_queue_messages
+                or peer.queued_bytes + n > self.cfg.send_queue_bytes)
+
+    def _drop_stale(self, peer: _Peer, now: float) -> None:
+        q = peer.queue
+        while q and now - q[0][0] > self.cfg.max_queue_age:
+            _, payload = q.popleft()
+            peer.queued_bytes -= len(payload)
+            peer.counters.dropped_stale += 1
+
+    def _take_batch(self, peer: _Peer) -> list[bytes]:
+        self._drop_stale(peer, trio.current_time())
+        batch, size = [], 0
+        q = peer.queue
+        while q and size < self.cfg.write_batch_bytes:
+            _, payload = q.popleft()
+            peer.queued_bytes -= len(payload)
+            batch.append(payload)
+            size += len(payload) + 8
+        return batch
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, trio.Event()
+        event.set()
+
+    # --- per-connection tasks ----------------------------------------------
+
+    async def _writer(self, peer: _Peer, stream: trio.SocketStream) -> None:
+        c = peer.counters
+        while True:
+            if not peer.queue:
+                peer.wakeup = trio.Event()
+                await peer.wakeup.wait()
+                continue
+            parts: list[bytes] = []
+            frames = nbytes = 0
+            for payload in self._take_batch(peer):
+                parts.append(frame_header(FrameKind.DATA, len(payload), self.cfg.max_frame_size))
+                frames += 1
+                nbytes += len(payload)
+                if len(payload) > self.cfg.join_limit:
+                    # Header (plus any small frames before it) in one write,
+                    # then the big payload as is: no copy of megabytes.
+                    await self._write(c, stream, b"".join(parts))
+                    await self._write(c, stream, payload)
+                    parts = []
+                else:
+                    parts.append(payload)
+                if not parts:
+                    c.sent_frames += frames
+                    c.sent_bytes += nbytes
+                    frames = nbytes = 0
+            if parts:
+                await self._write(c, stream, b"".join(parts))
+                c.sent_frames += frames
+                c.sent_bytes += nbytes
+
+    @staticmethod
+    async def _write(c: Counters, stream: trio.SocketStream, data: bytes) -> None:
+        await stream.send_all(data)
+        c.writes += 1
+
+    async def _reader(self, peer: _Peer, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
+        c = peer.counters
+        while True:
+            frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+            if frame is CLOSED:
+                raise _PeerClosed("closed by peer")
+            if frame.kind != FrameKind.DATA:
+                raise FrameError(f"unexpected {frame.kind.name} frame after the handshake")
+            c.received_frames += 1
+            c.received_bytes += len(frame.payload)
+            await self._in_send.send((peer.peer_id, frame.payload))
+
+    async def _run_connection(self, peer: _Peer, stream: trio.SocketStream,
+                              decoder: FrameDecoder, remote: str) -> None:
+        conn = _Conn(stream, remote)
+        old, peer.conn = peer.conn, conn
+        if old is not None:
+            log.info("%s: new connection from %s (%s) replaces %s", self.self_id, peer.peer_id,
+                     remote, old.remote)
+            old.scope.cancel()
+        peer.counters.connects += 1
+        peer.counters.last_error = None
+        self._notify()
+        log.info("%s: connected to %s (%s)", self.self_id, peer.peer_id, remote)
+        reason = "connection closed"
+
+        async def run(fn, *args) -> None:
+            nonlocal reason
+            try:
+                await fn(*args)
+            except FrameError as exc:
+                # No REJECT here: the writer may be half-way through a frame,
+                # so anything more we wrote would be garbage to the peer.
+                reason = f"bad frame: {exc}"
+                peer.counters.bad_frames += 1
+            except _PeerClosed as exc:
+                reason = str(exc)
+            except _CONN_ERRORS as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            nursery.cancel_scope.cancel()
+
+        try:
+            with conn.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(run, self._writer, peer, stream)
+                    nursery.start_soon(run, self._reader, peer, stream, decoder)
+            if conn.scope.cancelled_caught:
+                reason = "replaced by a newer connection"
+        finally:
+            peer.counters.disconnects += 1
+            peer.counters.last_error = reason
+            if peer.conn is conn:
+                peer.conn = None
+                self._notify()
+            level = logging.WARNING if reason.startswith("bad frame") else logging.INFO
+            log.log(level, "%s: connection with %s (%s) closed: %s", self.self_id,
+                    peer.peer_id, remote, reason)
+            await trio.aclose_forcefully(stream)
+
+    # --- dialing -----------------------------------------------------------
+
+    async def _dial_loop(self, peer: _Peer) -> None:
+        attempt = 0
+        while True:
+            try:
+                stream, decoder, remote = await self._dial(peer)
+            except _CONN_ERRORS as exc:
+                reason = str(exc) or type(exc).__name__
+                # Log the first failure of a streak; a peer that is down
+                # would otherwise log every backoff step.
+                if peer.counters.last_error != reason:
+                    log.info("%s: cannot connect to %s at %s:%d: %s", self.self_id,
+                             peer.peer_id, *peer.addr, reason)
+                peer.counters.last_error = reason
+                self._notify()
+            else:
+                started = trio.current_time()
+                await self._run_connection(peer, stream, decoder, remote)
+                if trio.current_time() - started >= self.cfg.backoff_reset_after:
+                    attempt = 0
+            await trio.sleep(backoff_delay(self.cfg, attempt, self._rng))
+            attempt += 1
+
+    async def _dial(self, peer: _Peer):
+        host, port = peer.addr
+        with trio.fail_after(self.cfg.connect_timeout):
+            stream = await trio.open_tcp_stream(host, port)
+        try:
+            _set_nodelay(stream)
+            remote = _peername(stream)
+            decoder = FrameDecoder(self.cfg.max_frame_size)
+            hello = Hello(self.group, self.self_id, peer.peer_id)
+            await stream.send_all(encode_frame(hello.encode(), FrameKind.HELLO))
+            with trio.fail_after(self.cfg.handshake_timeout):
+                frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+            if frame is CLOSED:
+                raise HandshakeError(f"{peer.peer_id} closed the connection during the handshake")
+            if frame.kind == FrameKind.REJECT:
+                raise HandshakeError(f"rejected by {peer.peer_id}: {decode_reject(frame.payload)}")
+            if frame.kind != FrameKind.HELLO_OK:
+                raise HandshakeError(f"expected HELLO_OK from {peer.peer_id}, got {frame.kind.name}")
+            reply = decode_hello(frame.payload)
+            expected = Hello(self.group, peer.peer_id, self.self_id)
+            if reply != expected:
+                raise HandshakeError(f"{host}:{port} answered as {reply}, expected {expected}")
+            return stream, decoder, remote
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+
+    # --- accepting -----------------------------------------------------------
+
+    def _check_hello(self, hello: Hello) -> str | None:
+        if hello.group != self.group:
+            return f"wrong group {hello.group!r} (this node is in group {self.group!r})"
+        if hello.dst != self.self_id:
+            return f"hello addressed to {hello.dst!r} but this node is {self.self_id!r}"
+        if hello.src not in self._peers:
+            return f"unknown peer {hello.src!r} (not in this node's peers)"
+        if self._peers[hello.src].dials:  # we are the lower id: we dial it, not it us
+            return (f"{hello.src!r} must not dial {self.self_id!r}: "
+                    f"the peer with the lower id dials")
+        return None
+
+    async def _handle_inbound(self, stream: trio.SocketStream) -> None:
+        remote = _peername(stream)
+        try:
+            _set_nodelay(stream)
+            decoder = FrameDecoder(self.cfg.max_frame_size)
+            try:
+                with trio.fail_after(self.cfg.handshake_timeout):
+                    frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+                    if frame is CLOSED:
+                        raise HandshakeError("closed before the handshake")
+                    if frame.kind != FrameKind.HELLO:
+                        raise HandshakeError(f"expected HELLO, got {frame.kind.name}")
+                    hello = decode_hello(frame.payload)
+                    reason = self._check_hello(hello)
+                    if reason is not None:
+                        raise HandshakeError(reason)
+                    reply = Hello(self.group, self.self_id, hello.src)
+                    await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
+            except _CONN_ERRORS as exc:
+                self.rejected_connections += 1
+                if isinstance(exc, FrameError):
+                    reason = f"bad frame: {exc}"
+                elif isinstance(exc, trio.TooSlowError):
+                    reason = f"no handshake within {self.cfg.handshake_timeout} s"
+                else:
+                    reason = str(exc) or type(exc).__name__
+                log.warning("%s: rejected inbound connection from %s: %s", self.self_id,
+                            remote, reason)
+                await _send_reject(stream, reason)
+                return
+            await self._run_connection(self._peers[hello.src], stream, decoder, remote)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+async def serve_peer_transport(cfg: TransportConfig, self_id: str,
+                               peers: Mapping[str, tuple[str, int]], *, group: str,
+                               listeners: list[trio.SocketListener] | None = None,
+                               rng: random.Random | None = None,
+                               task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the transport until cancelled.  `peers` maps every member id
+    (dLegerPeers) to (host, port); this node listens on its own entry's
+    address unless pre-bound `listeners` are given (tests bind port 0 first,
+    then tell every node the real ports).  task_status.started() hands back
+    the PeerTransport once it is listening and dialing."""
+    if not self_id:
+        raise ValueError("self_id must not be empty")
+    if listeners is None:
+        if self_id not in peers:
+            raise UnknownPeerError(self_id, tuple(peers))
+        host, port = peers[self_id]
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    transport = PeerTransport(cfg, self_id, group, peers, rng or random.Random())
+    transport.listen_addresses = [tuple(l.socket.getsockname()[:2]) for l in listeners]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, transport._handle_inbound, listeners)
+            for peer in transport._peers.values():
+                if peer.dials:
+                    nursery.start_soon(transport._dial_loop, peer)
+            task_status.started(transport)
+            await trio.sleep(math.inf)
+    finally:
+        transport._closed = True
+        transport._in_send.close()
+        for peer in transport._peers.values():
+            peer.conn = None
+
+
+@asynccontextmanager
+async def open_peer_transport(cfg: TransportConfig, self_id: str,
+                              peers: Mapping[str, tuple[str, int]], *, group: str,
+                              listeners: list[trio.SocketListener] | None = None,
+                              rng: random.Random | None = None):
+    """`async with open_peer_transport(...) as transport:` -- the transport
+    runs for the duration of the block and is torn down at its end."""
+    async with trio.open_nursery() as nursery:
+        transport = await nursery.start(functools.partial(
+            serve_peer_transport, cfg, self_id, peers, group=group, listeners=listeners, rng=rng))
+        try:
+            yield transport
+        finally:
+            nursery.cancel_scope.cancel()
