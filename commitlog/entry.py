@@ -126,7 +126,8 @@ def check_header(h: EntryHeader) -> str | None:
     """The structural checks DLedger recovery applies; returns a reason or None."""
     if h.magic not in VALID_MAGICS:
         return f"bad magic {h.magic}"
-    if h.size <= HEADER_SIZE - 4:
+    if h.size < HEADER_SIZE:
+        # DLedger only demands size > 44, which admits negative body sizes.
         return f"bad size {h.size}"
     if h.body_size + HEADER_SIZE != h.size:
         return f"bodySize {h.body_size} + 48 != size {h.size}"

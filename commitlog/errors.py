@@ -115,3 +115,87 @@ class TermChangedError(CommitLogError):
 
     def __str__(self) -> str:
         return f"term changed from {self.term} to {self.new_term} before the append committed"
+
+
+# --- raft core -----------------------------------------------------------
+
+class RaftContractError(CommitLogError):
+    """The shell broke the Ready/advance contract of commitlog.raft.core
+    (an input while writes are waiting, advance() of the wrong Ready, a log
+    that did not perform the write it was asked to)."""
+
+
+class RaftSafetyError(CommitLogError):
+    """The core was about to violate a Raft invariant (e.g. truncate a
+    committed entry).  Never expected; raised instead of corrupting the log."""
+
+
+@attrs.define(str=False)
+class LeadershipTransferError(CommitLogError):
+    """A leadership transfer request the leader refuses (DLedger:
+    FALL_BEHIND_TOO_MUCH, UNKNOWN_MEMBER, LEADER_TRANSFERRING...)."""
+
+    target: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"cannot transfer leadership to {self.target}: {self.reason}"
+
+
+@attrs.define(str=False)
+class LeaderTransferringError(CommitLogError):
+    """Appends are refused while leadership is being handed over (DLedger
+    LEADER_TRANSFERRING); retry shortly, probably on `target`."""
+
+    target: str
+
+    def __str__(self) -> str:
+        return f"leader is transferring leadership to {self.target}"
+
+
+class WireError(CommitLogError, ValueError):
+    """Bytes that are not a well-formed Raft message (truncated, unknown
+    version or type, lengths that lie, trailing garbage)."""
+
+
+# --- storage (segmented store) -----------------------------------------------
+
+@attrs.define(str=False)
+class EntryTooLargeError(StoreError):
+    """An entry that cannot fit in an empty data segment (DLedger needs
+    size + 8 <= segment size, so a blank filler always fits)."""
+
+    size: int
+    limit: int
+
+    def __str__(self) -> str:
+        return f"entry of {self.size} bytes does not fit a data segment (at most {self.limit} bytes)"
+
+
+@attrs.define(str=False)
+class CommittedTruncateError(StoreError):
+    """A truncation that would drop committed entries (a Raft safety bug)."""
+
+    index: int
+    committed_index: int
+
+    def __str__(self) -> str:
+        return f"refusing to truncate from index {self.index}: entries up to {self.committed_index} are committed"
+
+
+@attrs.define(str=False)
+class StoreLockedError(StoreError):
+    """Another SegmentedStore (in this or another process) has the store open."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.path} is locked by another process (or already open in this one)"
+
+
+@attrs.define(str=False)
+class StoreClosedError(StoreError):
+    path: str
+
+    def __str__(self) -> str:
+        return f"store {self.path} is closed"

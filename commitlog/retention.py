@@ -1,0 +1,65 @@
+# Owns retention of the segmented store (DLedger's CleanSpaceService, spec
+# §5.3/§6.2): whole data segments at the head of the log are deleted when
+# they are older than fileReservedHours (file mtime) or, oldest first, while
+# the disk is fuller than diskMaxUsedSpaceRatio.  A segment goes only when
+# every entry in it is committed and it does not hold the log's end; index
+# segments wholly below the new ledgerBeginIndex follow.
+#
+# Crash order: first the new boundary (begin index, its position, and the
+# term and chainCrc of the entry just below it, which Raft still needs) is
+# written to ledgermq-base, then the data files are deleted, then the index
+# files.  Recovery finishes an interrupted deletion from the boundary record.
+import os
+
+from commitlog.entry import HEADER, INDEX_UNIT_SIZE as UNIT
+from commitlog.metafiles import StoreBase
+from commitlog.segments import fsync_dir
+
+
+def disk_used_ratio(path: str) -> float:
+    """Used fraction of the file system holding `path` (as RocketMQ's
+    getDiskPartitionSpaceUsedPercent computes it)."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    return 0.0 if total == 0 else (total - st.f_bfree * st.f_frsize) / total
+
+
+def _first_index(seg) -> int:
+    return HEADER.unpack_from(seg.view(), 0)[2]
+
+
+def delete_expired(store, now_ms: int, disk_used_ratio_now: float | None = None) -> list[str]:
+    """Delete expired head segments of `store`; returns the deleted paths
+    (data, then index).  `disk_used_ratio_now` overrides the measurement
+    (tests, or a caller that measured already)."""
+    cfg = store.cfg
+    data = store.data
+    ratio = disk_used_ratio(data.directory) if disk_used_ratio_now is None else disk_used_ratio_now
+    fs = os.statvfs(data.directory)
+    fs_bytes = max(1, fs.f_blocks * fs.f_frsize)
+    expire_before_ms = now_ms - cfg.file_reserved_hours * 3600 * 1000
+    segs = data.segments
+    doomed = []
+    while len(doomed) + 1 < len(segs):
+        head, after = segs[len(doomed)], segs[len(doomed) + 1]
+        if store.end_pos <= after.start or _first_index(after) - 1 > store.committed_index:
+            break  # head holds the end, or an uncommitted entry
+        st = os.stat(head.path)
+        old = st.st_mtime * 1000 < expire_before_ms
+        full = ratio > cfg.disk_max_used_ratio
+        if not (old or full):
+            break
+        doomed.append(head)
+        ratio -= st.st_blocks * 512 / fs_bytes
+    if not doomed:
+        return []
+    new_head = segs[len(doomed)]
+    begin = _first_index(new_head)
+    store._set_boundary(StoreBase(begin, new_head.start, store.term_at(begin - 1), store.chain_crc_at(begin - 1)))
+    deleted = [data.remove(seg, sync=False) for seg in doomed]
+    fsync_dir(data.directory)
+    for seg in list(store.index.segments):
+        if seg.end <= begin * UNIT:
+            deleted.append(store.index.remove(seg))
+    store._retention_done(begin)
+    return deleted

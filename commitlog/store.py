@@ -1,0 +1,579 @@
+# Owns the single-node DLedger-format log: `${root}/dledger-<selfId>/data`
+# and `/index` segment files (spec §5), the leader and follower append paths,
+# truncation and reset, flushing (async or sync policy), checkpoints, and the
+# trio flusher service.  Reads live in reads.py (mixed in), crash recovery in
+# recovery.py, retention in retention.py, the file layer in segments.py.
+#
+# Invariants the code relies on:
+#   * every byte of the data space at or after end_pos is zero, and so is
+#     every index unit after end_index (recovery and truncation restore it);
+#   * data segments start at multiples of the segment size, index unit i is
+#     at byte i*32 of the index space;
+#   * data is written before index units, and state changes only after both
+#     writes succeeded, so a crash leaves at most a torn tail.
+#
+# Threading: one trio thread owns the store.  flush() may also run in a
+# worker thread (serve_flusher does that, and so may the replica): flushes
+# are serialized by a lock, snapshot what to sync in an order that cannot
+# lose a concurrent write, and fdatasync dup()ed descriptors, so deleting a
+# segment never races with a flush.
+import fcntl
+import math
+import os
+import threading
+from array import array
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from commitlog import metafiles
+from commitlog.entry import (BLANK, HEADER_SIZE, INDEX_UNIT_SIZE as UNIT, MAGIC_NOOP, MAGIC_NORMAL,
+                             MIN_BLANK_LEN, EntryBatch, EntryHeader)
+from commitlog.errors import (AppendRejectedError, CommittedTruncateError, CorruptStoreError,
+                              EntryTooLargeError, IndexBelowBeginError, StoreClosedError,
+                              StoreLockedError)
+from commitlog.reads import StoreReads
+from commitlog.recovery import RecoveryReport, recover
+from commitlog.segments import SegmentList, fsync_dir, infer_segment_size, list_segment_files
+from commitlog.watermark import Watermark
+from native.entries import (F_BATCH, F_CHECK_CRC, PROBLEM, R_END, R_MAX, R_ROLL, S_CONSUMED,
+                            S_CRC_MODE, S_DETAIL, S_EXPECTED, S_LAST_TERM, S_NEXT_INDEX, S_POS,
+                            S_PREV_CHAIN, S_SEG_END, layout_fill, layout_plan, layout_seal,
+                            new_state, reason_text, scan_entries)
+
+AppendHook = Callable[[EntryHeader, memoryview], None]
+LOCK_FILE = "ledgermq.lock"
+
+
+def _positive(_inst, attr, value):
+    if value <= 0:
+        raise ValueError(f"{attr.name} must be positive, got {value}")
+
+
+@attrs.frozen
+class StoreConfig:
+    """Where and how a store keeps its files.  Segment sizes apply to a new
+    store; an existing one keeps the sizes its files were written with."""
+
+    root: str  # storePathRootDir
+    self_id: str = "n0"
+    data_segment_size: int = attrs.field(default=1 << 30, validator=_positive)
+    index_segment_size: int = attrs.field(default=32 * 5 * 1024 * 1024, validator=_positive)
+    flush_policy: str = attrs.field(default="async", validator=attrs.validators.in_(("async", "sync")))
+    flush_interval_ms: int = attrs.field(default=10, validator=_positive)
+    checkpoint_interval_ms: int = attrs.field(default=3000, validator=_positive)
+    file_reserved_hours: float = 72
+    disk_max_used_ratio: float = 0.75
+    repair: bool = False
+
+    def __attrs_post_init__(self):
+        if self.data_segment_size >= 1 << 31:
+            raise ValueError("data_segment_size must stay below 2 GiB (entry sizes are 32-bit)")
+        if self.index_segment_size % UNIT:
+            raise ValueError(f"index_segment_size must be a multiple of {UNIT}")
+        if self.data_segment_size <= HEADER_SIZE + MIN_BLANK_LEN:
+            raise ValueError("data_segment_size too small for a single entry")
+
+    @property
+    def store_dir(self) -> str:
+        return os.path.join(self.root, f"dledger-{self.self_id}")
+
+
+@attrs.define
+class _FlushJob:
+    fds: list[int]  # data fds first, then index fds (dup()ed; the job closes them)
+    end_index: int
+
+
+def _run_flush(job: _FlushJob) -> None:
+    try:
+        for fd in job.fds:
+            os.fdatasync(fd)
+    finally:
+        for fd in job.fds:
+            os.close(fd)
+
+
+@attrs.define(eq=False)
+class SegmentedStore(StoreReads):
+    cfg: StoreConfig
+    data: SegmentList
+    index: SegmentList
+    recovery: RecoveryReport
+    _begin: int
+    _end: int
+    _end_term: int
+    _end_pos: int
+    _end_chain: int
+    _crc_mode: bool
+    _committed: int
+    _base: metafiles.StoreBase | None
+    _lock_fd: int
+    _hooks: list[AppendHook] = attrs.field(factory=list)
+    _flushed_end: int = -1
+    # The highest end index known on disk.  Monotonic: after truncate_from it
+    # may exceed end_index until the log grows past it again.
+    flushed_watermark: Watermark = attrs.field(factory=Watermark)
+    flush_count: int = 0  # completed flushes that had something to sync
+    _unflushed: bool = False
+    _checkpointed: tuple[int, int] = (-2, -2)
+    _flush_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _activity: trio.Event | None = None
+    _closed: bool = False
+
+    # --- lifecycle -----------------------------------------------------------
+
+    @classmethod
+    def open(cls, cfg: StoreConfig) -> "SegmentedStore":
+        """Open (creating if needed) and recover the store; raises
+        CorruptStoreError on damage in the middle of the log unless
+        cfg.repair."""
+        store_dir = cfg.store_dir
+        data_dir, index_dir = os.path.join(store_dir, "data"), os.path.join(store_dir, "index")
+        for d in (cfg.root, store_dir, data_dir, index_dir):
+            if not os.path.isdir(d):
+                os.makedirs(d, exist_ok=True)
+                fsync_dir(os.path.dirname(os.path.abspath(d)))
+        lock_fd = os.open(os.path.join(store_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise StoreLockedError(store_dir) from None
+        data = index = None
+        try:
+            data_size = infer_segment_size(list_segment_files(data_dir), cfg.data_segment_size)
+            index_size = infer_segment_size(list_segment_files(index_dir), cfg.index_segment_size)
+            if index_size % UNIT:
+                raise CorruptStoreError(index_dir, 0, f"index segment size {index_size} is not a multiple of {UNIT}")
+            data = SegmentList.load(data_dir, data_size)
+            index = SegmentList.load(index_dir, index_size)
+            rec = recover(store_dir, data, index, repair=cfg.repair)
+        except BaseException:
+            for sl in (data, index):
+                if sl is not None:
+                    sl.close()
+            os.close(lock_fd)
+            raise
+        store = cls(cfg, data, index, rec.report, rec.begin_index, rec.end_index, rec.end_term,
+                    rec.end_pos, rec.end_chain_crc, rec.crc_mode, rec.committed_index, rec.base, lock_fd)
+        store._flushed_end = rec.end_index
+        store.flushed_watermark.advance(rec.end_index)
+        return store
+
+    def close(self) -> None:
+        """Flush, write the checkpoint and release the files."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+            self.write_checkpoint()
+        finally:
+            self._closed = True
+            self._note_activity()  # a flusher still waiting wakes up and returns
+            self.data.close()
+            self.index.close()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> "SegmentedStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(self.cfg.store_dir)
+
+    # --- state ---------------------------------------------------------------
+
+    @property
+    def store_dir(self) -> str:
+        return self.cfg.store_dir
+
+    @property
+    def begin_index(self) -> int:
+        """First readable index; -1 for a fresh empty store.  After
+        reset_to(B) or a truncation of every entry it is B even while the
+        log is empty (then begin_index == end_index + 1)."""
+        return self._begin
+
+    @property
+    def end_index(self) -> int:
+        return self._end
+
+    @property
+    def end_term(self) -> int:
+        return self._end_term
+
+    @property
+    def end_pos(self) -> int:
+        """The data position where the next entry would be written (before
+        the blank rule is applied)."""
+        return self._end_pos
+
+    @property
+    def end_chain_crc(self) -> int:
+        return self._end_chain
+
+    @property
+    def committed_index(self) -> int:
+        return self._committed
+
+    @property
+    def flushed_index(self) -> int:
+        """The end index covered by the last completed flush."""
+        return self._flushed_end
+
+    @property
+    def data_segment_size(self) -> int:
+        return self.data.seg_size
+
+    @property
+    def index_segment_size(self) -> int:
+        return self.index.seg_size
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def has_unflushed(self) -> bool:
+        return self._unflushed
+
+    @property
+    def checkpoint_stale(self) -> bool:
+        return (self._flushed_end, self._committed) != self._checkpointed
+
+    def _seg_end(self, pos: int) -> int:
+        return self.data.aligned_start(pos) + self.data.seg_size
+
+    # --- leader append -------------------------------------------------------
+
+    def add_append_hook(self, fn: AppendHook) -> None:
+        """Run fn(header, writable body view) on every leader append, after
+        index/term/pos are assigned and before CRCs are computed and bytes
+        are written (the broker writes PHYSICALOFFSET = pos + 48 here)."""
+        self._hooks.append(fn)
+
+    def remove_append_hook(self, fn: AppendHook) -> None:
+        self._hooks.remove(fn)
+
+    def append_leader(self, bodies: Sequence, term: int, magic: int = MAGIC_NORMAL) -> list[tuple[int, int]]:
+        """Append one entry per body; returns (index, pos) per body.  One
+        native layout, one native seal, one pwrite per segment touched."""
+        self._check_open()
+        if magic not in (MAGIC_NORMAL, MAGIC_NOOP):
+            raise ValueError(f"leader appends NORMAL or NOOP entries, not magic {magic}")
+        if term < max(self._end_term, 0):
+            raise AppendRejectedError(f"term {term} is below the log's last term {self._end_term}")
+        n = len(bodies)
+        if n == 0:
+            return []
+        lens = array("q", map(len, bodies))
+        positions = array("q", bytes(8 * n))
+        start = self._end_pos
+        end = layout_plan(lens, start, self._seg_end(start), self.data.seg_size, positions)
+        if end < 0:
+            raise EntryTooLargeError(HEADER_SIZE + lens[-1 - end], self.data.seg_size - MIN_BLANK_LEN)
+        first = self._end + 1
+        out = bytearray(end - start)
+        layout_fill(out, b"".join(bodies), lens, positions, start, first, term, magic)
+        if self._hooks:
+            self._run_hooks(out, lens, positions, start, first, term, magic)
+        units = bytearray(UNIT * n)
+        chain = layout_seal(out, positions, start, self._end_chain, True, units)
+        self._write(start, out, first, units)
+        self._advance(first + n - 1, term, end, chain, True)
+        return list(zip(range(first, first + n), positions))
+
+    def _run_hooks(self, out, lens, positions, start, first, term, magic) -> None:
+        view = memoryview(out)
+        for i, (length, pos) in enumerate(zip(lens, positions)):
+            header = EntryHeader(magic, HEADER_SIZE + length, first + i, term, pos, 0, 0, 0, length)
+            at = pos - start + HEADER_SIZE
+            body = view[at:at + length]
+            for hook in self._hooks:
+                hook(header, body)
+
+    def _write(self, pos: int, data, first_index: int, units) -> None:
+        """Data first, then index units; on failure zero what was written so
+        the invariants hold, and re-raise."""
+        try:
+            self.data.write_span(pos, data)
+            self.index.write_span(first_index * UNIT, units)
+        except BaseException:
+            self.data.zero_from(self._end_pos)
+            self.index.zero_from((self._end + 1) * UNIT)
+            raise
+
+    def _advance(self, end: int, term: int, end_pos: int, chain: int, crc_mode: bool) -> None:
+        if self._begin < 0 or self._begin > self._end:
+            self._begin = self._end + 1
+        self._end, self._end_term, self._end_pos = end, term, end_pos
+        self._end_chain, self._crc_mode = chain, crc_mode
+        self._unflushed = True
+        self._note_activity()
+        if self.cfg.flush_policy == "sync":
+            self.flush()
+
+    # --- follower append -----------------------------------------------------
+
+    def append_follower(self, batch: EntryBatch) -> None:
+        """Append entries built by the leader, verifying that they continue
+        this log: index == end+1, terms nondecreasing, pos == the write
+        position (or the next segment start, after which the blank filler is
+        written here too), CRCs and the chain when present.  Nothing is
+        written unless the whole batch verifies."""
+        self._check_open()
+        if batch.count <= 0:
+            raise AppendRejectedError("empty batch")
+        if batch.first_index != self._end + 1:
+            raise AppendRejectedError(f"batch starts at index {batch.first_index}, log ends at {self._end}")
+        raw = memoryview(batch.raw).cast("B")
+        seg_size = self.data.seg_size
+        st = new_state(next_index=batch.first_index, last_term=self._end_term, pos=self._end_pos,
+                       seg_end=self._seg_end(self._end_pos), seg_size=seg_size,
+                       prev_chain=self._end_chain, crc_mode=self._crc_mode)
+        units = bytearray(UNIT * batch.count)
+        pieces: list[tuple[int, object]] = []  # (position, bytes-like), in address order
+        off = 0
+        while True:
+            at = st[S_POS]
+            r = scan_entries(raw[off:], F_BATCH | F_CHECK_CRC, batch.count - (st[S_NEXT_INDEX] - batch.first_index),
+                             st, memoryview(units)[(st[S_NEXT_INDEX] - batch.first_index) * UNIT:])
+            if st[S_CONSUMED]:
+                pieces.append((at, raw[off:off + st[S_CONSUMED]]))
+                off += st[S_CONSUMED]
+            if r == R_ROLL:
+                remaining = st[S_SEG_END] - st[S_POS]
+                pieces.append((st[S_POS], BLANK.pack(-1, remaining) + bytes(remaining - MIN_BLANK_LEN)))
+                st[S_POS], st[S_SEG_END] = st[S_SEG_END], st[S_SEG_END] + seg_size
+                continue
+            if r >= PROBLEM:
+                raise AppendRejectedError(f"entry {st[S_NEXT_INDEX]} (batch offset {off}): "
+                                          + reason_text(r, st[S_DETAIL], st[S_EXPECTED]))
+            break
+        accepted = st[S_NEXT_INDEX] - batch.first_index
+        if r not in (R_END, R_MAX) or accepted != batch.count or off != len(raw):
+            raise AppendRejectedError(f"batch claims {batch.count} entries in {len(raw)} bytes; "
+                                      f"{accepted} entries in {off} bytes verified")
+        if batch.term_runs and batch.last_term != st[S_LAST_TERM]:
+            raise AppendRejectedError(f"batch term runs end in term {batch.last_term}, entries in {st[S_LAST_TERM]}")
+        try:
+            self._write_pieces(pieces)
+            self.index.write_span(batch.first_index * UNIT, units)
+        except BaseException:
+            self.data.zero_from(self._end_pos)
+            self.index.zero_from((self._end + 1) * UNIT)
+            raise
+        self._advance(batch.last_index, st[S_LAST_TERM], st[S_POS], st[S_PREV_CHAIN], bool(st[S_CRC_MODE]))
+
+    def _write_pieces(self, pieces: list[tuple[int, object]]) -> None:
+        """Write address-ordered, contiguous pieces with one pwritev per
+        segment (a piece never crosses a segment boundary)."""
+        group: list = []
+        group_pos = group_end = -1
+        for at, piece in pieces + [(-1, b"")]:
+            if group and (at != group_end or self.data.aligned_start(at) != self.data.aligned_start(group_pos)):
+                seg = self.data.get_or_create(group_pos)
+                seg.write(group, group_pos - seg.start)
+                group = []
+            if at < 0:
+                break
+            if not group:
+                group_pos = group_end = at
+            group.append(piece)
+            group_end += memoryview(piece).nbytes
+
+    # --- truncation and reset ------------------------------------------------
+
+    def truncate_from(self, index: int) -> None:
+        """Drop entries index..end (a follower whose tail diverged from the
+        leader).  The freed bytes become zero, exactly as if never written,
+        including a blank filler that entry `index` had caused."""
+        self._check_open()
+        if index > self._end:
+            return
+        if index < 0 or (self._begin >= 0 and index < self._begin):
+            raise IndexBelowBeginError(index, max(self._begin, 0))
+        if index <= self._committed:
+            raise CommittedTruncateError(index, self._committed)
+        if index > self._begin:
+            h = self._header(index - 1)[0]
+            new_pos, term, chain, crc_mode = h.pos + h.size, h.term, h.chain_crc, h.has_crc
+        else:  # the log becomes empty; record where it continues
+            new_pos = self._unit(index)[1]
+            term, chain = self._boundary(index - 1) or (-1, 0)  # unknown only below a stock log
+            crc_mode = chain != 0
+            self._base = metafiles.StoreBase(index, new_pos, term, chain)
+            metafiles.write_base(self.store_dir, self._base)
+        self.flush()  # whatever was written before becomes durable first
+        for sl, off in ((self.data, new_pos), (self.index, index * UNIT)):
+            sl.zero_from(off)
+            for seg in sl.dirty_segments():
+                os.fsync(seg.fd())  # fsync, not fdatasync: the truncate changed block maps
+                seg.dirty = False
+        self._end, self._end_term, self._end_pos = index - 1, term, new_pos
+        self._end_chain, self._crc_mode = chain, crc_mode
+        self._flushed_end = min(self._flushed_end, self._end)
+        self._note_activity()
+
+    def reset_to(self, begin_index: int, begin_pos: int, prev_term: int, prev_chain_crc: int) -> None:
+        """Forget every entry and continue at (begin_index, begin_pos): for a
+        follower whose next entry the leader already deleted by retention.
+
+        Naming rule: the next data segment is the one the leader has, named
+        by its aligned start (begin_pos rounded down to the segment size), so
+        segment boundaries and blank fillers stay identical across replicas;
+        the bytes before begin_pos in it stay zero.  The index segment is
+        likewise aligned.  Because such a segment does not start with an
+        entry, (begin_index, begin_pos, prev_term, prev_chain_crc) is
+        recorded in `ledgermq-base` next to the checkpoint; recovery and the
+        offline tools start that segment's scan at begin_pos.  Stock DLedger
+        cannot read a store in this state until retention removes that
+        segment."""
+        self._check_open()
+        if begin_index < 0 or begin_pos < 0:
+            raise ValueError("reset_to needs a non-negative index and position")
+        if self._seg_end(begin_pos) - begin_pos < MIN_BLANK_LEN:
+            raise ValueError(f"position {begin_pos} leaves no room for a blank filler in its segment")
+        self.flush()
+        self.data.remove_all()
+        self.index.remove_all()
+        self._base = metafiles.StoreBase(begin_index, begin_pos, prev_term, prev_chain_crc & 0xFFFFFFFF)
+        metafiles.write_base(self.store_dir, self._base)
+        self._begin, self._end, self._end_term, self._end_pos = begin_index, begin_index - 1, prev_term, begin_pos
+        self._end_chain, self._crc_mode = prev_chain_crc & 0xFFFFFFFF, prev_chain_crc != 0
+        self._committed = self._flushed_end = begin_index - 1
+        self.write_checkpoint()
+
+    # --- commit, flush, checkpoint ---------------------------------------------
+
+    def set_committed(self, index: int) -> None:
+        """Raise the committed index (clamped to end_index; never lowered).
+        Persisted by the next checkpoint."""
+        index = min(index, self._end)
+        if index > self._committed:
+            self._committed = index
+            self._note_activity()
+
+    def _begin_flush(self) -> _FlushJob | None:
+        """What to sync, taken so that no concurrent write is lost: the
+        writer does pwrite, marks the segment dirty, sets end, sets
+        unflushed; we clear unflushed, read end, then take dirty segments."""
+        if not self._unflushed:
+            return None
+        self._unflushed = False
+        end = self._end
+        fds = []
+        for sl in (self.data, self.index):  # data first, then index (DLedger's order)
+            for seg in list(sl.segments):
+                if seg.dirty:
+                    # dup before clearing: a segment closed in between syncs itself
+                    fd = seg.dup_fd()
+                    seg.dirty = False
+                    if fd is not None:
+                        fds.append(fd)
+        return _FlushJob(fds, end)
+
+    def _flush_failed(self) -> None:
+        self._unflushed = True
+        for sl in (self.data, self.index):
+            for seg in list(sl.segments):
+                seg.dirty = True
+
+    def flush(self) -> None:
+        """fdatasync every data segment written since the last flush, then
+        every such index segment.  Callable from a worker thread while the
+        trio thread appends; concurrent flushes run one after the other."""
+        with self._flush_lock:
+            job = self._begin_flush()
+            if job is None:
+                return
+            try:
+                _run_flush(job)
+            except BaseException:
+                self._flush_failed()
+                raise
+            self.flush_count += 1
+            self._flushed_end = flushed = min(job.end_index, self._end)
+        self._publish_flushed(flushed)
+
+    async def flush_async(self) -> None:
+        """flush() in a worker thread, off the event loop."""
+        await trio.to_thread.run_sync(self.flush)
+
+    def _publish_flushed(self, end: int) -> None:
+        # Watermark waiters are trio tasks: wake them from the trio thread.
+        if trio.lowlevel.in_trio_run():
+            self.flushed_watermark.advance(end)
+            return
+        try:
+            trio.from_thread.run_sync(self.flushed_watermark.advance, end)
+        except RuntimeError:  # not a trio thread at all: nobody can be waiting
+            self.flushed_watermark.advance(end)
+
+    def write_checkpoint(self) -> None:
+        """Persist (endIndex, committedIndex).  endIndex is the flushed end,
+        so everything up to it is known to be on disk."""
+        self._check_open()
+        state = (self._flushed_end, self._committed)
+        metafiles.write_checkpoint(self.store_dir, *state)
+        self._checkpointed = state
+
+    def _note_activity(self) -> None:
+        if self._activity is not None:
+            self._activity.set()
+
+    async def wait_activity(self) -> None:
+        """Return after the next append, truncation or commit change."""
+        self._activity = trio.Event()
+        await self._activity.wait()
+
+    # --- retention -----------------------------------------------------------
+
+    def delete_expired(self, now_ms: int, disk_used_ratio: float | None = None) -> list[str]:
+        """Delete whole expired data segments; see commitlog.retention."""
+        from commitlog.retention import delete_expired
+
+        self._check_open()
+        return delete_expired(self, now_ms, disk_used_ratio)
+
+    def _set_boundary(self, base: metafiles.StoreBase) -> None:
+        """Retention records the new boundary (durably) before deleting."""
+        metafiles.write_base(self.store_dir, base)
+        self._base = base
+
+    def _retention_done(self, begin_index: int) -> None:
+        """Called by retention after it deleted leading segments."""
+        self._begin = begin_index
+
+
+async def serve_flusher(store: SegmentedStore, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Flush every flush_interval_ms while there are unflushed writes and
+    write the checkpoint every checkpoint_interval_ms while it is stale.
+    Sleeps on the store's activity when idle (no wakeups without writes).
+    Returns once the store is closed (close() flushes and checkpoints)."""
+    interval = store.cfg.flush_interval_ms / 1000
+    cp_interval = store.cfg.checkpoint_interval_ms / 1000
+    last_cp = trio.current_time()
+    task_status.started()
+    while not store.closed:
+        now = trio.current_time()
+        if store.checkpoint_stale and now >= last_cp + cp_interval:
+            await store.flush_async()
+            state = (store.flushed_index, store.committed_index)
+            await trio.to_thread.run_sync(metafiles.write_checkpoint, store.store_dir, *state)
+            store._checkpointed = state
+            last_cp = now
+            continue
+        if store.has_unflushed:
+            await trio.sleep(interval)  # the period that groups writes into one fdatasync
+            if not store.closed:
+                await store.flush_async()
+            continue
+        deadline = last_cp + cp_interval if store.checkpoint_stale else math.inf
+        with trio.move_on_at(deadline):
+            await store.wait_activity()
