@@ -1,0 +1,385 @@
+# Owns dispatch -- RocketMQ's ReputMessageService: turning committed
+# commitlog bytes into ConsumeQueue units and IndexFile items.
+#
+# DispatchEngine is the synchronous core shared by the live dispatcher,
+# the offline rebuild and the benchmark: it scans a byte range of the data
+# segments with the native scanner (one C call per batch, no Python object
+# per message), groups the records by queue, writes each queue's units in
+# one pwrite and inserts the index items in C.  It owns the restart logic:
+# load the files, truncate them to min(checkpoint, committed position),
+# compare them with the checkpointed state and fall back to a full rebuild
+# when they disagree (missing or damaged consume queue files).
+#
+# Dispatcher is the trio task: it parks on the commit watermark (no
+# polling), dispatches exactly up to the committed entry, publishes its own
+# `dispatched` watermark for pull long-polling, and checkpoints on an
+# interval and on close.  Only committed entries are ever dispatched, so a
+# follower's truncated uncommitted tail never reaches a consume queue.
+import logging
+import math
+import os
+import time
+
+import attrs
+import trio
+
+from commitlog.watermark import Watermark
+from consumequeue import checkpoint as ck
+from consumequeue.cq import DEFAULT_FILE_SIZE, ConsumeQueueStore
+from consumequeue.errors import BadTopicError, DispatchError, InconsistentStateError
+from consumequeue.files import sync_paths
+from consumequeue.indexfile import DEFAULT_INDEX_NUM, DEFAULT_SLOT_NUM, IndexService
+from consumequeue.source import CommitlogSource
+from native.dispatch import (BAD_TEXT, ERR_TEXT, REC_BAD, STOP_BLANK, STOP_CORRUPT, STOP_END,
+                             STOP_FULL, STOP_NAMES, STOP_PARTIAL, default_backend)
+
+log = logging.getLogger(__name__)
+
+BATCH_RECORDS = 8192  # ~8 MiB of 1 KiB messages per scan: still in cache for the index pass
+
+
+@attrs.define
+class DispatchConfig:
+    cq_file_size: int = DEFAULT_FILE_SIZE
+    index_slot_num: int = DEFAULT_SLOT_NUM
+    index_num: int = DEFAULT_INDEX_NUM
+    index_enabled: bool = True  # messageIndexEnable
+    batch_records: int = BATCH_RECORDS
+
+
+@attrs.define
+class DispatchStats:
+    entries: int = 0
+    messages: int = 0
+    bad_messages: int = 0
+    bytes: int = 0
+    skipped_topics: int = 0
+
+
+@attrs.define
+class OpenReport:
+    """What open() found and did, for logs and mqadmin."""
+
+    action: str  # "fresh", "resumed", "truncated", "rebuilt"
+    position: int
+    reason: str = ""
+
+
+class DispatchEngine:
+    def __init__(self, root: str, source: CommitlogSource, *, config: DispatchConfig | None = None,
+                 backend=None):
+        self.root = root
+        self.source = source
+        self.config = config or DispatchConfig()
+        self.backend = backend or default_backend()
+        self.cqs = ConsumeQueueStore(root, file_size=self.config.cq_file_size, backend=self.backend)
+        self.index = IndexService(root, slot_num=self.config.index_slot_num,
+                                  index_num=self.config.index_num, backend=self.backend)
+        self.pos = 0  # next commitlog position to dispatch
+        self.last_index = -1  # last dispatched entry index
+        self.last_store_timestamp = 0
+        self.stats = DispatchStats()
+        self._recs = self.backend.new_records(self.config.batch_records)
+        self._queues: dict = {}  # (raw topic bytes, queue id) -> ConsumeQueue
+
+    # --- open / restart -----------------------------------------------------
+
+    def open(self, begin: int, committed_pos: int, committed_index: int) -> OpenReport:
+        """Load consume queues and index, then bring them to a state a clean
+        rebuild up to some position P <= committed_pos would produce, and
+        resume from P.  `begin` is the position of the log's first entry;
+        committed_pos is the end of entry committed_index."""
+        os.makedirs(self.root, exist_ok=True)
+        try:
+            state = ck.DispatchState.load(self.root)
+        except ValueError as exc:
+            return self._rebuild_reset(begin, f"unreadable dispatch state ({exc})")
+        self.cqs.load()
+        self.index.load()
+        if state is None:
+            if self.cqs.queues or self.index.files:
+                return self._rebuild_reset(begin, "consume queue files without a dispatch checkpoint")
+            self.pos, self.last_index = begin, -1
+            self.checkpoint()
+            return OpenReport("fresh", begin)
+        if self.cqs.problems():
+            return self._rebuild_reset(begin, "; ".join(self.cqs.problems()))
+        target = min(state.phy, committed_pos)
+        if target < begin:
+            return self._rebuild_reset(begin, f"dispatch position {target} is below the first "
+                                              f"commitlog position {begin}")
+        self._queues.clear()
+        self.cqs.truncate_phy(target)
+        if self.config.index_enabled:
+            self.index.truncate_phy(target, self.store_timestamp_of)
+        try:
+            self._check_against(state, exact=target == state.phy, limit=target)
+        except InconsistentStateError as exc:
+            return self._rebuild_reset(begin, exc.reason)
+        for cq in self.cqs.queues.values():
+            cq.correct_min_offset(begin)  # retention may have moved the log's start
+        self.pos = target
+        self.last_index = state.index if target == state.phy else committed_index
+        self.checkpoint()
+        action = "resumed" if target == state.phy else "truncated"
+        log.info("dispatch %s at commitlog position %d", action, target)
+        return OpenReport(action, target)
+
+    def _check_against(self, state: ck.DispatchState, *, exact: bool, limit: int) -> None:
+        have = self.cqs.max_offset_table()
+        for key, (want, first_phy) in state.queues.items():
+            got = have.get(key)
+            if got is None:
+                if not exact and first_phy >= limit:
+                    continue  # every unit it had pointed at or beyond the cut
+                raise InconsistentStateError(f"consume queue {key[0]}/{key[1]} is missing")
+            if got > want or (exact and got != want):
+                raise InconsistentStateError(f"consume queue {key[0]}/{key[1]} ends at {got}, "
+                                             f"checkpoint says {want}")
+        for key in have:
+            if key not in state.queues:
+                raise InconsistentStateError(f"consume queue {key[0]}/{key[1]} is not in the checkpoint")
+        if not exact:
+            for key, cq in self.cqs.queues.items():
+                self._check_last_unit(cq)
+        if self.config.index_enabled:
+            files = self.index.file_counts()
+            want_files = state.index_files
+            if exact and files != want_files:
+                raise InconsistentStateError(f"index files {files} differ from checkpoint {want_files}")
+            if not exact and [n for n, _ in files] != [n for n, _ in want_files][:len(files)]:
+                raise InconsistentStateError("index files differ from the checkpoint")
+
+    def _check_last_unit(self, cq) -> None:
+        """After a truncation: the queue's last unit must point at its own
+        message (topic, queue id and queue offset read from the commitlog)."""
+        from broker.message import MessageFormatError, decode
+        u = cq.get_unit(cq.max_offset - 1)
+        try:
+            rec = decode(self.source.read(u.phy, u.size))
+        except (KeyError, MessageFormatError) as exc:
+            raise InconsistentStateError(f"consume queue {cq.topic}/{cq.queue_id} last unit: {exc}")
+        if (rec.topic, rec.queue_id, rec.queue_offset) != (cq.topic, cq.queue_id, u.offset):
+            raise InconsistentStateError(f"consume queue {cq.topic}/{cq.queue_id} unit {u.offset} "
+                                         f"points at a message of {rec.topic}/{rec.queue_id}@{rec.queue_offset}")
+
+    def _rebuild_reset(self, begin: int, reason: str) -> OpenReport:
+        log.warning("rebuilding consume queues and index from commitlog position %d: %s", begin, reason)
+        self.reset(begin)
+        return OpenReport("rebuilt", begin, reason)
+
+    def reset(self, begin: int) -> None:
+        """Delete every consume queue, index file and checkpoint; dispatch will
+        start again at `begin` (a full rebuild)."""
+        self._queues.clear()
+        self.cqs.destroy()
+        self.index.destroy()
+        ck.remove_all(self.root)
+        self.pos, self.last_index = begin, -1
+        self.checkpoint()
+
+    # --- dispatch -------------------------------------------------------------
+
+    def dispatch_to(self, end_pos: int, *, max_bytes: int | None = None, progress=None) -> int:
+        """Dispatch committed bytes [pos, end_pos) (stopping early after about
+        max_bytes).  Returns the bytes advanced."""
+        started = self.pos
+        limit = math.inf if max_bytes is None else started + max_bytes
+        while self.pos < end_pos and self.pos < limit:
+            try:
+                seg_end = self.source.segment_end(self.pos)
+            except KeyError:
+                raise DispatchError(self.pos, "no commitlog segment holds this position") from None
+            stop_at = min(end_pos, seg_end)
+            view = self.source.view(self.pos, stop_at)
+            try:
+                res = self.backend.scan(view, self.pos, self._recs, mode=self.source.mode,
+                                        expect_index=self.last_index + 1 if self.last_index >= 0 else -1)
+                self._apply(view, res)
+            finally:
+                view.release()
+            self.pos += res.consumed
+            self.stats.entries += res.entries
+            self.stats.bytes += res.consumed
+            if res.entries:
+                self.last_index = res.last_index
+            if res.stop == STOP_BLANK or (res.stop == STOP_END and self.pos == seg_end):
+                self.stats.bytes += seg_end - self.pos
+                self.pos = seg_end
+            elif res.stop == STOP_CORRUPT:
+                raise DispatchError(self.pos,
+                                    ERR_TEXT.get(res.err_code, f"error {res.err_code}"))
+            elif res.stop not in (STOP_END, STOP_FULL):
+                what = STOP_NAMES[res.stop]
+                raise DispatchError(self.pos, f"committed range ends inside an entry ({what})"
+                                    if res.stop == STOP_PARTIAL else f"unexpected {what} data")
+            if progress is not None:
+                progress(self.pos)
+        self.cqs.write_pending()  # dispatched units are readable once this returns
+        return self.pos - started
+
+    def _apply(self, view, res) -> None:
+        if res.n == 0:
+            return
+        self.stats.messages += res.n
+        if res.bad:
+            self._log_bad(res)
+        g = self.backend.group(view, res)
+        units, groups = self.backend.cq_pack_groups(res, g)
+        uview = memoryview(units)
+        queues = self._queues
+        for q0, qid, toff, tlen, count, run, _, start in groups:
+            raw_topic = bytes(view[toff:toff + tlen])
+            cq = queues.get((raw_topic, qid))
+            if cq is None:
+                try:
+                    cq = self.cqs.get_or_create(raw_topic.decode("utf-8", "replace"), qid)
+                except BadTopicError as exc:
+                    self.stats.skipped_topics += count
+                    log.error("not dispatching %d messages: %s", count, exc)
+                    continue
+                queues[(raw_topic, qid)] = cq
+            chunk = uview[start * 20:(start + count) * 20]
+            if run == count:
+                cq.put_units(q0, chunk)
+            else:  # queue offsets jump or repeat inside the batch: unit by unit
+                for k, i in enumerate(self.backend.order_slice(g, start, start + count)):
+                    cq.put_units(res.record(i).queue_offset, chunk[k * 20:(k + 1) * 20])
+        if self.config.index_enabled:
+            self.index.put_batch(view, res)
+        self.last_store_timestamp = res.record(res.n - 1).store_timestamp
+
+    def _log_bad(self, res) -> None:
+        self.stats.bad_messages += res.bad
+        for i in range(res.first_bad, res.n):
+            r = res.record(i)
+            if r.flags & REC_BAD:
+                log.error("skipping malformed message in entry %d at commitlog position %d: %s",
+                          r.entry_index, r.phy_offset, BAD_TEXT.get(r.bad_reason, r.bad_reason))
+
+    # --- checkpoint / retention -------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Make everything dispatched so far durable, then record it."""
+        self.prepare_checkpoint()()
+
+    def prepare_checkpoint(self):
+        """Snapshot what a checkpoint records and hand back the part that
+        only syncs and writes files: it touches no engine state, so the
+        live dispatcher runs it in a worker thread while readers go on."""
+        self.cqs.write_pending()
+        files, dirs = self.cqs.fds.take_dirty()
+        index_fds = []
+        if self.config.index_enabled:
+            for f in self.index.files:
+                f.write_header()
+                index_fds.append(os.dup(f.fd))
+            if self.index.files:
+                dirs.append(self.index.dir)
+        state = ck.DispatchState(self.pos, self.last_index, self.cqs.queue_table(),
+                                 self.index.file_counts() if self.config.index_enabled else [])
+        full = [f for f in self.index.files if f.is_full]
+        ts = self.last_store_timestamp
+        point = ck.StoreCheckpoint(physic_msg_timestamp=ts, logics_msg_timestamp=ts,
+                                   index_msg_timestamp=full[-1].header.end_timestamp if full else 0,
+                                   dispatched_phy_offset=self.pos, dispatched_index=self.last_index)
+        root = self.root
+
+        def run() -> None:
+            try:
+                sync_paths(files, dirs)
+                for fd in index_fds:
+                    os.fsync(fd)  # covers the pages dirtied through the shared map
+            finally:
+                for fd in index_fds:
+                    os.close(fd)
+            state.store(root)
+            point.store(root)
+
+        return run
+
+    # --- queries -------------------------------------------------------------
+
+    def store_timestamp_of(self, phy: int, size: int = 0) -> int | None:
+        try:
+            return self.source.store_timestamp_at(phy)
+        except KeyError:  # deleted by retention
+            return None
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP over one consume queue (0 if none)."""
+        cq = self.cqs.get(topic, queue_id)
+        return cq.offset_by_time(timestamp, self.store_timestamp_of, boundary=boundary) if cq else 0
+
+    def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int):
+        """QUERY_MESSAGE: commitlog positions whose key hash matches (callers
+        compare the actual keys: the index stores hashes only)."""
+        return self.index.query(topic, key, max_num, begin, end)
+
+    def delete_expired(self, min_phy: int) -> tuple[int, int]:
+        """After retention removed commitlog below `min_phy`: drop the consume
+        queue and index files that only point below it."""
+        return self.cqs.delete_expired(min_phy), self.index.delete_expired(min_phy)
+
+    def close(self) -> None:
+        self.cqs.close()
+        self.index.close()
+
+
+class Dispatcher:
+    """The reput service as a trio task over a DispatchEngine."""
+
+    def __init__(self, engine: DispatchEngine, committed: Watermark, end_of_index, *,
+                 checkpoint_interval: float = 1.0, chunk_bytes: int = 4 << 20):
+        self.engine = engine
+        self.committed = committed
+        # index -> commitlog position just after that entry, or None when the
+        # entry is below the log's first one
+        self.end_of_index = end_of_index
+        self.checkpoint_interval = checkpoint_interval
+        self.chunk_bytes = chunk_bytes
+        self.dispatched = Watermark(engine.last_index)  # for pull long-polling
+        self.checkpointed = Watermark(engine.last_index)  # durable dispatch progress
+        self._last_checkpoint = time.monotonic()
+        self._checkpointed_pos = engine.pos
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            # Park on the commit watermark; with work not yet checkpointed,
+            # wake after one interval of quiet to checkpoint it.
+            stale = self.engine.pos != self._checkpointed_pos
+            try:
+                committed = await self.committed.wait_for(
+                    self.engine.last_index + 1, timeout=self.checkpoint_interval if stale else math.inf)
+            except trio.TooSlowError:
+                await self.checkpoint()
+                continue
+            await self.dispatch_through(committed)
+
+    async def dispatch_through(self, index: int) -> None:
+        """Dispatch every entry up to and including `index` (committed)."""
+        end = self.end_of_index(index)
+        if end is None:  # below the log's first entry (retention, reset_to): nothing to do
+            self.engine.last_index = max(self.engine.last_index, index)
+            self.dispatched.advance(index)
+            return
+        while self.engine.pos < end:
+            self.engine.dispatch_to(end, max_bytes=self.chunk_bytes)
+            await trio.lowlevel.checkpoint()  # let other tasks run between chunks
+        if self.engine.last_index != index:
+            raise DispatchError(end, f"dispatched through entry {self.engine.last_index}, "
+                                     f"expected the committed entry {index}")
+        self.dispatched.advance(index)
+        if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval:
+            await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        if self.engine.pos != self._checkpointed_pos:
+            pos, index = self.engine.pos, self.engine.last_index
+            # fsyncs off the event loop; the snapshot was taken here, so the
+            # engine may move on meanwhile.
+            await trio.to_thread.run_sync(self.engine.prepare_checkpoint())
+            self._checkpointed_pos = pos
+            self.checkpointed.advance(index)
+        self._last_checkpoint = time.monotonic()

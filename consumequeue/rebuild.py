@@ -1,0 +1,89 @@
+# Owns the offline full rebuild of consume queues and index files from a
+# stopped broker's store (mqadmin rebuildConsumeQueue, the benchmark): open
+# the DLedger store (its lock keeps a running broker out; its recovery cuts
+# a torn tail), delete every consume queue, index file and dispatch
+# checkpoint, dispatch the committed log from its first entry, checkpoint.
+import os
+import time
+
+import attrs
+
+from commitlog.store import SegmentedStore, StoreConfig
+from consumequeue import service
+from consumequeue.dispatcher import DispatchConfig, DispatchEngine, DispatchStats
+from consumequeue.errors import ConsumeQueueError
+
+
+@attrs.frozen
+class RebuildReport:
+    root: str
+    begin_pos: int
+    end_pos: int
+    committed_index: int
+    seconds: float
+    stats: DispatchStats
+    queues: int
+    index_files: int
+
+    @property
+    def bytes(self) -> int:
+        return self.end_pos - self.begin_pos
+
+    def to_json(self) -> dict:
+        return {"root": self.root, "beginPos": self.begin_pos, "endPos": self.end_pos,
+                "committedIndex": self.committed_index, "seconds": round(self.seconds, 6),
+                "bytes": self.bytes, "entries": self.stats.entries, "messages": self.stats.messages,
+                "badMessages": self.stats.bad_messages, "queues": self.queues,
+                "indexFiles": self.index_files}
+
+
+def find_self_id(root: str) -> str:
+    """The selfId of the single dledger-<id> directory under `root`."""
+    ids = sorted(n[len("dledger-"):] for n in os.listdir(root)
+                 if n.startswith("dledger-") and os.path.isdir(os.path.join(root, n)))
+    if not ids:
+        raise ConsumeQueueError(f"{root}: no dledger-<selfId> directory (not a ledgermq store root)")
+    if len(ids) > 1:
+        raise ConsumeQueueError(f"{root}: several stores ({', '.join(ids)}); pick one with --self-id")
+    return ids[0]
+
+
+def open_store(root: str, self_id: str | None = None) -> SegmentedStore:
+    return SegmentedStore.open(StoreConfig(root, self_id=self_id or find_self_id(root)))
+
+
+def rebuild_engine(engine: DispatchEngine, begin_pos: int, end_pos: int, committed_index: int,
+                   *, progress=None) -> float:
+    """Reset and dispatch [begin_pos, end_pos); returns the seconds taken."""
+    t0 = time.perf_counter()
+    engine.reset(begin_pos)
+    engine.dispatch_to(end_pos, progress=progress)
+    if engine.pos != end_pos or (committed_index >= 0 and engine.last_index != committed_index):
+        raise ConsumeQueueError(f"rebuild stopped at position {engine.pos} / entry {engine.last_index}, "
+                                f"expected {end_pos} / {committed_index}")
+    engine.checkpoint()
+    return time.perf_counter() - t0
+
+
+def rebuild_store(root: str, *, self_id: str | None = None, config: DispatchConfig | None = None,
+                  backend=None, progress=None, store: SegmentedStore | None = None) -> RebuildReport:
+    """Full rebuild of ${root}'s consume queues and index.  `progress(done,
+    total)` is called as bytes are dispatched."""
+    own = store is None
+    store = store or open_store(root, self_id)
+    try:
+        p = service.positions(store)
+        engine = DispatchEngine(root, service.source_for(store, populate=True), config=config,
+                                backend=backend)
+        try:
+            total = p.committed_pos - p.begin_pos
+            cb = (lambda pos: progress(pos - p.begin_pos, total)) if progress else None
+            secs = rebuild_engine(engine, p.begin_pos, p.committed_pos, p.committed_index, progress=cb)
+            return RebuildReport(root, p.begin_pos, p.committed_pos, p.committed_index, secs,
+                                 engine.stats, len(engine.cqs.queues), len(engine.index.files))
+        finally:
+            engine.close()
+            engine.source.close()
+    finally:
+        if own:
+            store.close()

@@ -1,0 +1,122 @@
+# Owns the wiring between the commitlog store (commitlog.store.SegmentedStore)
+# and dispatch: where the log begins and where its committed part ends, the
+# engine opened on the store's data segments, the trio Dispatcher fed by the
+# commit watermark, and the leader's queue offset table with its append
+# hook.  The broker talks to consume queues and the index through this.
+import os
+
+import attrs
+import trio
+
+from broker.queue_offsets import QueueOffsetTable
+from commitlog.watermark import Watermark
+from consumequeue.dispatcher import DispatchConfig, DispatchEngine, Dispatcher, OpenReport
+from consumequeue.source import CommitlogSource
+
+
+@attrs.frozen
+class StorePositions:
+    begin_pos: int  # position of the first entry (or where the next one goes)
+    committed_index: int
+    committed_pos: int  # just after the committed entry
+
+
+def entry_end(store, index: int) -> int:
+    """Commitlog position just after entry `index` (the begin position when
+    nothing at or before it is readable)."""
+    if index < max(store.begin_index, 0) or index < 0:
+        return begin_position(store)
+    e = store.get(index)
+    return e.pos + e.size
+
+
+def begin_position(store) -> int:
+    if 0 <= store.begin_index <= store.end_index:
+        return store.pos_of(store.begin_index)
+    return store.end_pos
+
+
+def positions(store) -> StorePositions:
+    c = store.committed_index
+    return StorePositions(begin_position(store), c, entry_end(store, c))
+
+
+def source_for(store, *, populate: bool = False) -> CommitlogSource:
+    return CommitlogSource(os.path.join(store.store_dir, "data"), segment_size=store.data_segment_size,
+                           populate=populate)
+
+
+def open_engine(store, *, root: str | None = None, config: DispatchConfig | None = None,
+                backend=None, populate: bool = False) -> tuple[DispatchEngine, OpenReport]:
+    """An engine over the store's data segments, restarted per its
+    checkpoint and truncated to the store's recovered committed position."""
+    engine = DispatchEngine(root or store.cfg.root, source_for(store, populate=populate),
+                            config=config, backend=backend)
+    p = positions(store)
+    report = engine.open(p.begin_pos, p.committed_pos, p.committed_index)
+    return engine, report
+
+
+def dispatch_committed(store, engine: DispatchEngine, *, progress=None) -> int:
+    """Synchronously dispatch everything committed (offline tools, tests)."""
+    return engine.dispatch_to(positions(store).committed_pos, progress=progress)
+
+
+@attrs.define
+class ConsumeQueueService:
+    """Consume queues + index for one broker store: the dispatcher task, and
+    on the leader the offset table whose hook stamps appended records."""
+
+    store: object
+    engine: DispatchEngine
+    committed: Watermark
+    dispatcher: Dispatcher = attrs.field(init=False)
+    offsets: QueueOffsetTable = attrs.field(factory=QueueOffsetTable)
+    _hooked: bool = False
+
+    def __attrs_post_init__(self):
+        def end_of(index: int) -> int | None:
+            if index < max(self.store.begin_index, 0):
+                return None
+            return entry_end(self.store, index)
+
+        self.dispatcher = Dispatcher(self.engine, self.committed, end_of)
+
+    @classmethod
+    def open(cls, store, committed: Watermark, *, root: str | None = None,
+             config: DispatchConfig | None = None, backend=None) -> "ConsumeQueueService":
+        engine, _ = open_engine(store, root=root, config=config, backend=backend)
+        return cls(store, engine, committed)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The dispatcher task; checkpoints when cancelled."""
+        try:
+            await self.dispatcher.run(task_status=task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.dispatcher.checkpoint()
+
+    def become_leader(self) -> None:
+        """Rebuild the offset table (consume queues + the undispatched log
+        tail) and start stamping appends."""
+        self.offsets.rebuild_from_consume_queues(self.engine.cqs, self.engine.source, self.engine.pos,
+                                                 self.store.end_pos)
+        if not self._hooked:
+            self.store.add_append_hook(self.offsets.append_hook)
+            self._hooked = True
+
+    def on_retention(self) -> tuple[int, int]:
+        """After the store deleted head segments: drop consume queue and
+        index files that only point below the log's first position, and
+        move each queue's min offset.  Returns (CQ files, index files)."""
+        return self.engine.delete_expired(begin_position(self.store))
+
+    def become_follower(self) -> None:
+        if self._hooked:
+            self.store.remove_append_hook(self.offsets.append_hook)
+            self._hooked = False
+
+    def close(self) -> None:
+        self.become_follower()
+        self.engine.checkpoint()
+        self.engine.close()

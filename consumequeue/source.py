@@ -1,0 +1,129 @@
+# Owns read-only access to commitlog bytes by absolute position, for
+# dispatch, rebuild and verification: the DLedger data segments
+# (${root}/dledger-<id>/data/<20-digit start>) or a plain RocketMQ
+# commitlog directory, mapped read-only (the page cache is shared with the
+# store's pwrite()s, so committed bytes are visible without copies).
+#
+# A view never crosses a segment: records never span two segments, and
+# the scanner meets the blank filler before a segment's end.  Maps are
+# kept in a small LRU and remapped when a file has grown since it was
+# mapped (a store may create segments short and extend them).
+import bisect
+import mmap
+import os
+import re
+import struct
+from collections import OrderedDict
+
+from broker.message import POS_SYSFLAG, store_timestamp_pos
+from native.dispatch import MODE_DLEDGER
+
+_NAME = re.compile(r"^\d{20}$")
+_MAX_MAPS = 8
+_MIN_MAP = 64 << 20
+
+
+class CommitlogSource:
+    def __init__(self, data_dir: str, *, segment_size: int | None = None, mode: int = MODE_DLEDGER,
+                 populate: bool = False):
+        self.data_dir = data_dir
+        self.mode = mode
+        self.populate = populate  # prefault whole segments (offline rebuilds)
+        self._configured_size = segment_size
+        self.segment_size = segment_size
+        self.starts: list[int] = []
+        self._maps: OrderedDict[int, tuple[mmap.mmap, int]] = OrderedDict()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-list the segment files (after the store created or deleted some)."""
+        names = sorted(n for n in os.listdir(self.data_dir) if _NAME.match(n)) \
+            if os.path.isdir(self.data_dir) else []
+        self.starts = [int(n) for n in names]
+        if self._configured_size is None and self.starts:
+            sizes = [os.path.getsize(self._path(s)) for s in self.starts]
+            gaps = {b - a for a, b in zip(self.starts, self.starts[1:])}
+            self.segment_size = gaps.pop() if len(gaps) == 1 else max(sizes)
+        for start in [s for s in self._maps if s not in self.starts]:
+            self._maps.pop(start)[0].close()
+
+    def _path(self, start: int) -> str:
+        return os.path.join(self.data_dir, f"{start:020d}")
+
+    @property
+    def begin_pos(self) -> int | None:
+        return self.starts[0] if self.starts else None
+
+    def segment_start(self, pos: int) -> int:
+        """Start of the segment holding `pos` (KeyError if none does)."""
+        for attempt in (0, 1):
+            i = bisect.bisect_right(self.starts, pos) - 1
+            if i >= 0 and pos < self.starts[i] + self.segment_size:
+                return self.starts[i]
+            if attempt == 0:
+                self.refresh()  # the store may have created it since
+        raise KeyError(pos)
+
+    def segment_end(self, pos: int) -> int:
+        return self.segment_start(pos) + self.segment_size
+
+    def _map(self, start: int, need: int) -> mmap.mmap:
+        entry = self._maps.get(start)
+        if entry is not None and entry[1] >= need:
+            self._maps.move_to_end(start)
+            return entry[0]
+        if entry is not None:
+            self._maps.pop(start)
+            try:
+                entry[0].close()
+            except BufferError:
+                pass  # a view still exports it; it goes when the view does
+        with open(self._path(start), "rb") as f:
+            length = os.fstat(f.fileno()).st_size
+            if length < need or need <= 0:
+                raise KeyError(start + need)
+            # Map what is needed (at least 64 MiB, doubling on growth), not the
+            # whole preallocated segment: MAP_POPULATE of a sparse 1 GiB tail
+            # would fault in zero pages for nothing.
+            old = entry[1] if entry is not None else 0
+            size = min(length, max(need, 2 * old, _MIN_MAP))
+            flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if self.populate else 0)
+            mm = mmap.mmap(f.fileno(), size, flags, mmap.PROT_READ)
+        if not self.populate:
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        self._maps[start] = (mm, size)
+        while len(self._maps) > _MAX_MAPS:
+            old, _ = self._maps.popitem(last=False)[1]
+            try:
+                old.close()
+            except BufferError:
+                pass
+        return mm
+
+    def view(self, pos: int, end: int) -> memoryview:
+        """Bytes [pos, min(end, segment end)) as a read-only view."""
+        start = self.segment_start(pos)
+        end = min(end, start + self.segment_size)
+        mm = self._map(start, end - start)
+        return memoryview(mm)[pos - start:end - start]
+
+    def read(self, pos: int, size: int) -> bytes:
+        with self.view(pos, pos + size) as v:
+            if len(v) != size:
+                raise KeyError(pos + size)
+            return bytes(v)
+
+    def store_timestamp_at(self, phy: int) -> int:
+        """STORETIMESTAMP of the record at `phy` (its position depends on the
+        born host's address family)."""
+        head = self.read(phy, POS_SYSFLAG + 4)
+        (sysflag,) = struct.unpack_from(">i", head, POS_SYSFLAG)
+        return struct.unpack(">q", self.read(phy + store_timestamp_pos(sysflag), 8))[0]
+
+    def close(self) -> None:
+        for mm, _ in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        self._maps.clear()
