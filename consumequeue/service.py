@@ -10,6 +10,7 @@ import trio
 
 from broker.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
+from consumequeue.checkpoint import DispatchState
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine, Dispatcher, OpenReport
 from consumequeue.source import CommitlogSource
 
@@ -46,11 +47,32 @@ def source_for(store, *, populate: bool = False) -> CommitlogSource:
                            populate=populate)
 
 
+def raise_committed_from_dispatch(store, root: str) -> int:
+    """Dispatched implies committed: only committed entries are ever
+    dispatched, and Raft never truncates a committed entry.  The store's own
+    committed index is checkpointed only every few seconds, so after a crash
+    it can lag what consumers were already shown; raise it to the dispatch
+    checkpoint's entry when the log still holds that entry at the same
+    position.  Without this a restart would cut consume queues back and hide
+    messages consumers had seen until the leader's next commit arrives."""
+    try:
+        state = DispatchState.load(root)
+    except ValueError:
+        return store.committed_index  # unreadable: open() rebuilds anyway
+    if (state is not None and store.committed_index < state.index <= store.end_index
+            and state.index >= max(store.begin_index, 0) and entry_end(store, state.index) == state.phy):
+        store.set_committed(state.index)
+    return store.committed_index
+
+
 def open_engine(store, *, root: str | None = None, config: DispatchConfig | None = None,
                 backend=None, populate: bool = False) -> tuple[DispatchEngine, OpenReport]:
     """An engine over the store's data segments, restarted per its
-    checkpoint and truncated to the store's recovered committed position."""
-    engine = DispatchEngine(root or store.cfg.root, source_for(store, populate=populate),
+    checkpoint and truncated to the store's recovered committed position
+    (after raising that to what was already dispatched)."""
+    root = root or store.cfg.root
+    raise_committed_from_dispatch(store, root)
+    engine = DispatchEngine(root, source_for(store, populate=populate),
                             config=config, backend=backend)
     p = positions(store)
     report = engine.open(p.begin_pos, p.committed_pos, p.committed_index)

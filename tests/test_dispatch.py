@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from broker import message as M
 from broker.queue_offsets import QueueOffsetTable
+from commitlog import metafiles
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.watermark import Watermark
 from consumequeue import service
@@ -434,4 +435,29 @@ def test_native_and_python_dispatch_write_identical_files(tmp_path_factory, msgs
     cfg = DispatchConfig(cq_file_size=20 * 7, index_slot_num=5, index_num=9, batch_records=batch)
     trees = [clean_build(store, root / be.name, backend=be, config=cfg) for be in (D.NATIVE, D.PYTHON)]
     assert trees[0] == trees[1]
+    store.close()
+
+
+def test_restart_keeps_dispatched_messages_when_store_checkpoint_lags(tmp_path):
+    # The store checkpoints its committed index every few seconds; dispatch
+    # checkpoints its own progress.  After a crash the store may remember an
+    # older committed index than consumers were already shown: the restart
+    # must not hide those messages (dispatched implies committed).
+    store, _ = leader_store(tmp_path, 300)
+    engine, _ = service.open_engine(store, config=SMALL)
+    service.dispatch_committed(store, engine)
+    engine.checkpoint()
+    before = tree(tmp_path)
+    engine.close()
+    store_dir, end = store.store_dir, store.end_index
+    store.close()
+    metafiles.write_checkpoint(store_dir, end, 120)  # what a lagging checkpoint would have said
+    store = open_store(tmp_path)
+    assert store.committed_index == 120
+    engine, report = service.open_engine(store, config=SMALL)
+    assert store.committed_index == 299  # raised to what was dispatched
+    assert report.action == "resumed"
+    after = tree(tmp_path)
+    assert after == before and before[0]
+    engine.close()
     store.close()
