@@ -1,0 +1,421 @@
+# Owns RaftCore, the pure Raft state machine of one replica: term/vote/leader,
+# the commit index, the election timer, the vote rules, the Ready/advance
+# bookkeeping, and the swap of role logic (roles/follower.py, candidate.py,
+# leader.py) on every role change.  No trio, no clock, no sockets, no module
+# random: time is tick(), randomness an injected random.Random, I/O the Ready.
+import random
+from typing import Sequence
+
+import attrs
+
+from commitlog.entry import MAGIC_NOOP, EntryBatch
+from commitlog.errors import IndexBelowBeginError, NotLeaderError, RaftContractError
+from commitlog.raft.logapi import RaftLog
+from commitlog.raft.messages import (HeartbeatRequest, HeartbeatResponse, Message, PushRequest,
+                                     PushResponse, ResponseCode, TimeoutNow, VoteRequest,
+                                     VoteResponse, VoteResult)
+from commitlog.raft.quorum import majority
+from commitlog.raft.roles.base import RoleLogic
+from commitlog.raft.roles.candidate import CandidateRole
+from commitlog.raft.roles.follower import FollowerRole
+from commitlog.raft.roles.leader import LeaderRole
+from commitlog.raft.state import (HardState, LeaderAppend, LogReset, RaftConfig, RaftStatus,
+                                  Ready, Role, SoftState)
+
+
+@attrs.define(eq=False, repr=False)
+class RaftCore:
+    """One Raft replica as a deterministic state machine.
+
+    Inputs:   tick()                 one unit of logical time
+              step(message)          a message from a peer (commitlog.raft.messages)
+              propose(bodies)        leader only: append these bodies (one entry
+                                     each); returns the first index assigned
+              transfer_leadership(peer_id)
+    Outputs:  has_ready() / ready()  a Ready: writes + messages (state.Ready)
+              advance(ready)         "the Ready was carried out"
+
+    Contract with the shell (the only driver):
+      * After an input, drain:  while core.has_ready():
+                                    rd = core.ready(); carry out rd; core.advance(rd)
+        "Carry out" follows the order documented on Ready: hard state, log
+        writes and the committed index are PERSISTED before rd.messages are
+        sent -- a vote grant or an append acknowledgement must never leave
+        before the term/vote/entries it promises are on disk.  (The writes
+        must be readable before advance(); their flush may be batched as
+        long as no message or commit is released ahead of it.)
+      * Inputs are refused with RaftContractError while a Ready is
+        outstanding (taken, not advanced) or while log/hard-state writes wait
+        to be taken: the core reads the log synchronously and must see its
+        own writes.  (Messages alone may accumulate over several inputs.)
+      * The log is read only through RaftLog (logapi.py) and written only
+        by the shell.  The leader replicates only entries already in its log
+        (pos assigned by its store), so followers write identical bytes.
+    """
+
+    node_id: str
+    voters: tuple[str, ...] = attrs.field(converter=tuple)
+    log: RaftLog
+    rng: random.Random
+    config: RaftConfig = attrs.Factory(RaftConfig)
+    hard_state: HardState = attrs.Factory(HardState)
+    committed_index: int = -1
+
+    # --- replica state (read-only for the outside) ------------------------
+    term: int = attrs.field(init=False, default=0)
+    voted_for: str | None = attrs.field(init=False, default=None)
+    leader_id: str | None = attrs.field(init=False, default=None)
+    commit_index: int = attrs.field(init=False, default=-1)
+    now: int = attrs.field(init=False, default=0)
+    election_elapsed: int = attrs.field(init=False, default=0)
+    election_timeout: int = attrs.field(init=False, default=0)
+    peers: tuple[str, ...] = attrs.field(init=False, default=())
+    quorum: int = attrs.field(init=False, default=1)
+    _role: RoleLogic = attrs.field(init=False, default=None)
+
+    # --- pending output ---------------------------------------------------
+    _msgs: list = attrs.field(init=False, factory=list)
+    _reset: LogReset | None = attrs.field(init=False, default=None)
+    _truncate: int | None = attrs.field(init=False, default=None)
+    _leader_append: LeaderAppend | None = attrs.field(init=False, default=None)
+    _follower_append: EntryBatch | None = attrs.field(init=False, default=None)
+    _reported_hard: HardState = attrs.field(init=False, default=None)
+    _reported_soft: SoftState = attrs.field(init=False, default=None)
+    _reported_commit: int = attrs.field(init=False, default=-1)
+    _outstanding: Ready | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.node_id not in self.voters or len(set(self.voters)) != len(self.voters):
+            raise ValueError(f"voters {self.voters} must list {self.node_id} once")
+        self.peers = tuple(v for v in self.voters if v != self.node_id)
+        self.quorum = majority(len(self.voters))
+        self.term = self.hard_state.term
+        self.voted_for = self.hard_state.voted_for
+        log = self.log
+        self.commit_index = max(min(self.committed_index, log.end_index), log.begin_index - 1)
+        self._reported_hard = HardState(self.term, self.voted_for)
+        self._reported_commit = self.commit_index
+        self._role = FollowerRole(self)
+        self._reported_soft = self.soft_state()
+        self.reset_election_timer()
+
+    # ======================================================================
+    # inputs
+    # ======================================================================
+
+    def tick(self) -> None:
+        self._check_input()
+        self.now += 1
+        self._role.tick()
+
+    def step(self, msg: Message) -> None:
+        self._check_input()
+        if msg.dst != self.node_id:
+            raise RaftContractError(f"message for {msg.dst} stepped into {self.node_id}")
+        if isinstance(msg, VoteRequest):
+            self._on_vote_request(msg)
+            return
+        if msg.src not in self.peers:
+            return  # not a member: ignore (DLedger answers UNKNOWN_MEMBER)
+        if msg.term > self.term:
+            if isinstance(msg, VoteResponse) and msg.pre_vote and msg.granted:
+                pass  # a granted pre-vote carries the proposed term, not the voter's
+            elif isinstance(msg, (PushRequest, HeartbeatRequest, TimeoutNow)):
+                self.become_follower(msg.term, msg.src)
+            else:
+                self.become_follower(msg.term, None)
+        elif msg.term < self.term:
+            # A stale leader learns the newer term from the answer and steps
+            # down; stale answers and stale TimeoutNow are dropped.
+            if isinstance(msg, PushRequest):
+                self.send(PushResponse(self.node_id, msg.src, self.term, msg.type, msg.seq,
+                                       ResponseCode.EXPIRED_TERM, begin_index=self.log.begin_index,
+                                       end_index=self.log.end_index))
+            elif isinstance(msg, HeartbeatRequest):
+                self.send(HeartbeatResponse(self.node_id, msg.src, self.term, ResponseCode.EXPIRED_TERM))
+            return
+        elif isinstance(msg, (PushRequest, HeartbeatRequest)) and self._role.role is not Role.FOLLOWER:
+            if self._role.role is Role.LEADER:
+                # Two leaders in one term cannot happen (election safety);
+                # answer without touching anything.
+                code = ResponseCode.INCONSISTENT_LEADER
+                if isinstance(msg, PushRequest):
+                    self.send(PushResponse(self.node_id, msg.src, self.term, msg.type, msg.seq, code))
+                else:
+                    self.send(HeartbeatResponse(self.node_id, msg.src, self.term, code))
+                return
+            self.become_follower(self.term, msg.src)  # a candidate meets this term's leader
+        role = self._role
+        if isinstance(msg, PushRequest):
+            role.on_push(msg)
+        elif isinstance(msg, PushResponse):
+            role.on_push_response(msg)
+        elif isinstance(msg, HeartbeatRequest):
+            role.on_heartbeat(msg)
+        elif isinstance(msg, HeartbeatResponse):
+            role.on_heartbeat_response(msg)
+        elif isinstance(msg, VoteResponse):
+            role.on_vote_response(msg)
+        elif isinstance(msg, TimeoutNow):
+            role.on_timeout_now(msg)
+        else:
+            raise TypeError(f"not a raft message: {msg!r}")
+
+    def propose(self, bodies: Sequence[bytes]) -> int:
+        """Leader only: append one NORMAL entry per body.  Returns the index
+        of the first; they get consecutive indexes.  Raises NotLeaderError
+        (with the known leader) or LeaderTransferringError."""
+        self._check_input()
+        if not bodies:
+            raise ValueError("propose() needs at least one body")
+        if self._role.role is not Role.LEADER:
+            raise NotLeaderError(self.leader_id)
+        return self._role.propose(bodies)
+
+    def transfer_leadership(self, target: str) -> None:
+        """Leader only: hand leadership to `target` once it is caught up
+        (TimeoutNow), refusing appends meanwhile; abandoned after
+        config.transfer_timeout_ticks.  Raises LeadershipTransferError."""
+        self._check_input()
+        if self._role.role is not Role.LEADER:
+            raise NotLeaderError(self.leader_id)
+        self._role.transfer_leadership(target)
+
+    def campaign(self) -> None:
+        """Start an election now (tests, admin `elect`): pre-vote first if
+        enabled, as when the election timer fires."""
+        self._check_input()
+        if self._role.role is not Role.LEADER:
+            self.start_election(transfer=False)
+
+    # ======================================================================
+    # outputs
+    # ======================================================================
+
+    def has_ready(self) -> bool:
+        if self._outstanding is not None:
+            return False
+        return bool(self._msgs or self._reset is not None or self._truncate is not None
+                    or self._leader_append is not None or self._follower_append is not None
+                    or self.commit_index != self._reported_commit
+                    or self.term != self._reported_hard.term or self.voted_for != self._reported_hard.voted_for
+                    or self._role.role is not self._reported_soft.role
+                    or self.leader_id != self._reported_soft.leader_id
+                    or self.term != self._reported_soft.term)
+
+    def ready(self) -> Ready:
+        if self._outstanding is not None:
+            raise RaftContractError("ready() called again before advance()")
+        hard = HardState(self.term, self.voted_for)
+        soft = self.soft_state()
+        rd = Ready(
+            hard_state=hard if hard != self._reported_hard else None,
+            soft_state=soft if soft != self._reported_soft else None,
+            reset_to=self._reset,
+            truncate_from=self._truncate,
+            leader_append=self._leader_append,
+            follower_append=self._follower_append,
+            committed_index=self.commit_index if self.commit_index != self._reported_commit else None,
+            messages=tuple(self._msgs),
+        )
+        self._reported_hard, self._reported_soft, self._reported_commit = hard, soft, self.commit_index
+        self._msgs = []
+        self._reset = self._truncate = self._leader_append = self._follower_append = None
+        self._outstanding = rd
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        if rd is not self._outstanding:
+            raise RaftContractError("advance() of a Ready that is not the outstanding one")
+        self._outstanding = None
+        end = self.log.end_index
+        if rd.leader_append is not None and end != rd.leader_append.last_index:
+            raise RaftContractError(f"leader append should end at {rd.leader_append.last_index}, log ends at {end}")
+        if rd.follower_append is not None and end != rd.follower_append.last_index:
+            raise RaftContractError(f"follower append should end at {rd.follower_append.last_index}, log ends at {end}")
+        if rd.must_persist:
+            self._role.after_persist(rd)
+
+    # ======================================================================
+    # status
+    # ======================================================================
+
+    @property
+    def role(self) -> Role:
+        return self._role.role
+
+    def __repr__(self) -> str:
+        return (f"<RaftCore {self.node_id} {self._role.role.value} term {self.term} leader {self.leader_id} "
+                f"log [{self.log.begin_index}, {self.log.end_index}] commit {self.commit_index}>")
+
+    def soft_state(self) -> SoftState:
+        return SoftState(self._role.role, self.term, self.leader_id)
+
+    def status(self) -> RaftStatus:
+        log = self.log
+        base = dict(node_id=self.node_id, role=self._role.role, term=self.term, voted_for=self.voted_for,
+                    leader_id=self.leader_id, commit_index=self.commit_index,
+                    begin_index=log.begin_index, end_index=log.end_index, tick=self.now)
+        if isinstance(self._role, LeaderRole):
+            base.update(self._role.status_fields())
+        return RaftStatus(**base)
+
+    @property
+    def leader_role(self) -> LeaderRole | None:
+        return self._role if isinstance(self._role, LeaderRole) else None
+
+    # ======================================================================
+    # used by the role logic
+    # ======================================================================
+
+    def send(self, msg: Message) -> None:
+        self._msgs.append(msg)
+
+    def term_at(self, index: int) -> int | None:
+        """Term of `index`: -1 for the virtual entry before a fresh log,
+        None when the entry is gone (below begin_index; the boundary entry
+        begin_index - 1 may or may not be remembered by the log)."""
+        if index == -1:
+            return -1
+        try:
+            return self.log.term_at(index)
+        except IndexBelowBeginError:
+            return None
+
+    def chain_crc_at(self, index: int) -> int | None:
+        if index == -1:
+            return 0
+        try:
+            return self.log.chain_crc_at(index)
+        except IndexBelowBeginError:
+            return None
+
+    def write_reset(self, reset: LogReset) -> None:
+        assert self._reset is None and self._truncate is None and self._follower_append is None
+        self._reset = reset
+
+    def write_truncate(self, index: int) -> None:
+        assert self._truncate is None and self._follower_append is None and self._leader_append is None
+        self._truncate = index
+
+    def write_follower_append(self, batch: EntryBatch) -> None:
+        assert self._follower_append is None and self._leader_append is None
+        self._follower_append = batch
+
+    def write_leader_append(self, bodies: Sequence[bytes], magic: int) -> int:
+        assert self._leader_append is None and self._follower_append is None
+        first = self.log.end_index + 1
+        self._leader_append = LeaderAppend(self.term, bodies, magic, first)
+        return first
+
+    def set_commit(self, index: int) -> None:
+        if index > self.commit_index:
+            self.commit_index = index
+
+    def reset_election_timer(self) -> None:
+        self.election_elapsed = 0
+        cfg = self.config
+        self.election_timeout = self.rng.randrange(cfg.election_timeout_min, cfg.election_timeout_max)
+
+    def in_lease(self) -> bool:
+        """Check-quorum lease: this node follows (or is) a leader it heard
+        from within the minimum election timeout, so an election would only
+        disrupt a working cluster (a rejoining partitioned node, a node with
+        a flaky link)."""
+        if not self.config.check_quorum or self.leader_id is None:
+            return False
+        return self._role.role is Role.LEADER or self.election_elapsed < self.config.election_timeout_min
+
+    def become_follower(self, term: int, leader_id: str | None) -> None:
+        if term != self.term:
+            self.term, self.voted_for = term, None
+        self.leader_id = leader_id
+        self._swap(FollowerRole(self))
+        self.reset_election_timer()
+
+    def start_election(self, *, transfer: bool) -> None:
+        if self.config.pre_vote and not transfer:
+            self.leader_id = None
+            self._swap(CandidateRole(self, pre_vote=True, transfer=False))
+        else:
+            self.become_candidate(transfer=transfer)
+
+    def become_candidate(self, *, transfer: bool) -> None:
+        self.term += 1
+        self.voted_for = self.node_id
+        self.leader_id = None
+        self._swap(CandidateRole(self, pre_vote=False, transfer=transfer))
+
+    def become_leader(self) -> None:
+        self.leader_id = self.node_id
+        self._swap(LeaderRole(self))
+        # Raft §5.4.2: entries of earlier terms commit only via an entry of
+        # the current term; the NOOP (magic 2) is that entry.
+        self._role.noop_index = self.write_leader_append((b"",), MAGIC_NOOP)
+
+    def _swap(self, role: RoleLogic) -> None:
+        self._role = role
+        self.reset_election_timer()
+        role.start()
+
+    def _check_input(self) -> None:
+        if self._outstanding is not None:
+            raise RaftContractError("input before advance() of the outstanding Ready")
+        if (self._reset is not None or self._truncate is not None or self._leader_append is not None
+                or self._follower_append is not None or self.term != self._reported_hard.term
+                or self.voted_for != self._reported_hard.voted_for):
+            raise RaftContractError("input while log/hard-state writes wait to be taken with ready()")
+
+    # ======================================================================
+    # vote rules (DLedger's, with Raft's term adoption)
+    # ======================================================================
+
+    def vote_decision(self, m: VoteRequest) -> VoteResult:
+        """Why this node would refuse `m` (or ACCEPT), checked in this order:
+        membership, term, lease, ledger vs term, vote already cast,
+        up-to-date log (Raft §5.4.1).  Pure: no state change."""
+        if m.src not in self.voters:
+            return VoteResult.REJECT_UNKNOWN_LEADER
+        if m.src == self.node_id:
+            return VoteResult.REJECT_UNEXPECTED_LEADER
+        if m.term < self.term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM
+        if not m.transfer and self.in_lease():
+            return VoteResult.REJECT_ALREADY_HAS_LEADER
+        log = self.log
+        end_term = log.end_term
+        if m.term < end_term:
+            # Never adopt a term older than our own entries (reachable when
+            # the persisted term lags the log, e.g. a lost currterm file).
+            return VoteResult.REJECT_TERM_SMALL_THAN_LEDGER
+        if m.term == self.term:
+            if self.voted_for is not None and self.voted_for != m.src:
+                return (VoteResult.REJECT_ALREADY_HAS_LEADER if self.leader_id is not None
+                        else VoteResult.REJECT_ALREADY_VOTED)
+            if self.voted_for is None and self.leader_id is not None and self.leader_id != m.src:
+                return VoteResult.REJECT_ALREADY_HAS_LEADER
+        if m.last_term < end_term:
+            return VoteResult.REJECT_EXPIRED_LEDGER_TERM
+        if m.last_term == end_term and m.last_index < log.end_index:
+            return VoteResult.REJECT_SMALL_LEDGER_END_INDEX
+        return VoteResult.ACCEPT
+
+    def _on_vote_request(self, m: VoteRequest) -> None:
+        result = self.vote_decision(m)
+        if m.pre_vote:
+            # Pre-votes change nothing; a grant echoes the proposed term.
+            term = m.term if result is VoteResult.ACCEPT else self.term
+            self.send(VoteResponse(self.node_id, m.src, term, result, pre_vote=True))
+            return
+        adopt = m.term > self.term and result not in (
+            VoteResult.REJECT_UNKNOWN_LEADER, VoteResult.REJECT_UNEXPECTED_LEADER,
+            VoteResult.REJECT_ALREADY_HAS_LEADER, VoteResult.REJECT_TERM_SMALL_THAN_LEDGER)
+        if adopt:
+            # Raft: a higher term always wins (even with a stale log), unless
+            # the lease protects a working leader.
+            self.become_follower(m.term, None)
+            result = self.vote_decision(m)
+        if result is VoteResult.ACCEPT:
+            self.voted_for = m.src      # persisted (Ready.hard_state) before the reply leaves
+            self.reset_election_timer()
+        self.send(VoteResponse(self.node_id, m.src, self.term, result))
