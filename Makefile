@@ -29,5 +29,12 @@ test: setup native
 quickstart: setup native
 	$(VPY) -m tools.quickstart $(ARGS)
 
+# Benchmarks (not tests): each prints its figures as ratios against a peer or
+# a raw baseline measured in the same run.
+bench: setup native
+	$(VPY) -m tools.bench.store
+	$(VPY) -m tools.bench.replication
+	$(VPY) -m tools.bench.dispatch
+
 clean:
 	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/_native.o

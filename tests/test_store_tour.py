@@ -1,11 +1,11 @@
-# The quickstart store tour runs end to end on real files.
+# The store tour (python -m tools.store_tour) runs end to end on real files.
 import os
 
-from tools import quickstart
+from tools import store_tour
 
 
 def test_quickstart_tour(tmp_path, capsys):
-    assert quickstart.main(["--dir", str(tmp_path), "--entries", "600"]) == 0
+    assert store_tour.main(["--dir", str(tmp_path), "--entries", "600"]) == 0
     out = capsys.readouterr().out
     assert "files byte-identical to the leader's: True" in out
     assert "recovery after a torn write: torn entry" in out and "log now ends at 598" in out

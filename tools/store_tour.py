@@ -1,5 +1,5 @@
-# Owns `make quickstart` (python -m tools.quickstart): until the broker
-# lands, a tour of the DLedger-format store on real files: leader appends
+# Owns the store tour (python -m tools.store_tour): a walk through the
+# DLedger-format store on real files: leader appends
 # with an append hook, replication to a follower with byte-identical files,
 # a torn tail after a simulated crash and its recovery, and verifyStore.
 import argparse
@@ -23,7 +23,7 @@ def _files(store_dir: str) -> dict[str, bytes]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.quickstart", description="ledgermq store demo")
+    ap = argparse.ArgumentParser(prog="python -m tools.store_tour", description="ledgermq store tour")
     ap.add_argument("--dir", help="storePathRootDir to use (default: a temporary directory)")
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--keep", action="store_true", help="keep the files afterwards")

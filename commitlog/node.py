@@ -1,0 +1,205 @@
+# Owns one replicated-log node process: it opens (and recovers) the on-disk
+# store, restores term/vote, and runs the peer transport, the Raft shell, the
+# background flusher and the admin port under one nursery.
+#
+#   python -m commitlog.node --conf n0.conf [--admin-port 0] [--log-level INFO]
+#
+# SIGTERM stops the node cleanly (the store is flushed and checkpointed);
+# SIGKILL is a crash, which recovery handles.  With LEDGERMQ_PROFILE=<dir> in
+# the environment the whole run is profiled with cProfile and the stats are
+# written to <dir>/<selfId>.prof when the node stops (tools/bench/replication.py
+# --profile uses this).
+#
+# The conf file uses RocketMQ broker.conf keys (dLegerGroup, dLegerPeers,
+# dLegerSelfId, storePathRootDir, flushDiskType, ...; see commitlog/config.py).
+# Once the node is serving it prints one JSON line to stdout with its id and
+# admin port, so scripts and tests know where to connect.
+import argparse
+import cProfile
+import json
+import logging
+import math
+import os
+import random
+import signal
+import sys
+
+import attrs
+import trio
+
+from commitlog import metafiles
+from commitlog.admin import serve_admin
+from commitlog.config import ConfigError, FlushDiskType, ReplicationConfig, load_replication_config
+from commitlog.errors import CommitLogError
+from commitlog.raft.core import RaftCore
+from commitlog.raft.state import HardState, RaftConfig
+from commitlog.replica import ReplicaNode
+from commitlog.store import SegmentedStore, StoreConfig, serve_flusher
+from commitlog.transport.tcp import serve_peer_transport
+
+log = logging.getLogger("ledgermq.node")
+
+TICK_MS = 10
+PROFILE_ENV = "LEDGERMQ_PROFILE"
+
+
+def raft_config_for(cfg: ReplicationConfig) -> RaftConfig:
+    """Map the millisecond settings of broker.conf onto the core's ticks."""
+
+    def ticks(ms: int) -> int:
+        return max(1, round(ms / TICK_MS))
+
+    return RaftConfig(
+        heartbeat_ticks=ticks(cfg.heartbeat_interval_ms),
+        election_timeout_min=ticks(cfg.election_timeout_min_ms),
+        election_timeout_max=ticks(cfg.election_timeout_max_ms),
+        push_timeout_ticks=ticks(cfg.max_push_timeout_ms),
+        preferred_leader=cfg.preferred_leader_id,
+    )
+
+
+def store_config_for(cfg: ReplicationConfig, *, repair: bool = False) -> StoreConfig:
+    return StoreConfig(
+        root=cfg.store_path_root_dir,
+        self_id=cfg.self_id,
+        data_segment_size=cfg.mapped_file_size_commitlog,
+        index_segment_size=cfg.mapped_file_size_entry_index,
+        # The replica shell group-commits: under SYNC_FLUSH it fdatasyncs once
+        # per driver round (off the event loop) before acks leave, so the store
+        # itself must not also flush inside every append.
+        flush_policy="async",
+        flush_interval_ms=cfg.flush_interval_ms,
+        file_reserved_hours=cfg.file_reserved_hours,
+        disk_max_used_ratio=cfg.disk_space_ratio,
+        repair=repair,
+    )
+
+
+def replica_on_store(store: SegmentedStore, transport, self_id: str, peer_ids, raft_config: RaftConfig, *,
+                     rng: random.Random, sync_flush: bool = False, tick_seconds: float = TICK_MS / 1000,
+                     peer_addresses: dict[str, str] | None = None, max_pending: int = 10000,
+                     max_wait_ack_ms: int = 2500) -> ReplicaNode:
+    """A ReplicaNode over an opened (recovered) store: term and vote come from
+    its `currterm` file, the committed index from its checkpoint, and every
+    hard-state change is written back to `currterm` (atomically, fsync'ed)
+    before the Ready's messages leave.  serve_node and the integration tests
+    build nodes with this."""
+    term, vote = metafiles.read_currterm(store.store_dir)
+    core = RaftCore(self_id, tuple(peer_ids), store, rng, raft_config,
+                    hard_state=HardState(term, vote or None), committed_index=store.committed_index)
+
+    def persist_hard_state(hs: HardState) -> None:
+        metafiles.write_currterm(store.store_dir, hs.term, hs.voted_for)
+
+    return ReplicaNode(core, store, transport, persist_hard_state, peer_addresses=dict(peer_addresses or {}),
+                       tick_seconds=tick_seconds, sync_flush=sync_flush, max_pending=max_pending,
+                       max_wait_ack_ms=max_wait_ack_ms)
+
+
+@attrs.define
+class RunningNode:
+    """What serve_node hands to its starter."""
+
+    replica: ReplicaNode
+    store: SegmentedStore
+    transport: object
+    admin_port: int | None
+
+
+async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", admin_port: int | None = None,
+                     listeners=None, repair: bool = False, seed: int | None = None,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run one node until cancelled.  started() is called after recovery and
+    after the peer and admin ports are bound, with a RunningNode.  On the way
+    out the store is flushed, checkpointed and closed."""
+    store = SegmentedStore.open(store_config_for(cfg, repair=repair))
+    try:
+        async with trio.open_nursery() as nursery:
+            transport = await nursery.start(lambda task_status: serve_peer_transport(
+                cfg.transport_config(), cfg.self_id, cfg.peer_addrs, group=cfg.group,
+                listeners=listeners, rng=random.Random(seed), task_status=task_status))
+            replica = replica_on_store(store, transport, cfg.self_id, cfg.peer_ids, raft_config_for(cfg),
+                                       rng=random.Random(seed),
+                                       sync_flush=cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH,
+                                       peer_addresses={p.peer_id: p.address for p in cfg.peers},
+                                       max_pending=cfg.max_pending_requests,
+                                       max_wait_ack_ms=cfg.max_wait_ack_time_ms)
+            await nursery.start(replica.run)
+            nursery.start_soon(serve_flusher, store)
+            port = admin_port if admin_port is not None else cfg.admin_port
+            bound = None
+            if port is not None:
+                bound = await nursery.start(serve_admin, _AdminView(replica, store, transport), admin_host, port)
+            task_status.started(RunningNode(replica, store, transport, bound))
+            await trio.sleep(math.inf)
+    finally:
+        store.close()
+
+
+@attrs.define
+class _AdminView:
+    """The replica's admin surface plus store and transport facts."""
+
+    replica: ReplicaNode
+    store: SegmentedStore
+    transport: object
+
+    def status(self) -> dict:
+        st = self.replica.status()
+        st["ledgerEndTerm"] = self.store.end_term
+        st["ledgerEndPos"] = self.store.end_pos
+        st["connectedPeers"] = sorted(self.transport.connected_peers())
+        return st
+
+    def __getattr__(self, name):
+        return getattr(self.replica, name)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m commitlog.node", description=__doc__)
+    parser.add_argument("--conf", required=True, help="broker.conf-style file with the dLeger* keys")
+    parser.add_argument("--admin-port", type=int, default=None, help="admin port (0 = any free port)")
+    parser.add_argument("--repair", action="store_true",
+                        help="truncate at a corrupt entry in the middle of the log instead of refusing to start")
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    try:
+        cfg, warnings = load_replication_config(args.conf)
+    except (ConfigError, OSError) as exc:
+        sys.exit(f"commitlog.node: {exc}")
+    for w in warnings:
+        log.warning("%s", w)
+
+    async def run():
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(lambda task_status: serve_node(
+                cfg, admin_port=args.admin_port, repair=args.repair, task_status=task_status))
+            print(json.dumps({"node": cfg.self_id, "adminPort": running.admin_port,
+                              "peerPort": cfg.self_peer.port}), flush=True)
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    log.info("%s: SIGTERM, stopping", cfg.self_id)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    profile_dir = os.environ.get(PROFILE_ENV)
+    profiler = cProfile.Profile() if profile_dir else None
+    try:
+        if profiler is not None:
+            profiler.enable()
+        trio.run(run)
+    except KeyboardInterrupt:
+        pass
+    except CommitLogError as exc:
+        sys.exit(f"commitlog.node: {exc}")
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            os.makedirs(profile_dir, exist_ok=True)
+            profiler.dump_stats(os.path.join(profile_dir, f"{cfg.self_id}.prof"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+# Owns the trio shell around the pure Raft core: one driver task feeds the
+# core its inputs (ticks, peer messages, proposals, admin commands), carries
+# out every Ready against the log and the hard-state file, and only then
+# publishes the effects (messages to peers, the committed watermark, append
+# results).  Appends from clients are group-committed: everything queued while
+# the driver was busy becomes one propose() and one log write.
+#
+# Durability rule: in "sync" flush policy the log is fdatasync'ed once per
+# driver round, BEFORE any message of that round leaves and before the
+# committed watermark moves; in "async" policy a background flusher syncs
+# every few ms (DLedger's ASYNC_FLUSH).  Either way nothing a peer or a client
+# learns can run ahead of what this node has written.
+import collections
+import logging
+from typing import Callable, Sequence
+
+import attrs
+import trio
+
+from commitlog.entry import iter_batch
+from commitlog.errors import (CommitLogError, IndexBeyondEndError, NotLeaderError, PendingFullError, QuorumTimeoutError,
+                              TermChangedError)
+from commitlog.raft import wire
+from commitlog.raft.core import RaftCore
+from commitlog.raft.state import HardState, Ready, Role, SoftState
+from commitlog.watermark import Watermark
+
+log = logging.getLogger("ledgermq.replica")
+
+
+@attrs.define(eq=False)
+class _AppendRequest:
+    """One caller of append(), parked in the driver's queues.
+
+    `task` is the parked caller until the request is resolved -- released on
+    commit, failed, timed out, or abandoned by a cancelled caller -- and None
+    after: each request is resolved exactly once, and that is where its
+    entries leave the pending count.  The caller is parked with
+    trio.lowlevel.wait_task_rescheduled rather than an Event and a cancel
+    scope: at tens of thousands of appends per second those were most of
+    the append path's cost."""
+
+    bodies: Sequence[bytes]
+    deadline: float  # trio time after which the caller gets QuorumTimeoutError
+    task: object  # trio.lowlevel.Task while parked, None once resolved
+    term: int = -1
+    first_index: int = -1
+    # The store's [(index, pos)] of the write holding these entries, and
+    # where they start in it (no per-request copy until the caller asks).
+    placed: list | None = None
+    offset: int = 0
+    error: BaseException | None = None
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.bodies) - 1
+
+
+@attrs.define(eq=False)
+class ReplicaNode:
+    """Drives one RaftCore.  Construct, then `await nursery.start(node.run)`."""
+
+    core: RaftCore
+    log: object  # a commitlog.raft.logapi.RaftLog that also has flush()
+    transport: object  # commitlog.transport.base.Transport
+    persist_hard_state: Callable[[HardState], None]
+    peer_addresses: dict[str, str] = attrs.Factory(dict)
+    tick_seconds: float = 0.01
+    sync_flush: bool = False
+    max_pending: int = 10000
+    max_wait_ack_ms: int = 2500
+    # Called with the new SoftState whenever role/term/leader change (the
+    # broker switches master/slave on it).
+    on_role_change: Callable[[SoftState], None] | None = None
+
+    committed: Watermark = attrs.Factory(Watermark)
+    soft_state: SoftState | None = attrs.field(default=None, init=False)
+    _wakeup: trio.Event = attrs.Factory(trio.Event)
+    _role_changed: trio.Event = attrs.Factory(trio.Event)
+    _inbox: list = attrs.Factory(list)
+    _ticks_due: int = 0
+    _proposals: list[_AppendRequest] = attrs.Factory(list)
+    _commands: list = attrs.Factory(list)
+    # Requests with assigned indexes, oldest first, waiting for commit.
+    _waiting: collections.deque = attrs.Factory(collections.deque)
+    _pending_entries: int = 0
+    _outbox: list = attrs.Factory(list)
+    _wrote: bool = False
+    _new_commit: int | None = None
+    stats: collections.Counter = attrs.Factory(collections.Counter)
+
+    def __attrs_post_init__(self) -> None:
+        self.committed.advance(self.core.commit_index)
+        self.soft_state = self.core.soft_state()
+
+    # ------------------------------------------------------------------
+    # public API
+    # ------------------------------------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        return self.core.node_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self.core.role is Role.LEADER
+
+    def leader_error(self) -> NotLeaderError:
+        leader = self.core.leader_id if self.core.leader_id != self.node_id else None
+        return NotLeaderError(leader, self.peer_addresses.get(leader) if leader else None)
+
+    async def append(self, bodies: Sequence[bytes]) -> list[tuple[int, int]]:
+        """Append one entry per body on the leader and return [(index, pos)]
+        once they are committed on a quorum.  Raises NotLeaderError (with the
+        leader hint), PendingFullError (backpressure), QuorumTimeoutError
+        (not committed within max_wait_ack_ms, checked every tick; the
+        entries may still commit later) or TermChangedError (leadership
+        changed first)."""
+        n = len(bodies)
+        if not n:
+            return []
+        if self.core.role is not Role.LEADER:
+            raise self.leader_error()
+        if self._pending_entries + n > self.max_pending:
+            self.stats["pending_full"] += 1
+            raise PendingFullError(self._pending_entries, self.max_pending)
+        req = _AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000,
+                             trio.lowlevel.current_task())
+        self._pending_entries += n
+        self._proposals.append(req)
+        self._wakeup.set()
+
+        def abort(_raise_cancel):
+            # The caller was cancelled while parked: forget it.  Its entries
+            # may still be written and committed; nobody will be told.
+            if req.task is not None:
+                req.task = None
+                self._pending_entries -= n
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        if req.error is not None:
+            raise req.error
+        return req.placed[req.offset:req.offset + n]
+
+    async def call(self, fn: Callable[[RaftCore], object]):
+        """Run fn(core) inside the driver (between rounds, where the core
+        accepts inputs) and return its result; used for admin commands such
+        as leadership transfer."""
+        done = trio.Event()
+        box: list = []
+
+        def command():
+            try:
+                box.append((True, fn(self.core)))
+            except Exception as exc:  # handed back to the caller
+                box.append((False, exc))
+            done.set()
+
+        self._commands.append(command)
+        self._wake()
+        await done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    async def transfer_leadership(self, target: str, timeout: float = 3.0) -> None:
+        """Hand leadership to `target` (caught up first, then TimeoutNow) and
+        wait until this node is no longer leader.  Raises NotLeaderError,
+        the core's transfer errors, or trio.TooSlowError."""
+        await self.call(lambda core: core.transfer_leadership(target))
+        with trio.fail_after(timeout):
+            while self.is_leader:
+                await self._role_changed.wait()
+
+    def read_committed(self, first_index: int, max_count: int, max_bytes: int = 4 << 20) -> list:
+        """Decoded entries from first_index on, never beyond the committed
+        index (what consumers and replica comparisons may see)."""
+        last = min(self.committed.value, first_index + max_count - 1)
+        if last < first_index:
+            return []
+        batch = self.log.read_batch(first_index, max_bytes, last - first_index + 1)
+        return list(iter_batch(batch))
+
+    def chain_crc_at(self, index: int) -> int:
+        if index > self.committed.value:
+            raise IndexBeyondEndError(index, self.committed.value)
+        return self.log.chain_crc_at(index)
+
+    def status(self) -> dict:
+        st = self.core.status()
+        out = {
+            "node": st.node_id, "role": st.role.value, "term": st.term, "leader": st.leader_id,
+            "leaderAddr": self.peer_addresses.get(st.leader_id) if st.leader_id else None,
+            "votedFor": st.voted_for, "committedIndex": st.commit_index,
+            "ledgerBeginIndex": st.begin_index, "ledgerEndIndex": st.end_index,
+            "uncommitted": st.uncommitted, "transferringTo": st.transferring_to,
+            "pendingAppends": self._pending_entries,
+            "peers": {p.peer_id: {"state": p.state, "matchIndex": p.match_index, "nextIndex": p.next_index,
+                                  "lag": max(0, st.end_index - p.match_index),
+                                  "inflightPushes": p.inflight_pushes,
+                                  "lastAckMsAgo": None if p.last_ack_tick < 0
+                                  else round((st.tick - p.last_ack_tick) * self.tick_seconds * 1000)}
+                      for p in st.peers},
+            "stats": dict(self.stats),
+        }
+        return out
+
+    # ------------------------------------------------------------------
+    # the service
+    # ------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receiver)
+            nursery.start_soon(self._ticker)
+            task_status.started(self)
+            try:
+                await self._driver()
+            finally:
+                self._fail_all(self.leader_error())
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    async def _receiver(self) -> None:
+        async for src, payload in self.transport.incoming():
+            try:
+                msg = wire.decode(payload)
+            except wire.WireError as exc:
+                self.stats["bad_messages"] += 1
+                log.warning("%s: dropping undecodable message from %s: %s", self.node_id, src, exc)
+                continue
+            if msg.src != src:
+                self.stats["bad_messages"] += 1
+                log.warning("%s: message claims to be from %s but came from %s", self.node_id, msg.src, src)
+                continue
+            self._inbox.append(msg)
+            self._wake()
+
+    async def _ticker(self) -> None:
+        # A timer, not polling: the core's clock advances once per tick, and
+        # appends past their deadline fail (one sweep per tick instead of a
+        # cancel scope per append; here rather than in the driver so a driver
+        # stuck in a slow fdatasync still times its callers out).
+        next_at = trio.current_time()
+        while True:
+            next_at += self.tick_seconds
+            await trio.sleep_until(next_at)
+            self._ticks_due += 1
+            self._wake()
+            self._expire(trio.current_time())
+
+    def _expire(self, now: float) -> None:
+        # Deadlines grow along both queues (call order, one timeout), so
+        # only expired heads are visited.  A committed head is the driver's
+        # to release (it may be yielding between commit and release).
+        waiting = self._waiting
+        committed = self.committed.value
+        while waiting and waiting[0].deadline <= now and waiting[0].last_index > committed:
+            self._time_out(waiting.popleft())
+        for r in self._proposals:  # normally empty: the driver drains it every round
+            if r.deadline > now:
+                break
+            self._time_out(r)
+
+    def _time_out(self, r: _AppendRequest) -> None:
+        if r.task is not None:
+            self.stats["quorum_timeout"] += 1
+            self._resolve(r, QuorumTimeoutError(r.last_index, self.max_wait_ack_ms))
+
+    def _resolve(self, r: _AppendRequest, error: BaseException | None = None) -> None:
+        """Hand the outcome to a parked caller (once; later calls no-op)."""
+        task = r.task
+        if task is not None:
+            r.task = None
+            r.error = error
+            self._pending_entries -= len(r.bodies)
+            trio.lowlevel.reschedule(task)
+
+    async def _driver(self) -> None:
+        core = self.core
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while self._ticks_due:
+                self._ticks_due -= 1
+                core.tick()
+                self._take_ready()
+            inbox, self._inbox = self._inbox, []
+            for msg in inbox:
+                core.step(msg)
+                self._take_ready()
+            commands, self._commands = self._commands, []
+            for command in commands:
+                command()
+                self._take_ready()
+            if self._proposals:
+                self._propose()
+            await self._publish()
+
+    def _propose(self) -> None:
+        reqs = [r for r in self._proposals if r.task is not None]
+        self._proposals = []
+        if not reqs:
+            return
+        if not self.is_leader:
+            exc = self.leader_error()
+            for r in reqs:
+                self._resolve(r, exc)
+            return
+        bodies = reqs[0].bodies if len(reqs) == 1 else [b for r in reqs for b in r.bodies]
+        try:
+            first = self.core.propose(bodies)
+        except CommitLogError as exc:  # transferring leadership, etc.
+            for r in reqs:
+                self._resolve(r, exc)
+            return
+        for r in reqs:
+            r.term, r.first_index = self.core.term, first
+            first += len(r.bodies)
+            self._waiting.append(r)
+        self._take_ready()
+
+    def _take_ready(self) -> None:
+        """Carry out every available Ready's writes now (the core needs them
+        before its next input); collect its messages and commit for _publish."""
+        core, logw = self.core, self.log
+        while core.has_ready():
+            rd: Ready = core.ready()
+            if rd.hard_state is not None:
+                self.persist_hard_state(rd.hard_state)  # fsync'ed, atomic
+            if rd.reset_to is not None:
+                r = rd.reset_to
+                logw.reset_to(r.begin_index, r.begin_pos, r.prev_term, r.prev_chain_crc)
+                self._wrote = True
+            if rd.truncate_from is not None:
+                logw.truncate_from(rd.truncate_from)
+                self._wrote = True
+            if rd.leader_append is not None:
+                la = rd.leader_append
+                placed = logw.append_leader(la.bodies, la.term, la.magic)
+                self._assign_positions(la.first_index, placed)
+                self._wrote = True
+            if rd.follower_append is not None:
+                logw.append_follower(rd.follower_append)
+                self._wrote = True
+            if rd.committed_index is not None:
+                self._new_commit = rd.committed_index
+            if rd.soft_state is not None:
+                self._on_soft_state(rd.soft_state)
+            self._outbox.extend(rd.messages)
+            core.advance(rd)
+
+    def _assign_positions(self, first_index: int, placed: list[tuple[int, int]]) -> None:
+        # Requests wait in index order; those of this write are at the tail.
+        for r in reversed(self._waiting):
+            if r.first_index < first_index:
+                break
+            r.placed, r.offset = placed, r.first_index - first_index
+
+    async def _publish(self) -> None:
+        if self._wrote and self.sync_flush:
+            # fdatasync off the event loop; the driver waits, inputs queue up
+            # and become the next round's group commit.
+            await trio.to_thread.run_sync(self.log.flush)
+        self._wrote = False
+        # Everything below happens only after this round's writes are
+        # durable (per policy); between the two steps the order is free.
+        # Messages go first: they are the critical path of the next commit.
+        outbox, self._outbox = self._outbox, []
+        send = self.transport.send
+        for msg in outbox:
+            if not send(msg.dst, wire.encode(msg)):
+                self.stats["send_dropped"] += 1
+        if self._new_commit is not None:
+            commit, self._new_commit = self._new_commit, None
+            self.log.set_committed(commit)
+            self.committed.advance(commit)
+            if self._waiting and self._waiting[0].last_index <= commit:
+                if outbox:
+                    # Let the transport's writers put this round's pushes on
+                    # the wire before hundreds of released callers run (trio
+                    # runs a batch of woken tasks in either order).
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                self._release(self.committed.value)
+
+    def _release(self, commit: int) -> None:
+        # Hot path: every waiter whose entries are all committed, inline.
+        waiting = self._waiting
+        reschedule = trio.lowlevel.reschedule
+        released = 0
+        limit = commit + 1
+        while waiting:
+            r = waiting[0]
+            n = len(r.bodies)
+            if r.first_index + n > limit:
+                break
+            waiting.popleft()
+            task = r.task
+            if task is not None:
+                r.task = None
+                released += n
+                reschedule(task)
+        self._pending_entries -= released
+
+    def _on_soft_state(self, ss: SoftState) -> None:
+        old, self.soft_state = self.soft_state, ss
+        event, self._role_changed = self._role_changed, trio.Event()
+        event.set()
+        if old is not None and (ss.role is not Role.LEADER or ss.term != old.term):
+            # Entries proposed in an earlier term may or may not survive: their
+            # callers must treat them as failed (and possibly duplicated).
+            # A step-down that keeps the term (check-quorum) keeps this term's
+            # waiters: nothing can commit them any more (a term has one
+            # leader), so they end in QuorumTimeoutError or, once a newer
+            # term is seen, TermChangedError.
+            self._fail_all(TermChangedError(old.term, ss.term), keep_term=ss.term)
+        log.info("%s: %s in term %d (leader %s)", self.node_id, ss.role.value, ss.term, ss.leader_id)
+        if self.on_role_change is not None:
+            self.on_role_change(ss)
+
+    def _fail_all(self, exc: BaseException, keep_term: int | None = None) -> None:
+        for r in list(self._waiting) + self._proposals:
+            if r.term != keep_term:
+                self._resolve(r, exc)
+        self._waiting = collections.deque(r for r in self._waiting if r.task is not None)
+        self._proposals = [r for r in self._proposals if r.task is not None]
+

@@ -1,0 +1,136 @@
+# The trio shell (commitlog/replica.py) driving three pure cores over the
+# in-memory transport, on trio's MockClock: election, group-committed appends,
+# leader loss, and the typed errors of the client-facing append API.
+import random
+
+import pytest
+import trio
+import trio.testing
+
+from commitlog.errors import NotLeaderError, PendingFullError, QuorumTimeoutError
+from commitlog.raft.core import RaftCore
+from commitlog.raft.memlog import MemLog
+from commitlog.raft.state import HardState, RaftConfig, Role
+from commitlog.replica import ReplicaNode
+from commitlog.transport.memory import MemoryNetwork
+
+IDS = ("n0", "n1", "n2")
+
+
+class Member:
+    """A node's durable state (log + hard state) that survives restarts."""
+
+    def __init__(self, node_id):
+        self.node_id = node_id
+        self.log = MemLog()
+        self.hard = HardState()
+        self.node = None
+        self.scope = None
+
+
+async def run_member(m: Member, net: MemoryNetwork, seed: int, *, task_status=trio.TASK_STATUS_IGNORED,
+                     max_pending=10000, max_wait_ack_ms=2500):
+    with trio.CancelScope() as scope:
+        m.scope = scope
+        async with net.open_transport(m.node_id, IDS) as transport:
+            core = RaftCore(m.node_id, IDS, m.log, random.Random(seed), RaftConfig(),
+                            hard_state=m.hard, committed_index=m.log.committed_index)
+
+            def persist(hs, m=m):
+                m.hard = hs
+
+            m.node = ReplicaNode(core, m.log, transport, persist, peer_addresses={i: f"addr-{i}" for i in IDS},
+                                 max_pending=max_pending, max_wait_ack_ms=max_wait_ack_ms)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(m.node.run)
+                task_status.started(m)
+
+
+async def wait_leader(members, exclude=()):
+    while True:
+        leaders = [m for m in members if m.node and m.node_id not in exclude and m.node.is_leader
+                   and m.scope and not m.scope.cancel_called]
+        if leaders:
+            return leaders[0]
+        await trio.sleep(0.01)
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_elect_append_and_fail_over(autojump_clock):
+    net = MemoryNetwork(seed=1)
+    members = [Member(i) for i in IDS]
+    async with trio.open_nursery() as nursery:
+        for k, m in enumerate(members):
+            await nursery.start(run_member, m, net, k)
+        leader = await wait_leader(members)
+        # Concurrent callers are group-committed; each gets its own indexes.
+        results = {}
+
+        async def client(k):
+            results[k] = await leader.node.append([f"m{k}-{j}".encode() for j in range(3)])
+
+        async with trio.open_nursery() as clients:
+            for k in range(20):
+                clients.start_soon(client, k)
+        indexes = sorted(i for r in results.values() for i, _ in r)
+        assert len(indexes) == 60 and len(set(indexes)) == 60
+        last = indexes[-1]
+        for m in members:
+            await m.node.committed.wait_for(last, timeout=5)
+            assert m.log.body_at(results[7][1][0]) == b"m7-1"
+        # Followers refuse appends and name the leader.
+        follower = next(m for m in members if m is not leader)
+        with pytest.raises(NotLeaderError) as err:
+            await follower.node.append([b"x"])
+        assert err.value.leader_id == leader.node_id and err.value.leader_addr == f"addr-{leader.node_id}"
+
+        # Kill the leader: the others elect a new one within a second of
+        # (mock) time and keep every committed entry.
+        t0 = trio.current_time()
+        leader.scope.cancel()
+        new = await wait_leader(members, exclude={leader.node_id})
+        assert trio.current_time() - t0 < 1.0
+        [(idx, _)] = await new.node.append([b"after"])
+        assert idx > last
+        assert new.log.body_at(results[0][0][0]) == b"m0-0"
+        status = new.node.status()
+        assert status["role"] == "leader" and status["term"] > leader.hard.term - 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_quorum_timeout_then_pending_full(autojump_clock):
+    net = MemoryNetwork(seed=2)
+    members = [Member(i) for i in IDS]
+    async with trio.open_nursery() as nursery:
+        for k, m in enumerate(members):
+            await nursery.start(lambda m=m, k=k, task_status=trio.TASK_STATUS_IGNORED: run_member(
+                m, net, k, task_status=task_status, max_pending=5, max_wait_ack_ms=300))
+        leader = await wait_leader(members)
+        await leader.node.append([b"warm-up"])
+        for m in members:
+            if m is not leader:
+                net.isolate(m.node_id)
+        with pytest.raises(QuorumTimeoutError):
+            await leader.node.append([b"lost-1", b"lost-2"])
+        # Entries waiting for their quorum count against max_pending (5): a
+        # client that keeps pushing into a stalled group hits backpressure
+        # instead of growing memory without bound.
+        blocked = []
+
+        async def stuck():
+            try:
+                await leader.node.append([b"a", b"b", b"c"])
+            except QuorumTimeoutError:
+                blocked.append(True)
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(stuck)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(PendingFullError):
+                await leader.node.append([b"d", b"e", b"f"])
+        assert blocked == [True]
+        nursery.cancel_scope.cancel()
