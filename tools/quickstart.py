@@ -17,6 +17,7 @@ import time
 import trio
 
 from commitlog.scan import verify_store
+from commitlog.watermark import Watermark
 from tools.localcluster import LocalCluster
 
 SEGMENTS = {"mappedFileSizeCommitLog": 4 * 1024 * 1024, "mappedFileSizeForEntryIndex": 320 * 1024}
@@ -26,9 +27,11 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-async def append_numbered(cluster: LocalCluster, acked: dict, stop: trio.Event, leader_box: list) -> None:
+async def append_numbered(cluster: LocalCluster, acked: dict, acked_count: Watermark, stop: trio.Event,
+                          leader_box: list) -> None:
     """A client: appends batches of numbered 1 KiB bodies to the leader,
-    follows NotLeader hints and failed connections to the new leader."""
+    follows NotLeader hints and failed connections to the new leader, and
+    publishes how many appends were acknowledged so far."""
     seq = 0
     while not stop.is_set():
         bodies = [f"quickstart-{seq}-{k}".encode().ljust(1024, b".") for k in range(8)]
@@ -42,6 +45,7 @@ async def append_numbered(cluster: LocalCluster, acked: dict, stop: trio.Event, 
         if reply.get("ok"):
             for (index, _), body in zip(reply["entries"], bodies):
                 acked[index] = body
+            acked_count.advance(len(acked))
             seq += 1
         else:
             leader_box[0] = await cluster.wait_leader(exclude={target} if reply.get("leader") != target else set())
@@ -83,23 +87,21 @@ async def run(args) -> int:
         print_status(await cluster.statuses())
 
         acked: dict[int, bytes] = {}
+        acked_count = Watermark(0)
         stop = trio.Event()
         leader_box = [leader]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(append_numbered, cluster, acked, stop, leader_box)
-            while len(acked) < 800:
-                await trio.sleep(0.01)
+            nursery.start_soon(append_numbered, cluster, acked, acked_count, stop, leader_box)
+            await acked_count.wait_for(800)
             say(f"3. kill -9 {leader} (pid {cluster.nodes[leader].process.pid}) while a client appends "
                 f"({len(acked)} acknowledged so far)")
             cluster.kill(leader)
             killed_at = time.perf_counter()
             before = len(acked)
-            while len(acked) == before:
-                await trio.sleep(0.001)
+            await acked_count.wait_for(before + 1)
             failover = time.perf_counter() - killed_at
             new_leader = leader_box[0]
-            while len(acked) < before + 800:
-                await trio.sleep(0.01)
+            await acked_count.wait_for(before + 800)
             stop.set()
         say(f"   {new_leader} took over: first acknowledged append {failover:.2f} s after the kill")
 
