@@ -41,3 +41,15 @@ class InconsistentStateError(ConsumeQueueError):
 
     def __str__(self) -> str:
         return f"consume queues are inconsistent with the dispatch checkpoint: {self.reason}"
+
+
+@attrs.define(str=False)
+class MessageNotFoundError(ConsumeQueueError):
+    """No readable, committed message record starts at this commitlog
+    position (VIEW_MESSAGE_BY_ID answers SYSTEM_ERROR with this text)."""
+
+    position: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"no message at commitlog position {self.position}: {self.reason}"

@@ -130,7 +130,10 @@ class ConsumeQueueService:
     def on_retention(self) -> tuple[int, int]:
         """After the store deleted head segments: drop consume queue and
         index files that only point below the log's first position, and
-        move each queue's min offset.  Returns (CQ files, index files)."""
+        move each queue's min offset.  Returns (CQ files, index files).
+        The source forgets its maps of the deleted segments, which would
+        otherwise keep their disk space until evicted."""
+        self.engine.source.refresh()
         return self.engine.delete_expired(begin_position(self.store))
 
     def become_follower(self) -> None:

@@ -7,7 +7,11 @@
 # A view never crosses a segment: records never span two segments, and
 # the scanner meets the blank filler before a segment's end.  Maps are
 # kept in a small LRU and remapped when a file has grown since it was
-# mapped (a store may create segments short and extend them).
+# mapped (a store may create segments short and extend them) or was
+# replaced: a follower's truncation deletes the segments after its new end
+# and recreates them, and retention deletes head segments.  A map of the
+# old inode would serve stale bytes (and pin the deleted file's space), so
+# every view checks that the path still names the mapped inode.
 import bisect
 import mmap
 import os
@@ -32,7 +36,7 @@ class CommitlogSource:
         self._configured_size = segment_size
         self.segment_size = segment_size
         self.starts: list[int] = []
-        self._maps: OrderedDict[int, tuple[mmap.mmap, int]] = OrderedDict()
+        self._maps: OrderedDict[int, tuple[mmap.mmap, int, int]] = OrderedDict()  # start -> (map, size, inode)
         self.refresh()
 
     def refresh(self) -> None:
@@ -45,7 +49,7 @@ class CommitlogSource:
             gaps = {b - a for a, b in zip(self.starts, self.starts[1:])}
             self.segment_size = gaps.pop() if len(gaps) == 1 else max(sizes)
         for start in [s for s in self._maps if s not in self.starts]:
-            self._maps.pop(start)[0].close()
+            self._drop(start)
 
     def _path(self, start: int) -> str:
         return os.path.join(self.data_dir, f"{start:020d}")
@@ -67,19 +71,40 @@ class CommitlogSource:
     def segment_end(self, pos: int) -> int:
         return self.segment_start(pos) + self.segment_size
 
-    def _map(self, start: int, need: int) -> mmap.mmap:
-        entry = self._maps.get(start)
-        if entry is not None and entry[1] >= need:
-            self._maps.move_to_end(start)
-            return entry[0]
+    def _drop(self, start: int) -> None:
+        entry = self._maps.pop(start, None)
         if entry is not None:
-            self._maps.pop(start)
             try:
                 entry[0].close()
             except BufferError:
                 pass  # a view still exports it; it goes when the view does
-        with open(self._path(start), "rb") as f:
-            length = os.fstat(f.fileno()).st_size
+
+    def _map(self, start: int, need: int) -> mmap.mmap:
+        entry = self._maps.get(start)
+        if entry is not None:
+            try:
+                ino = os.stat(self._path(start)).st_ino
+            except FileNotFoundError:
+                ino = None
+            if ino != entry[2]:  # deleted (retention) or recreated (truncation)
+                self._drop(start)
+                self.refresh()
+                if start not in self.starts:
+                    raise KeyError(start)
+                entry = None
+            elif entry[1] >= need:
+                self._maps.move_to_end(start)
+                return entry[0]
+        if entry is not None:
+            self._drop(start)
+        try:
+            f = open(self._path(start), "rb")
+        except FileNotFoundError:
+            self.refresh()
+            raise KeyError(start) from None
+        with f:
+            st = os.fstat(f.fileno())
+            length = st.st_size
             if length < need or need <= 0:
                 raise KeyError(start + need)
             # Map what is needed (at least 64 MiB, doubling on growth), not the
@@ -91,9 +116,9 @@ class CommitlogSource:
             mm = mmap.mmap(f.fileno(), size, flags, mmap.PROT_READ)
         if not self.populate:
             mm.madvise(mmap.MADV_SEQUENTIAL)
-        self._maps[start] = (mm, size)
+        self._maps[start] = (mm, size, st.st_ino)
         while len(self._maps) > _MAX_MAPS:
-            old, _ = self._maps.popitem(last=False)[1]
+            old = self._maps.popitem(last=False)[1][0]
             try:
                 old.close()
             except BufferError:
@@ -121,7 +146,7 @@ class CommitlogSource:
         return struct.unpack(">q", self.read(phy + store_timestamp_pos(sysflag), 8))[0]
 
     def close(self) -> None:
-        for mm, _ in self._maps.values():
+        for mm, _, _ in self._maps.values():
             try:
                 mm.close()
             except BufferError:

@@ -83,6 +83,11 @@ def test_verify_store_checks_the_message_inside_each_entry(tmp_path):
     assert problems == ["entry 1: message: BODYCRC 0x00000001 != computed "
                         f"{M.masked_crc32(b'payload'):#010x}",
                         f"entry 3: message: TOTALSIZE {len(good) - 1} != body length {len(good)}"]
+    # The message check is verifyStore's own default (no other command module
+    # patches it in); an empty --body-check turns it off.
+    from tools.mqadmin import store_cmds
+    assert store_cmds.DEFAULT_BODY_CHECK == "broker.message:check_entry_body"
+    assert run("verifyStore", "--store", str(tmp_path), "--body-check", "").exit_code == 0
 
 
 def test_verify_cq_reports_queue_offset_holes(tmp_path):
@@ -105,7 +110,9 @@ def test_errors_are_one_line(tmp_path):
     assert res.exit_code == 3 and "no dledger-<selfId> directory" in res.output
     assert run("rebuildConsumeQueue").exit_code == 2
     res = run("rebuildConsumeQueue", "--store", str(tmp_path), "--cq-file-size", "30")
-    assert res.exit_code == 2
+    assert res.exit_code == 2 and "multiple of 20" in res.output
+    res = run("verifyStore", "--store", str(tmp_path), "--cq", "--cq-file-size", "30")
+    assert res.exit_code == 2 and "multiple of 20" in res.output
 
 
 def test_rebuild_refuses_a_store_in_use(tmp_path):

@@ -1,11 +1,9 @@
 # Owns mqadmin's consume-queue commands: rebuildConsumeQueue (offline full
-# rebuild of consume queues and index files from the committed log), and
-# the message layer of verifyStore: every message record inside an entry is
-# checked (the store's per-entry body checker), and `--cq` also checks every
-# consume queue unit and the contiguity of queue offsets.  verifyStore
-# itself is owned by store_cmds; register() extends that command object.
+# rebuild of consume queues and index files from the committed log), the
+# consume-queue check behind `verifyStore --cq` (every unit, and the
+# contiguity of queue offsets; verifyStore itself is store_cmds') and the
+# CQ / index format options both commands take.
 import contextlib
-import io
 import json
 import os
 import sys
@@ -13,9 +11,7 @@ import sys
 import click
 
 from consumequeue.dispatcher import DispatchConfig
-from tools.mqadmin import EXIT_PROBLEMS
 
-BODY_CHECK = "broker.message:check_entry_body"
 PROGRESS_MIN_BYTES = 64 << 20  # below this a rebuild takes well under a second
 
 
@@ -23,14 +19,21 @@ def _config(cq_file_size, index_slots, index_items) -> DispatchConfig:
     return DispatchConfig(cq_file_size=cq_file_size, index_slot_num=index_slots, index_num=index_items)
 
 
-def _format_options(f):
-    # They must match the broker's own settings (RocketMQ defaults).
+def _multiple_of_20(_ctx, _param, value: int) -> int:
+    if value % 20:
+        raise click.BadParameter("must be a multiple of 20")
+    return value
+
+
+def format_options(f):
+    """--cq-file-size, --index-slots, --index-items.  They must match the
+    broker's own settings (RocketMQ defaults)."""
     f = click.option("--index-items", type=click.IntRange(min=2), default=20_000_000, show_default=True,
                      help="maxIndexNum of index files")(f)
     f = click.option("--index-slots", type=click.IntRange(min=1), default=5_000_000, show_default=True,
                      help="maxHashSlotNum of index files")(f)
     f = click.option("--cq-file-size", type=click.IntRange(min=20), default=6_000_000, show_default=True,
-                     help="mappedFileSizeConsumeQueue (a multiple of 20)")(f)
+                     callback=_multiple_of_20, help="mappedFileSizeConsumeQueue (a multiple of 20)")(f)
     return f
 
 
@@ -38,15 +41,13 @@ def _format_options(f):
 @click.option("--store", "root", required=True, metavar="ROOT", help="storePathRootDir of a stopped broker")
 @click.option("--self-id", metavar="ID", help="which dledger-<ID> store under ROOT")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-@_format_options
+@format_options
 def rebuild_cmd(root, self_id, as_json, cq_file_size, index_slots, index_items):
     """Delete and rebuild every consume queue and index file from the
     committed commitlog (offline: the broker must be stopped)."""
     from consumequeue.rebuild import open_store, rebuild_store
     from consumequeue.service import positions
 
-    if cq_file_size % 20:
-        raise click.BadParameter("must be a multiple of 20", param_hint="--cq-file-size")
     store = open_store(root, self_id)
     try:
         p = positions(store)
@@ -104,61 +105,5 @@ def verify_consume_queues(root: str, self_id: str | None, *, cq_file_size: int, 
         source.close()
 
 
-def _extend_verify_store(group: click.Group) -> None:
-    """Add --cq (and the index/CQ size options) to store_cmds' verifyStore,
-    and make the message check its default body check."""
-    cmd = group.commands.get("verifyStore")
-    if cmd is None or getattr(cmd, "_ledgermq_cq", False):
-        return
-    from tools.mqadmin import store_cmds
-
-    if getattr(store_cmds, "DEFAULT_BODY_CHECK", None) is None:
-        # store_cmds leaves the default open until the broker codec exists.
-        store_cmds.DEFAULT_BODY_CHECK = BODY_CHECK
-    cmd.params.append(click.Option(["--cq"], is_flag=True,
-                                   help="also check every consume queue unit and queue offset contiguity"))
-    for opt in _format_options(lambda: None).__click_params__:
-        cmd.params.append(opt)
-    original = cmd.callback
-
-    def callback(cq=False, cq_file_size=6_000_000, index_slots=5_000_000, index_items=20_000_000, **kw):
-        if not cq:
-            return original(**kw)
-        ctx = click.get_current_context()
-        as_json = kw.get("as_json", False)
-        problems = False
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out) if as_json else contextlib.nullcontext():
-                original(**kw)
-        except click.exceptions.Exit as exc:
-            if exc.exit_code != EXIT_PROBLEMS:
-                raise
-            problems = True
-        span, rep = verify_consume_queues(kw["root"], kw.get("self_id"), cq_file_size=cq_file_size,
-                                          index_slots=index_slots, index_items=index_items)
-        if as_json:
-            merged = json.loads(out.getvalue() or "{}")
-            merged["consumeQueues"] = {"committedIndex": span.committed_index,
-                                       "committedPos": span.committed_pos, **rep.to_json()}
-            click.echo(json.dumps(merged))
-        else:
-            click.echo(f"messages   {rep.messages} in [{span.begin_pos}, {span.committed_pos}) "
-                       f"(committed index {span.committed_index})")
-            click.echo(f"queues     {rep.queues}, {rep.units_checked} units checked, "
-                       f"problems {len(rep.problems) or 'none'}")
-            for p in rep.problems:
-                click.echo(f"  {p}")
-            if rep.truncated:
-                click.echo("  (more problems not shown)")
-        if problems or not rep.ok:
-            ctx.exit(EXIT_PROBLEMS)
-
-    cmd.callback = callback
-    cmd._ledgermq_cq = True
-
-
 def register(group: click.Group) -> None:
     group.add_command(rebuild_cmd)
-    _extend_verify_store(group)
-

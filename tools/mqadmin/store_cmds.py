@@ -2,6 +2,12 @@
 # read a store directory (ours or stock DLedger/RocketMQ, any segment sizes)
 # through commitlog.scan and never write to it; errors are translated to
 # one-line messages by the mqadmin group.
+#
+# verifyStore checks three layers: every DLedger entry (as recovery would),
+# the RocketMQ message record inside every NORMAL entry (DEFAULT_BODY_CHECK,
+# replaceable with --body-check, off with --body-check ''), and with --cq
+# every consume queue unit and the contiguity of queue offsets (the check
+# itself lives with the other consume-queue commands in cq_cmds).
 import importlib
 import json
 
@@ -9,11 +15,12 @@ import click
 
 from commitlog.scan import StoreReader, resolve_store_dir, verify_store
 from tools.mqadmin import EXIT_PROBLEMS
+from tools.mqadmin.cq_cmds import format_options, verify_consume_queues
 
-# "module:function" of the checker run on every NORMAL entry body by
-# verifyStore when --body-check is not given (the RocketMQ message check,
-# once the broker codec provides one); None runs no body check.
-DEFAULT_BODY_CHECK: str | None = None
+# "module:function" of the checker verifyStore runs on every NORMAL entry
+# body when --body-check is not given: a body carrying a message magic must
+# be exactly one good RocketMQ record at entry pos + 48.
+DEFAULT_BODY_CHECK = "broker.message:check_entry_body"
 
 
 def _store_dir(root: str, self_id: str | None) -> str:
@@ -43,26 +50,46 @@ _self_id_option = click.option("--self-id", metavar="ID", help="which dledger-<I
 @_self_id_option
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--body-check", metavar="MODULE:FUNCTION", default=lambda: DEFAULT_BODY_CHECK,
-              help="checker(header, body) -> reason or None, run on every NORMAL entry")
+              show_default=DEFAULT_BODY_CHECK,
+              help="checker(header, body) -> reason or None, run on every NORMAL entry ('' for none)")
+@click.option("--cq", is_flag=True, help="also check every consume queue unit and queue offset contiguity")
+@format_options
 @click.pass_context
-def verify_store_cmd(ctx, root, self_id, as_json, body_check):
+def verify_store_cmd(ctx, root, self_id, as_json, body_check, cq, cq_file_size, index_slots, index_items):
     """Walk every entry of a store and check it as recovery would.
 
     Exit status: 0 clean, 1 problems found, 2 usage error, 3 unreadable."""
-    summary = verify_store(_store_dir(root, self_id), _load_checker(body_check))
+    store_dir = _store_dir(root, self_id)
+    summary = verify_store(store_dir, _load_checker(body_check))
+    out = summary.as_dict()
+    span = rep = None
+    if cq:
+        span, rep = verify_consume_queues(root, self_id, cq_file_size=cq_file_size, index_slots=index_slots,
+                                          index_items=index_items)
+        out["consumeQueues"] = {"committedIndex": span.committed_index, "committedPos": span.committed_pos,
+                                **rep.to_json()}
     if as_json:
-        click.echo(json.dumps(summary.as_dict()))
+        click.echo(json.dumps(out))
     else:
         click.echo(f"store      {summary.store_dir}")
         click.echo(f"segments   {summary.segments} data of {summary.data_segment_size} bytes, "
                    f"{summary.index_segments} index of {summary.index_segment_size} bytes")
-        span = f" (index {summary.first_index} .. {summary.last_index})" if summary.entries else ""
-        click.echo(f"entries    {summary.entries}{span}")
+        entries = f" (index {summary.first_index} .. {summary.last_index})" if summary.entries else ""
+        click.echo(f"entries    {summary.entries}{entries}")
         click.echo(f"committed  {summary.committed_index} (checkpoint endIndex {summary.checkpoint_end_index})")
         click.echo(f"problems   {len(summary.problems) or 'none'}")
         for p in summary.problems:
             click.echo(f"  {p.file} at offset {p.offset}: {p.reason}")
-    if summary.problems:
+        if rep is not None:
+            click.echo(f"messages   {rep.messages} in [{span.begin_pos}, {span.committed_pos}) "
+                       f"(committed index {span.committed_index})")
+            click.echo(f"queues     {rep.queues}, {rep.units_checked} units checked, "
+                       f"problems {len(rep.problems) or 'none'}")
+            for p in rep.problems:
+                click.echo(f"  {p}")
+            if rep.truncated:
+                click.echo("  (more problems not shown)")
+    if summary.problems or (rep is not None and not rep.ok):
         ctx.exit(EXIT_PROBLEMS)
 
 
