@@ -106,8 +106,14 @@ class StoreReads:
     def read_batch(self, first_index: int, max_bytes: int, max_count: int) -> EntryBatch:
         """Entries from first_index for replication: at most max_count, at
         most max_bytes of entry bytes (but at least one entry), never past
-        end_index.  The bytes are copied and verified before they leave."""
+        end_index.  The bytes are copied and verified before they leave;
+        asked again for the same range (the next follower), the same batch
+        is handed out without copying or verifying again."""
         self._check_index(first_index)
+        key = (first_index, max_bytes, max_count, self._end)
+        cached = self._last_batch
+        if cached is not None and cached[0] == key:
+            return cached[1]
         last = min(self._end, first_index + max(1, max_count) - 1)
         pieces, taken, i = [], 0, first_index
         while i <= last:
@@ -134,7 +140,9 @@ class StoreReads:
         raw = b"".join(pieces)
         count = i - first_index
         self._verify_batch(raw, first_index, count)
-        return EntryBatch(first_index, count, self._term_runs(first_index, i - 1), raw)
+        batch = EntryBatch(first_index, count, self._term_runs(first_index, i - 1), raw)
+        self._last_batch = (key, batch)
+        return batch
 
     def _verify_batch(self, raw: bytes, first: int, count: int) -> None:
         pos = self._unit(first)[1]

@@ -121,6 +121,10 @@ class SegmentedStore(StoreReads):
     _flush_lock: threading.Lock = attrs.field(factory=threading.Lock)
     _activity: trio.Event | None = None
     _closed: bool = False
+    # The last read_batch result, keyed by its arguments and end_index: the
+    # leader reads the same range once per follower.  Dropped whenever
+    # entries change under an unchanged end (truncate, reset, retention).
+    _last_batch: tuple | None = None
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -400,6 +404,7 @@ class SegmentedStore(StoreReads):
             raise IndexBelowBeginError(index, max(self._begin, 0))
         if index <= self._committed:
             raise CommittedTruncateError(index, self._committed)
+        self._last_batch = None
         if index > self._begin:
             h = self._header(index - 1)[0]
             new_pos, term, chain, crc_mode = h.pos + h.size, h.term, h.chain_crc, h.has_crc
@@ -440,6 +445,7 @@ class SegmentedStore(StoreReads):
         if self._seg_end(begin_pos) - begin_pos < MIN_BLANK_LEN:
             raise ValueError(f"position {begin_pos} leaves no room for a blank filler in its segment")
         self.flush()
+        self._last_batch = None
         self.data.remove_all()
         self.index.remove_all()
         self._base = metafiles.StoreBase(begin_index, begin_pos, prev_term, prev_chain_crc & 0xFFFFFFFF)
@@ -549,6 +555,7 @@ class SegmentedStore(StoreReads):
     def _retention_done(self, begin_index: int) -> None:
         """Called by retention after it deleted leading segments."""
         self._begin = begin_index
+        self._last_batch = None
 
 
 async def serve_flusher(store: SegmentedStore, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

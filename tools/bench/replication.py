@@ -38,15 +38,45 @@ async def measure_policy(policy: str, count_single: int, count_window: int, wind
                                timeout=120)  # warm-up
             single = await cluster.call(leader, {"op": "load", "count": count_single, "size": 1024,
                                                  "window": 1, "batch": 1}, timeout=300)
+            cpu0 = node_cpu_seconds(cluster)
             windowed = await cluster.call(leader, {"op": "load", "count": count_window, "size": 1024,
                                                    "window": window, "batch": 1}, timeout=300)
+            cpu1 = node_cpu_seconds(cluster)
             # The same 1024 entries in flight, as 64 callers appending batches
             # of 16 (how the broker's SEND_BATCH and group commit arrive).
             batched = await cluster.call(leader, {"op": "load", "count": count_window, "size": 1024,
                                                   "window": max(1, window // 16), "batch": 16}, timeout=300)
+            cpu2 = node_cpu_seconds(cluster)
+            windowed["cpu_us"] = cpu_per_entry(cpu0, cpu1, leader, windowed["appended"])
+            batched["cpu_us"] = cpu_per_entry(cpu1, cpu2, leader, batched["appended"])
             return {"single": single, "window": windowed, "batched": batched}
         finally:
             await cluster.stop_all()
+
+
+def node_cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """user+system CPU seconds of each node process so far (Linux /proc;
+    empty elsewhere).  CPU per entry is the figure that stays comparable on
+    a machine that other jobs share, where entries/s swing by 2x."""
+    out = {}
+    for nid, node in cluster.nodes.items():
+        try:
+            with open(f"/proc/{node.process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, AttributeError):
+            continue
+        out[nid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def cpu_per_entry(before: dict, after: dict, leader: str, entries: int) -> dict:
+    """Microseconds of CPU per entry: the leader's and the busier follower's."""
+    if not entries or leader not in before or leader not in after:
+        return {}
+    spent = {nid: after[nid] - before[nid] for nid in after if nid in before}
+    followers = [v for nid, v in spent.items() if nid != leader]
+    return {"leader": round(spent[leader] / entries * 1e6, 1),
+            "follower": round(max(followers, default=0) / entries * 1e6, 1)}
 
 
 async def measure_failover(kills: int) -> list[float]:
@@ -120,6 +150,8 @@ async def run(args) -> dict:
         out[f"window_eps_{key}"] = r["window"]["eps"]
         out[f"window_p99_ms_{key}"] = r["window"]["p99_ms"]
         out[f"window_batched_eps_{key}"] = r["batched"]["eps"]
+        out[f"window_cpu_us_{key}"] = r["window"]["cpu_us"]
+        out[f"window_batched_cpu_us_{key}"] = r["batched"]["cpu_us"]
         out[f"errors_{key}"] = {**r["single"]["errors"], **r["window"]["errors"]}
     out["single_p50_ms"] = out["single_p50_ms_async"]
     out["single_p99_ms"] = out["single_p99_ms_async"]
@@ -160,6 +192,8 @@ def main() -> None:
         print(f"  {key:5} flush: single append p50 {res[f'single_p50_ms_{key}']} ms, "
               f"p99 {res[f'single_p99_ms_{key}']} ms;  window {args.window}: {res[f'window_eps_{key}']:,} entries/s, "
               f"as {args.window // 16}x16 batches: {res[f'window_batched_eps_{key}']:,} entries/s")
+        print(f"        CPU per entry (us): window {res[f'window_cpu_us_{key}']}, "
+              f"batches {res[f'window_batched_cpu_us_{key}']}")
     print(f"  failover over {args.kills} kill -9 of the leader: p50 {res['failover_p50_s']} s, "
           f"max {res['failover_max_s']} s")
     print(f"  targets: window async >= {TARGETS['window_eps_async']:,}/s "
