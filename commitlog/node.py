@@ -23,6 +23,7 @@ import os
 import random
 import signal
 import sys
+import time
 
 import attrs
 import trio
@@ -34,6 +35,7 @@ from commitlog.errors import CommitLogError
 from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, RaftConfig
 from commitlog.replica import ReplicaNode
+from commitlog.retention import disk_used_ratio
 from commitlog.store import SegmentedStore, StoreConfig, serve_flusher
 from commitlog.transport.tcp import serve_peer_transport
 
@@ -106,6 +108,35 @@ class RunningNode:
     admin_port: int | None
 
 
+RETENTION_CHECK_SECONDS = 10.0
+
+
+def retention_pass(store: SegmentedStore, delete_when: tuple[int, ...], max_used_ratio: float,
+                   now: float | None = None, used_ratio: float | None = None) -> list[str]:
+    """One retention decision, RocketMQ style: segments older than
+    fileReservedHours go only during the deleteWhen hours (local time, "04" by
+    default) so deletion I/O stays off peak; when the disk is fuller than
+    diskMaxUsedSpaceRatio, the oldest committed segments go at any hour."""
+    now = time.time() if now is None else now
+    ratio = disk_used_ratio(store.store_dir) if used_ratio is None else used_ratio
+    if time.localtime(now).tm_hour not in delete_when and ratio < max_used_ratio:
+        return []
+    deleted = store.delete_expired(int(now * 1000), ratio)
+    if deleted:
+        log.info("retention deleted %d files; ledgerBeginIndex is now %d", len(deleted), store.begin_index)
+    return deleted
+
+
+async def serve_retention(store: SegmentedStore, delete_when: tuple[int, ...], max_used_ratio: float, *,
+                          interval: float = RETENTION_CHECK_SECONDS,
+                          task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A timer (DLedger's CleanSpaceService): check retention every interval."""
+    task_status.started()
+    while not store.closed:
+        retention_pass(store, delete_when, max_used_ratio)
+        await trio.sleep(interval)
+
+
 async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", admin_port: int | None = None,
                      listeners=None, repair: bool = False, seed: int | None = None,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -126,6 +157,7 @@ async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", a
                                        max_wait_ack_ms=cfg.max_wait_ack_time_ms)
             await nursery.start(replica.run)
             nursery.start_soon(serve_flusher, store)
+            nursery.start_soon(serve_retention, store, cfg.delete_when, cfg.disk_space_ratio)
             port = admin_port if admin_port is not None else cfg.admin_port
             bound = None
             if port is not None:
