@@ -92,3 +92,42 @@ async def test_kill_leader_under_load_loses_no_acknowledged_append(tmp_path):
         assert sts[first_leader]["role"] == "follower"
     finally:
         await cluster.stop_all()
+
+
+async def test_leadership_transfer_through_the_admin_port(tmp_path):
+    cluster = LocalCluster(str(tmp_path), extra_conf=SMALL_SEGMENTS)
+    await cluster.start()
+    try:
+        leader = await cluster.wait_leader()
+        target = next(n for n in cluster.nodes if n != leader)
+        reply = await cluster.call(leader, {"op": "transfer", "to": target})
+        assert reply["ok"], reply
+        assert await cluster.wait_leader(timeout=5) == target
+        # Unknown peers are refused with a typed error, not a crash.
+        reply = await cluster.call(target, {"op": "transfer", "to": "n9"})
+        assert not reply["ok"] and reply["type"] == "LeadershipTransferError"
+        assert (await cluster.call(target, {"op": "status"}))["role"] == "leader"
+    finally:
+        await cluster.stop_all()
+
+
+async def test_preferred_leader_takes_leadership_back(tmp_path):
+    cluster = LocalCluster(str(tmp_path), extra_conf={**SMALL_SEGMENTS, "preferredLeaderId": "n2"})
+    await cluster.start()
+    try:
+        async def until_leader_is(node_id):
+            # Any node may win the first election; the preferred one then
+            # takes over once it is caught up (checked every second).
+            with trio.fail_after(15):
+                while (await cluster.wait_leader()) != node_id:
+                    await trio.sleep(0.1)
+
+        await until_leader_is("n2")
+        cluster.kill("n2")
+        await cluster.wait_dead("n2")
+        interim = await cluster.wait_leader(exclude={"n2"})
+        assert interim != "n2"
+        await cluster.start("n2")
+        await until_leader_is("n2")
+    finally:
+        await cluster.stop_all()
