@@ -1,0 +1,287 @@
+# Owns the internal system topics that carry metadata changes through the
+# replicated log, and the codec between a change (an "op") and the RocketMQ
+# message record that carries it.
+#
+# Internal topics (RocketMQ-valid names; the `rmq_sys_` prefix is the one
+# RocketMQ's TopicValidator.isSystemTopic recognises, so stock tools treat
+# them as system topics; ledgermq hides them from normal topic lists and
+# refuses client sends to them -- see INTERNAL_TOPICS / is_internal_topic):
+#
+#   rmq_sys_LEDGERMQ_TOPIC_CONFIG        topic.upsert, topic.delete
+#   rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP  group.upsert, group.delete
+#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete
+#
+# Each op is one ordinary v1 message record (broker/message.py), queue 0,
+# TAGS = the op name, KEYS = the topic or group it is about (so mqadmin's
+# key query finds a topic's config history), body = UTF-8 JSON:
+#
+#   {"v":1,"op":"topic.upsert","topicConfig":{...TopicConfig as in topics.json...}}
+#   {"v":1,"op":"topic.delete","topic":"T","cleanOffsets":true}
+#   {"v":1,"op":"group.upsert","subscriptionGroupConfig":{...}}
+#   {"v":1,"op":"group.delete","group":"G","cleanOffsets":true}
+#   {"v":1,"op":"offset.commit","offsetTable":{"T@G":{"0":123,"1":7}}}   (many queues per record)
+#   {"v":1,"op":"offset.reset","offsetTable":{"T@G":{"0":0}}}           (may move offsets back)
+#   {"v":1,"op":"offset.delete","offsetKeys":["T@G"]}
+#
+# An op that does not decode (unknown op or version, wrong topic, bad field)
+# raises MetadataRecordError.  The applier stops on it rather than skip it:
+# skipping would let replicas of different versions build different tables.
+import json
+
+import attrs
+
+from broker.message import LOCALHOST, PROPERTY_KEYS, PROPERTY_TAGS, HostAddr, MessageRecord, encode
+from broker.metadata.tables import (InvalidMetadataError, MetadataState,
+                                    SubscriptionGroupConfig, TopicConfig, check_group_name, check_topic_name,
+                                    split_offset_key)
+
+TOPIC_CONFIG_TOPIC = "rmq_sys_LEDGERMQ_TOPIC_CONFIG"
+SUBSCRIPTION_GROUP_TOPIC = "rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP"
+CONSUMER_OFFSET_TOPIC = "rmq_sys_LEDGERMQ_CONSUMER_OFFSET"
+INTERNAL_TOPICS = frozenset({TOPIC_CONFIG_TOPIC, SUBSCRIPTION_GROUP_TOPIC, CONSUMER_OFFSET_TOPIC})
+FORMAT_VERSION = 1
+
+
+def is_internal_topic(name: str) -> bool:
+    """True for the metadata topics (hide them from topic lists, refuse
+    client sends and topic updates)."""
+    return name in INTERNAL_TOPICS
+
+
+class MetadataRecordError(ValueError):
+    """A record on an internal topic whose body is not a valid op."""
+
+
+def _offset_table(obj) -> dict[str, dict[int, int]]:
+    """Validate {"topic@group": {queueId: offset}} (queue ids as ints or as
+    the strings JSON gives); raises InvalidMetadataError."""
+    if not isinstance(obj, dict):
+        raise InvalidMetadataError("offsetTable must be an object")
+    out: dict[str, dict[int, int]] = {}
+    for key, queues in obj.items():
+        topic, group = split_offset_key(key)
+        check_topic_name(topic)
+        check_group_name(group)
+        if not isinstance(queues, dict):
+            raise InvalidMetadataError(f"offsets of {key!r} must be an object")
+        table = {}
+        for qid, offset in queues.items():
+            try:
+                if isinstance(qid, bool):
+                    raise TypeError
+                q = int(qid)
+            except (TypeError, ValueError):
+                raise InvalidMetadataError(f"queue id {qid!r} of {key!r} is not an int") from None
+            if not 0 <= q < 1 << 31 or isinstance(offset, bool) or not isinstance(offset, int) \
+                    or not 0 <= offset < 1 << 63:
+                raise InvalidMetadataError(f"bad offset {offset!r} for {key!r} queue {qid}")
+            table[q] = offset
+        out[key] = table
+    return out
+
+
+def _is_bool(_inst, attr, value) -> None:
+    if not isinstance(value, bool):
+        raise InvalidMetadataError(f"{attr.name} must be a boolean, got {value!r}")
+
+
+def _table_json(table: dict[str, dict[int, int]]) -> dict:
+    return {key: {str(q): o for q, o in sorted(queues.items())} for key, queues in sorted(table.items())}
+
+
+@attrs.frozen
+class TopicUpsert:
+    config: TopicConfig
+    OP = "topic.upsert"
+    TOPIC = TOPIC_CONFIG_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.config.topic_name
+
+    def body(self) -> dict:
+        return {"topicConfig": self.config.to_json()}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "TopicUpsert":
+        return cls(TopicConfig.from_json(obj.get("topicConfig")))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.topics.upsert(self.config, index, ts)
+
+
+@attrs.frozen
+class TopicDelete:
+    topic: str = attrs.field(validator=lambda i, a, v: check_topic_name(v))
+    clean_offsets: bool = attrs.field(default=True, validator=_is_bool)
+    OP = "topic.delete"
+    TOPIC = TOPIC_CONFIG_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.topic
+
+    def body(self) -> dict:
+        return {"topic": self.topic, "cleanOffsets": self.clean_offsets}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "TopicDelete":
+        return cls(obj.get("topic"), obj.get("cleanOffsets", True))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.topics.delete(self.topic, index, ts)
+        if self.clean_offsets:
+            state.offsets.delete_topic(self.topic, index, ts)
+
+
+@attrs.frozen
+class GroupUpsert:
+    config: SubscriptionGroupConfig
+    OP = "group.upsert"
+    TOPIC = SUBSCRIPTION_GROUP_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.config.group_name
+
+    def body(self) -> dict:
+        return {"subscriptionGroupConfig": self.config.to_json()}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "GroupUpsert":
+        return cls(SubscriptionGroupConfig.from_json(obj.get("subscriptionGroupConfig")))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.groups.upsert(self.config, index, ts)
+
+
+@attrs.frozen
+class GroupDelete:
+    group: str = attrs.field(validator=lambda i, a, v: check_group_name(v))
+    clean_offsets: bool = attrs.field(default=True, validator=_is_bool)
+    OP = "group.delete"
+    TOPIC = SUBSCRIPTION_GROUP_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.group
+
+    def body(self) -> dict:
+        return {"group": self.group, "cleanOffsets": self.clean_offsets}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "GroupDelete":
+        return cls(obj.get("group"), obj.get("cleanOffsets", True))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.groups.delete(self.group, index, ts)
+        if self.clean_offsets:
+            state.offsets.delete_group(self.group, index, ts)
+
+
+@attrs.frozen
+class OffsetCommit:
+    """Many (topic@group, queueId, offset) commits; offsets only grow."""
+
+    table: dict = attrs.field(converter=_offset_table)
+    OP = "offset.commit"
+    TOPIC = CONSUMER_OFFSET_TOPIC
+    subject = None
+
+    def body(self) -> dict:
+        return {"offsetTable": _table_json(self.table)}
+
+    @classmethod
+    def from_body(cls, obj: dict):
+        return cls(obj.get("offsetTable"))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.offsets.commit(self.table, index, ts)
+
+
+@attrs.frozen
+class OffsetReset(OffsetCommit):
+    """Set queues to exactly these offsets (resetOffsetByTime, admin reset)."""
+
+    OP = "offset.reset"
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.offsets.reset(self.table, index, ts)
+
+
+def _keys(value) -> tuple:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(k, str) for k in value):
+        raise InvalidMetadataError(f"offsetKeys must be a list of strings, got {value!r}")
+    for k in value:
+        split_offset_key(k)
+    return tuple(value)
+
+
+@attrs.frozen
+class OffsetDelete:
+    keys: tuple = attrs.field(converter=_keys)
+    OP = "offset.delete"
+    TOPIC = CONSUMER_OFFSET_TOPIC
+    subject = None
+
+    def body(self) -> dict:
+        return {"offsetKeys": list(self.keys)}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "OffsetDelete":
+        return cls(obj.get("offsetKeys") or ())
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.offsets.delete_keys(self.keys, index, ts)
+
+
+OPS = {cls.OP: cls for cls in (TopicUpsert, TopicDelete, GroupUpsert, GroupDelete, OffsetCommit, OffsetReset,
+                                OffsetDelete)}
+
+
+def encode_op(op, *, timestamp_ms: int, host: HostAddr = LOCALHOST) -> bytes:
+    """The message record bytes that carry `op` (born and store timestamps
+    = timestamp_ms; the leader's append hook fills in the offsets)."""
+    body = {"v": FORMAT_VERSION, "op": op.OP, **op.body()}
+    props = {PROPERTY_TAGS: op.OP}
+    if op.subject:
+        props[PROPERTY_KEYS] = op.subject
+    rec = MessageRecord(topic=op.TOPIC, body=json.dumps(body, sort_keys=True, separators=(",", ":")).encode(),
+                        properties=props, born_timestamp=timestamp_ms, store_timestamp=timestamp_ms,
+                        born_host=host, store_host=host)
+    return encode(rec)
+
+
+def parse_op(topic: str, body: bytes):
+    """The op carried by a record of internal topic `topic`."""
+    try:
+        obj = json.loads(bytes(body).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MetadataRecordError(f"{topic}: body is not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise MetadataRecordError(f"{topic}: body is not a JSON object")
+    if obj.get("v") != FORMAT_VERSION:
+        raise MetadataRecordError(f"{topic}: unsupported format version {obj.get('v')!r}")
+    cls = OPS.get(obj.get("op"))
+    if cls is None:
+        raise MetadataRecordError(f"{topic}: unknown op {obj.get('op')!r}")
+    if cls.TOPIC != topic:
+        raise MetadataRecordError(f"{topic}: op {cls.OP} belongs on {cls.TOPIC}")
+    try:
+        return cls.from_body(obj)
+    except (InvalidMetadataError, TypeError) as exc:
+        raise MetadataRecordError(f"{topic}: {cls.OP}: {exc}") from None
+
+
+def decode_op(rec: MessageRecord):
+    return parse_op(rec.topic, rec.body)
+
+
+def merge_offsets(into: dict[str, dict[int, int]], table: dict[str, dict[int, int]]) -> None:
+    """Coalesce commits: keep the highest offset per queue."""
+    for key, queues in table.items():
+        current = into.setdefault(key, {})
+        for qid, offset in queues.items():
+            if offset > current.get(qid, -1):
+                current[qid] = offset
+

@@ -1,0 +1,196 @@
+# Owns the metadata snapshot: RocketMQ's own config files under
+# ${storePathRootDir}/config/ (spec §8.7), each carrying the log index it
+# includes everything up to:
+#
+#   topics.json             {"dataVersion":{..},"topicConfigTable":{"T":{..}},"ledgermqAppliedIndex":N}
+#   subscriptionGroup.json  {"dataVersion":{..},"subscriptionGroupTable":{"G":{..}},"ledgermqAppliedIndex":N}
+#   consumerOffset.json     {"dataVersion":{..},"offsetTable":{"T@G":{"0":123}},"ledgermqAppliedIndex":N}
+#
+# Java's fastjson ignores the extra field, so a stock broker or tool reads
+# these files as it reads its own.  We write standard JSON (quoted keys) and
+# read both that and fastjson's unquoted integer keys.
+#
+# Atomicity: each file is replaced atomically (write <f>.tmp, fsync, rename
+# over <f>, fsync the directory); a torn .tmp is never read (and is removed
+# on load).  The three files are NOT replaced as one unit: after a crash
+# they may come from different snapshots.  That is safe because each file
+# names its own index and table replay is idempotent (tables.py): loading
+# takes the OLDEST of the three indexes as the snapshot's index, and
+# replaying the log from there reproduces the exact state.  A missing file
+# counts as an empty table at index -1 (replay from the start of the log);
+# a file written by stock RocketMQ (no ledgermqAppliedIndex) is imported as
+# a base state at index -1.  A file that does not parse is reported and
+# counts as missing -- the caller fails if the log no longer reaches back.
+#
+# Retention rule: the commitlog may only delete entries at or below the
+# index of the last DURABLE snapshot (min_retained_index() in service.py).
+import json
+import os
+
+import attrs
+
+from broker.metadata import fastjson
+from broker.metadata.tables import (ConsumerOffsetTable, DataVersion, InvalidMetadataError, MetadataState,
+                                    SubscriptionGroupConfig, SubscriptionGroupTable, TopicConfig,
+                                    TopicConfigTable, split_offset_key)
+from commitlog.segments import fsync_dir
+
+CONFIG_DIR = "config"
+TOPICS_FILE = "topics.json"
+GROUPS_FILE = "subscriptionGroup.json"
+OFFSETS_FILE = "consumerOffset.json"
+FILES = (TOPICS_FILE, GROUPS_FILE, OFFSETS_FILE)
+APPLIED_FIELD = "ledgermqAppliedIndex"
+
+
+@attrs.frozen
+class LoadedSnapshot:
+    state: MetadataState  # applied_index = the oldest file's index (-1 if any is missing)
+    file_indexes: dict  # file name -> its ledgermqAppliedIndex, or None (missing/unusable)
+    problems: tuple = ()  # "file: reason" for files that did not parse
+
+
+def config_dir(root: str) -> str:
+    return os.path.join(root, CONFIG_DIR)
+
+
+# --- rendering (on the trio thread: a consistent copy of the tables) ------
+
+def render(state: MetadataState) -> dict[str, bytes]:
+    """The three files' bytes for `state`, stamped with its applied index."""
+    idx = state.applied_index
+    topics = {"dataVersion": state.topics.data_version.to_json(),
+              "topicConfigTable": {n: c.to_json() for n, c in state.topics.topics.items()},
+              APPLIED_FIELD: idx}
+    groups = {"dataVersion": state.groups.data_version.to_json(),
+              "subscriptionGroupTable": {n: c.to_json() for n, c in state.groups.groups.items()},
+              APPLIED_FIELD: idx}
+    offsets = {"dataVersion": state.offsets.data_version.to_json(),
+               "offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in state.offsets.offsets.items()},
+               APPLIED_FIELD: idx}
+    return {TOPICS_FILE: fastjson.dumps(topics).encode(), GROUPS_FILE: fastjson.dumps(groups).encode(),
+            OFFSETS_FILE: fastjson.dumps(offsets).encode()}
+
+
+# --- writing (blocking; run it in a worker thread) -------------------------
+
+def _write_tmp(path: str, data: bytes) -> str:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def write_files(root: str, files: dict[str, bytes]) -> None:
+    """Replace each file atomically; returns once the renames are durable."""
+    directory = config_dir(root)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        fsync_dir(os.path.dirname(os.path.abspath(directory)))
+    for name, data in files.items():
+        path = os.path.join(directory, name)
+        os.replace(_write_tmp(path, data), path)
+    fsync_dir(directory)
+
+
+def write_snapshot(root: str, state: MetadataState) -> int:
+    """render + write_files; returns the snapshot's index."""
+    write_files(root, render(state))
+    return state.applied_index
+
+
+# --- loading ---------------------------------------------------------------
+
+def _read_json(path: str):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    obj = fastjson.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("top level is not an object")
+    return obj
+
+
+def _applied(obj: dict) -> int:
+    value = obj.get(APPLIED_FIELD, -1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"bad {APPLIED_FIELD} {value!r}")
+    return value
+
+
+def _load_topics(obj: dict) -> TopicConfigTable:
+    raw = obj.get("topicConfigTable") or {}
+    topics = {}
+    for name, cfg in raw.items():
+        cfg = dict(cfg)
+        cfg.setdefault("topicName", name)
+        topics[name] = TopicConfig.from_json(cfg)
+    return TopicConfigTable(topics, DataVersion.from_json(obj.get("dataVersion")))
+
+
+def _load_groups(obj: dict) -> SubscriptionGroupTable:
+    raw = obj.get("subscriptionGroupTable") or {}
+    groups = {}
+    for name, cfg in raw.items():
+        cfg = dict(cfg)
+        cfg.setdefault("groupName", name)
+        groups[name] = SubscriptionGroupConfig.from_json(cfg)
+    return SubscriptionGroupTable(groups, DataVersion.from_json(obj.get("dataVersion")))
+
+
+def _load_offsets(obj: dict) -> ConsumerOffsetTable:
+    raw = obj.get("offsetTable") or {}
+    offsets = {}
+    for key, queues in raw.items():
+        split_offset_key(key)
+        if not isinstance(queues, dict):
+            raise ValueError(f"offsets of {key!r} are not an object")
+        offsets[key] = {int(q): int(o) for q, o in queues.items()}
+    return ConsumerOffsetTable(offsets, DataVersion.from_json(obj.get("dataVersion")))
+
+
+_LOADERS = {TOPICS_FILE: ("topics", _load_topics), GROUPS_FILE: ("groups", _load_groups),
+            OFFSETS_FILE: ("offsets", _load_offsets)}
+
+
+def load_snapshot(root: str) -> LoadedSnapshot:
+    """Load the three files (see the header for missing, foreign and
+    unparseable files) and remove torn .tmp leftovers."""
+    directory = config_dir(root)
+    state = MetadataState()
+    indexes: dict[str, int | None] = {}
+    problems = []
+    for name in FILES:
+        path = os.path.join(directory, name)
+        try:
+            os.unlink(path + ".tmp")
+        except FileNotFoundError:
+            pass
+        attr, loader = _LOADERS[name]
+        try:
+            obj = _read_json(path)
+            if obj is None:
+                indexes[name] = None
+                continue
+            table = loader(obj)
+            indexes[name] = _applied(obj)
+        except (ValueError, TypeError, AttributeError, InvalidMetadataError, UnicodeDecodeError) as exc:
+            problems.append(f"{path}: {exc}")
+            indexes[name] = None
+            continue
+        setattr(state, attr, table)
+    state.applied_index = min(-1 if i is None else i for i in indexes.values())
+    return LoadedSnapshot(state, indexes, tuple(problems))
+
+
+def dumps_state(state: MetadataState) -> dict:
+    """A plain-JSON view of the whole state (tests and mqadmin diffs)."""
+    return {name: json.loads(data) for name, data in render(state).items()}

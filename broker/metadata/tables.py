@@ -1,0 +1,315 @@
+# Owns the broker's metadata tables as pure, deterministic state machines:
+# TopicConfigTable (RocketMQ's TopicConfigManager), SubscriptionGroupTable
+# (SubscriptionGroupManager) and ConsumerOffsetTable (ConsumerOffsetManager),
+# plus the TopicConfig / SubscriptionGroupConfig values and their RocketMQ
+# JSON shapes (camelCase field names as fastjson writes them).
+#
+# Tables change only through apply(op, index, timestamp) with an op decoded
+# from a committed log record (broker/metadata/records.py).  Every op is a
+# per-key overwrite, a per-queue max (offset commits) or a per-key removal,
+# and each table's dataVersion.counter is the log index of the last op that
+# changed it.  Consequence, relied on by snapshots: replaying any suffix of
+# the log that starts at or before a state's true position reproduces the
+# same final state (replay is idempotent), so a snapshot whose three files
+# were taken at different indexes is repaired by replaying from the oldest.
+#
+# Offsets never move backward through a commit; only an explicit reset op
+# (resetOffsetByTime, mqadmin resetOffset) can lower them.
+import re
+
+import attrs
+
+PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
+FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
+TOPIC_GROUP_SEPARATOR = "@"
+_VALID_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")  # TopicValidator.VALID_PATTERN_STR
+TOPIC_MAX_LENGTH = 127
+RETRY_DLQ_TOPIC_MAX_LENGTH = 255
+GROUP_MAX_LENGTH = 255
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class InvalidMetadataError(ValueError):
+    """A topic config, group config or offset that the tables refuse."""
+
+
+def check_topic_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidMetadataError("topic name is empty")
+    limit = RETRY_DLQ_TOPIC_MAX_LENGTH if name.startswith(("%RETRY%", "%DLQ%")) else TOPIC_MAX_LENGTH
+    if len(name) > limit:
+        raise InvalidMetadataError(f"topic name longer than {limit} characters: {name[:40]!r}...")
+    if not _VALID_NAME.match(name):
+        raise InvalidMetadataError(f"topic name {name!r} has characters outside [%|a-zA-Z0-9_-]")
+    return name
+
+
+def check_group_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidMetadataError("group name is empty")
+    if len(name) > GROUP_MAX_LENGTH:
+        raise InvalidMetadataError(f"group name longer than {GROUP_MAX_LENGTH} characters")
+    if not _VALID_NAME.match(name):
+        raise InvalidMetadataError(f"group name {name!r} has characters outside [%|a-zA-Z0-9_-]")
+    return name
+
+
+def _int32(_inst, attr, value):
+    if isinstance(value, bool) or not isinstance(value, int) or not _INT32[0] <= value <= _INT32[1]:
+        raise InvalidMetadataError(f"{attr.name} must be a 32-bit int, got {value!r}")
+
+
+def _nonneg32(inst, attr, value):
+    _int32(inst, attr, value)
+    if value < 0:
+        raise InvalidMetadataError(f"{attr.name} must not be negative, got {value}")
+
+
+def _bool(_inst, attr, value):
+    if not isinstance(value, bool):
+        raise InvalidMetadataError(f"{attr.name} must be a boolean, got {value!r}")
+
+
+def _str_map(value) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise InvalidMetadataError(f"attributes must map strings to strings, got {value!r}")
+    return dict(sorted(value.items()))
+
+
+def _extra(value) -> dict:
+    return dict(sorted((value or {}).items()))
+
+
+def _from_json(cls, fields: dict[str, str], obj: dict):
+    """Build cls from a JSON object: known camelCase fields by name, the rest
+    kept in `extra` (so fields of newer RocketMQ versions survive a
+    round trip through ledgermq)."""
+    if not isinstance(obj, dict):
+        raise InvalidMetadataError(f"expected a JSON object, got {type(obj).__name__}")
+    kw, extra = {}, {}
+    for key, value in obj.items():
+        if key in fields:
+            kw[fields[key]] = value
+        else:
+            extra[key] = value
+    try:
+        return cls(**kw, extra=extra)
+    except TypeError as exc:
+        raise InvalidMetadataError(str(exc)) from None
+
+
+def _to_json(inst, fields: dict[str, str]) -> dict:
+    out = dict(inst.extra)
+    for json_name, py_name in fields.items():
+        out[json_name] = getattr(inst, py_name)
+    return out
+
+
+# The values hold dicts (attributes, extra): they compare by value but are
+# not hashable.
+@attrs.frozen
+class TopicConfig:
+    """org.apache.rocketmq.common.TopicConfig."""
+
+    topic_name: str = attrs.field(validator=lambda i, a, v: check_topic_name(v))
+    read_queue_nums: int = attrs.field(default=16, validator=_nonneg32)
+    write_queue_nums: int = attrs.field(default=16, validator=_nonneg32)
+    perm: int = attrs.field(default=PERM_READ | PERM_WRITE)
+    topic_filter_type: str = attrs.field(default="SINGLE_TAG")
+    topic_sys_flag: int = attrs.field(default=0, validator=_int32)
+    order: bool = attrs.field(default=False, validator=_bool)
+    attributes: dict = attrs.field(factory=dict, converter=_str_map)
+    extra: dict = attrs.field(factory=dict, converter=_extra, repr=False)
+
+    @perm.validator
+    def _perm(self, _attr, value):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 15:
+            raise InvalidMetadataError(f"perm must be a combination of PRIORITY 8 | READ 4 | WRITE 2 | "
+                                       f"INHERIT 1, got {value!r}")
+
+    @topic_filter_type.validator
+    def _filter(self, _attr, value):
+        if value not in FILTER_TYPES:
+            raise InvalidMetadataError(f"topicFilterType must be one of {FILTER_TYPES}, got {value!r}")
+
+    _FIELDS = {"topicName": "topic_name", "readQueueNums": "read_queue_nums",
+               "writeQueueNums": "write_queue_nums", "perm": "perm", "topicFilterType": "topic_filter_type",
+               "topicSysFlag": "topic_sys_flag", "order": "order", "attributes": "attributes"}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "TopicConfig":
+        return _from_json(cls, cls._FIELDS, obj)
+
+    def to_json(self) -> dict:
+        return _to_json(self, self._FIELDS)
+
+
+@attrs.frozen
+class SubscriptionGroupConfig:
+    """org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig
+    (the scalar fields; 5.x objects such as groupRetryPolicy ride in `extra`)."""
+
+    group_name: str = attrs.field(validator=lambda i, a, v: check_group_name(v))
+    consume_enable: bool = attrs.field(default=True, validator=_bool)
+    consume_from_min_enable: bool = attrs.field(default=True, validator=_bool)
+    consume_broadcast_enable: bool = attrs.field(default=True, validator=_bool)
+    consume_message_orderly: bool = attrs.field(default=False, validator=_bool)
+    retry_queue_nums: int = attrs.field(default=1, validator=_nonneg32)
+    retry_max_times: int = attrs.field(default=16, validator=_int32)
+    broker_id: int = attrs.field(default=0, validator=_nonneg32)
+    which_broker_when_consume_slowly: int = attrs.field(default=1, validator=_nonneg32)
+    notify_consumer_ids_changed_enable: bool = attrs.field(default=True, validator=_bool)
+    group_sys_flag: int = attrs.field(default=0, validator=_int32)
+    consume_timeout_minute: int = attrs.field(default=15, validator=_int32)
+    attributes: dict = attrs.field(factory=dict, converter=_str_map)
+    extra: dict = attrs.field(factory=dict, converter=_extra, repr=False)
+
+    _FIELDS = {"groupName": "group_name", "consumeEnable": "consume_enable",
+               "consumeFromMinEnable": "consume_from_min_enable",
+               "consumeBroadcastEnable": "consume_broadcast_enable",
+               "consumeMessageOrderly": "consume_message_orderly", "retryQueueNums": "retry_queue_nums",
+               "retryMaxTimes": "retry_max_times", "brokerId": "broker_id",
+               "whichBrokerWhenConsumeSlowly": "which_broker_when_consume_slowly",
+               "notifyConsumerIdsChangedEnable": "notify_consumer_ids_changed_enable",
+               "groupSysFlag": "group_sys_flag", "consumeTimeoutMinute": "consume_timeout_minute",
+               "attributes": "attributes"}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "SubscriptionGroupConfig":
+        return _from_json(cls, cls._FIELDS, obj)
+
+    def to_json(self) -> dict:
+        return _to_json(self, self._FIELDS)
+
+
+@attrs.frozen
+class DataVersion:
+    """RocketMQ's DataVersion.  counter = log index of the last change."""
+
+    counter: int = 0
+    state_version: int = 0
+    timestamp: int = 0
+
+    def to_json(self) -> dict:
+        return {"counter": self.counter, "stateVersion": self.state_version, "timestamp": self.timestamp}
+
+    @classmethod
+    def from_json(cls, obj) -> "DataVersion":
+        if not isinstance(obj, dict):
+            return cls()
+        return cls(int(obj.get("counter", 0)), int(obj.get("stateVersion", 0)), int(obj.get("timestamp", 0)))
+
+
+def offset_key(topic: str, group: str) -> str:
+    return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+
+def split_offset_key(key: str) -> tuple[str, str]:
+    topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)
+    if not sep or not topic or not group:
+        raise InvalidMetadataError(f"offset key {key!r} is not topic@group")
+    return topic, group
+
+
+@attrs.define
+class TopicConfigTable:
+    topics: dict[str, TopicConfig] = attrs.Factory(dict)
+    data_version: DataVersion = attrs.Factory(DataVersion)
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self.topics.get(name)
+
+    def upsert(self, cfg: TopicConfig, index: int, timestamp: int) -> None:
+        self.topics[cfg.topic_name] = cfg
+        self.data_version = DataVersion(index, 0, timestamp)
+
+    def delete(self, name: str, index: int, timestamp: int) -> None:
+        self.topics.pop(name, None)
+        self.data_version = DataVersion(index, 0, timestamp)
+
+
+@attrs.define
+class SubscriptionGroupTable:
+    groups: dict[str, SubscriptionGroupConfig] = attrs.Factory(dict)
+    data_version: DataVersion = attrs.Factory(DataVersion)
+
+    def get(self, name: str) -> SubscriptionGroupConfig | None:
+        return self.groups.get(name)
+
+    def upsert(self, cfg: SubscriptionGroupConfig, index: int, timestamp: int) -> None:
+        self.groups[cfg.group_name] = cfg
+        self.data_version = DataVersion(index, 0, timestamp)
+
+    def delete(self, name: str, index: int, timestamp: int) -> None:
+        self.groups.pop(name, None)
+        self.data_version = DataVersion(index, 0, timestamp)
+
+
+@attrs.define
+class ConsumerOffsetTable:
+    """`topic@group` -> {queueId: offset}."""
+
+    offsets: dict[str, dict[int, int]] = attrs.Factory(dict)
+    data_version: DataVersion = attrs.Factory(DataVersion)
+
+    def query(self, topic: str, group: str, queue_id: int) -> int | None:
+        return self.offsets.get(offset_key(topic, group), {}).get(queue_id)
+
+    def table_of(self, topic: str, group: str) -> dict[int, int]:
+        return dict(self.offsets.get(offset_key(topic, group), {}))
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        return sorted(split_offset_key(k)[1] for k in self.offsets if split_offset_key(k)[0] == topic)
+
+    def topics_of_group(self, group: str) -> list[str]:
+        return sorted(split_offset_key(k)[0] for k in self.offsets if split_offset_key(k)[1] == group)
+
+    def _touch(self, index: int, timestamp: int) -> None:
+        self.data_version = DataVersion(index, 0, timestamp)
+
+    def commit(self, table: dict[str, dict[int, int]], index: int, timestamp: int) -> None:
+        """Offset commits: each queue's offset only ever grows."""
+        for key, queues in table.items():
+            current = self.offsets.setdefault(key, {})
+            for qid, offset in queues.items():
+                if offset > current.get(qid, -1):
+                    current[qid] = offset
+        self._touch(index, timestamp)
+
+    def reset(self, table: dict[str, dict[int, int]], index: int, timestamp: int) -> None:
+        """Explicit resets: the given queues take exactly the given offsets."""
+        for key, queues in table.items():
+            self.offsets.setdefault(key, {}).update(queues)
+        self._touch(index, timestamp)
+
+    def delete_keys(self, keys, index: int, timestamp: int) -> None:
+        for key in keys:
+            self.offsets.pop(key, None)
+        self._touch(index, timestamp)
+
+    def delete_topic(self, topic: str, index: int, timestamp: int) -> None:
+        self.delete_keys([k for k in self.offsets if split_offset_key(k)[0] == topic], index, timestamp)
+
+    def delete_group(self, group: str, index: int, timestamp: int) -> None:
+        self.delete_keys([k for k in self.offsets if split_offset_key(k)[1] == group], index, timestamp)
+
+
+@attrs.define
+class MetadataState:
+    """The three tables and the log index they include everything up to.
+    Compares by value (tests compare a restarted node with a full replay)."""
+
+    topics: TopicConfigTable = attrs.Factory(TopicConfigTable)
+    groups: SubscriptionGroupTable = attrs.Factory(SubscriptionGroupTable)
+    offsets: ConsumerOffsetTable = attrs.Factory(ConsumerOffsetTable)
+    applied_index: int = -1
+
+    def apply(self, op, index: int, timestamp: int) -> None:
+        """Apply one decoded op (broker.metadata.records) committed at
+        `index`; `timestamp` is the record's store timestamp (never the
+        local clock, so every replica computes the same dataVersion)."""
+        op.apply_to(self, index, timestamp)
+        if index > self.applied_index:
+            self.applied_index = index
