@@ -2,7 +2,8 @@
 # §5.3/§6.2): whole data segments at the head of the log are deleted when
 # they are older than fileReservedHours (file mtime) or, oldest first, while
 # the disk is fuller than diskMaxUsedSpaceRatio.  A segment goes only when
-# every entry in it is committed and it does not hold the log's end; index
+# every entry in it is committed, it does not hold the log's end, and no
+# registered retention floor (metadata snapshot, ...) still needs it; index
 # segments wholly below the new ledgerBeginIndex follow.
 #
 # Crash order: first the new boundary (begin index, its position, and the
@@ -39,11 +40,14 @@ def delete_expired(store, now_ms: int, disk_used_ratio_now: float | None = None)
     fs_bytes = max(1, fs.f_blocks * fs.f_frsize)
     expire_before_ms = now_ms - cfg.file_reserved_hours * 3600 * 1000
     segs = data.segments
+    floor = store.retention_floor()
     doomed = []
     while len(doomed) + 1 < len(segs):
         head, after = segs[len(doomed)], segs[len(doomed) + 1]
         if store.end_pos <= after.start or _first_index(after) - 1 > store.committed_index:
             break  # head holds the end, or an uncommitted entry
+        if floor is not None and _first_index(after) > floor:
+            break  # head holds an entry someone still needs (retention floor)
         st = os.stat(head.path)
         old = st.st_mtime * 1000 < expire_before_ms
         full = ratio > cfg.disk_max_used_ratio

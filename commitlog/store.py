@@ -111,6 +111,9 @@ class SegmentedStore(StoreReads):
     _base: metafiles.StoreBase | None
     _lock_fd: int
     _hooks: list[AppendHook] = attrs.field(factory=list)
+    # Callables returning the lowest index their owner still needs on disk
+    # (the metadata snapshot's applied index, a slow consumer, ...).
+    _retention_floors: list = attrs.field(factory=list)
     _flushed_end: int = -1
     # The highest end index known on disk.  Monotonic: after truncate_from it
     # may exceed end_index until the log grows past it again.
@@ -254,6 +257,18 @@ class SegmentedStore(StoreReads):
         return self.data.aligned_start(pos) + self.data.seg_size
 
     # --- leader append -------------------------------------------------------
+
+    def add_retention_floor(self, fn) -> None:
+        """Retention never deletes an entry at or above fn() (called at each
+        retention pass)."""
+        self._retention_floors.append(fn)
+
+    def remove_retention_floor(self, fn) -> None:
+        self._retention_floors.remove(fn)
+
+    def retention_floor(self) -> int | None:
+        floors = [f() for f in self._retention_floors]
+        return min(floors) if floors else None
 
     def add_append_hook(self, fn: AppendHook) -> None:
         """Run fn(header, writable body view) on every leader append, after

@@ -41,3 +41,13 @@ def test_disk_pressure_deletes_at_any_hour_but_never_uncommitted(tmp_path):
     assert deleted and 0 < store.begin_index <= committed + 1
     assert store.get(store.end_index).body == b"x" * 1000
     store.close()
+
+
+def test_retention_floor_keeps_what_an_owner_still_needs(tmp_path):
+    store = filled_store(tmp_path)
+    floor = 150  # e.g. the metadata snapshot's applied index (about the third segment)
+    store.add_retention_floor(lambda: floor)
+    retention_pass(store, (4,), 0.75, now=at_hour(13), used_ratio=0.99)
+    assert 0 < store.begin_index <= floor < store.committed_index  # without the floor it would go further
+    assert store.get(floor).index == floor
+    store.close()
