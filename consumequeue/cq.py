@@ -19,6 +19,12 @@
 # units it removes (RocketMQ only moves the write position), drops a file
 # left without real units, and a hole in queue offsets (a bug upstream) is
 # filled with pre-blank units and counted instead of written out of place.
+#
+# A queue can also hold no real unit at all, only pre-blank units up to its
+# max offset: what rebase() leaves of a queue whose every message is below a
+# log that was reset past it (a follower's reset_to).  It keeps the queue's
+# numbering (consumers' offsets, a future leader's offset table) until its
+# next message arrives, which replaces it with what a clean rebuild writes.
 import logging
 import os
 import shutil
@@ -26,7 +32,7 @@ import shutil
 import attrs
 
 from consumequeue.errors import BadTopicError
-from consumequeue.files import FdCache, fsync_dir, makedirs_durable, offset_name
+from consumequeue.files import FdCache, fsync_dir, makedirs_durable, segment_name
 from native.dispatch import UNIT, UNIT_SIZE, default_backend
 
 log = logging.getLogger(__name__)
@@ -85,18 +91,18 @@ class ConsumeQueue:
     # --- loading ----------------------------------------------------------
 
     def _path(self, start: int) -> str:
-        return os.path.join(self.dir, offset_name(start))
+        return os.path.join(self.dir, segment_name(start))
 
     def load(self) -> "ConsumeQueue":
         names = sorted(n for n in os.listdir(self.dir) if len(n) == 20 and n.isdigit())
         self.starts = [int(n) for n in names]
         for a, b in zip(self.starts, self.starts[1:]):
             if b != a + self.file_size:
-                self.problems.append(f"{self.dir}: file {offset_name(b)} does not follow "
-                                     f"{offset_name(a)} (missing file?)")
+                self.problems.append(f"{self.dir}: file {segment_name(b)} does not follow "
+                                     f"{segment_name(a)} (missing file?)")
         for s in self.starts:
             if s % self.file_size:
-                self.problems.append(f"{self.dir}: file {offset_name(s)} is not on a file boundary")
+                self.problems.append(f"{self.dir}: file {segment_name(s)} is not on a file boundary")
         self.recover()
         return self
 
@@ -122,10 +128,7 @@ class ConsumeQueue:
         end = end_file + valid * CQ_UNIT_SIZE
         if self.fds.readonly:  # verification: take the valid end, repair nothing
             self.starts = [s for s in self.starts if s <= end_file]
-            self.max_offset = end // CQ_UNIT_SIZE
-            self.max_phy_end = self._last_real_end()
-            self.min_offset = self._first_real_offset(self.starts[0])
-            self._note_first()
+            self._recovered(end)
             return
         for s in [s for s in self.starts if s > end_file]:
             self._remove_file(s)
@@ -137,10 +140,22 @@ class ConsumeQueue:
             self.max_offset = self.min_offset = 0
             self.max_phy_end = -1
             return
+        self._recovered(end)
+
+    def _recovered(self, end: int) -> None:
         self.max_offset = end // CQ_UNIT_SIZE
-        self.max_phy_end = self._last_real_end()
         self.min_offset = self._first_real_offset(self.starts[0])
+        if self.min_offset >= self.max_offset:  # only pre-blank units: a placeholder
+            self.max_phy_end = -1
+        else:
+            self.max_phy_end = self._last_real_end()
         self._note_first()
+
+    @property
+    def is_placeholder(self) -> bool:
+        """Files, but no real unit: the numbering of a queue whose messages
+        are all gone (see rebase)."""
+        return bool(self.starts) and self.max_phy_end < 0
 
     def _note_first(self) -> None:
         self.first_phy = self.get_unit(self.min_offset).phy if self.min_offset < self.max_offset else -1
@@ -199,6 +214,12 @@ class ConsumeQueue:
         """Append units whose queue offsets run from `first_offset` without a
         hole.  Returns how many were written (duplicates are skipped)."""
         n = len(units) // CQ_UNIT_SIZE
+        if self.is_placeholder:
+            # The queue's first message after a log reset: from here on the
+            # queue is what a clean rebuild writes (fillPreBlank up to it).
+            for start in list(self.starts):
+                self._remove_file(start)
+            self.max_offset = self.min_offset = 0
         if first_offset == self.max_offset and self.starts:
             # The common case: exactly the next units of a queue that exists.
             # They collect in a write-behind buffer (one pwrite per 256 KiB
@@ -320,6 +341,8 @@ class ConsumeQueue:
         (truncateDirtyLogicFiles), zeroing the bytes.  Returns units removed."""
         self.write_pending()
         removed = 0
+        if self.is_placeholder:
+            return 0  # no unit points anywhere: nothing to cut
         while self.starts:
             start = self.starts[-1]
             data = self._read_file(start)
@@ -363,6 +386,62 @@ class ConsumeQueue:
             removed += 1
         self.correct_min_offset(min_phy)
         return removed
+
+    def rebase(self, begin: int) -> bool:
+        """The log now begins at `begin` and nothing below it will ever be
+        read again on this node (a follower reset past its log): make the
+        queue what a clean rebuild of the log from `begin` writes, keeping
+        the queue offsets.  The first real unit at or after `begin` keeps its
+        offset and everything before it in its file becomes pre-blank units
+        (earlier files go); with no such unit the queue becomes a
+        placeholder: pre-blank units up to its max offset in the file holding
+        the last one.  Returns whether anything changed (False: already so)."""
+        self.write_pending()
+        if not self.starts or self.is_placeholder:
+            return False
+        keep = self._first_unit_at_or_after(begin) if self.max_phy_end > begin else None
+        if keep is None:
+            self.make_placeholder(self.max_offset)
+            return True
+        keep_at, first_phy = keep
+        file_start = keep_at * CQ_UNIT_SIZE // self.file_size * self.file_size
+        if keep_at == self.min_offset and file_start == self.starts[0] \
+                and self._first_real_offset(file_start) == keep_at:
+            return False  # only pre-blank units before it already
+        for start in [s for s in self.starts if s < file_start]:
+            self._remove_file(start)
+        first = file_start // CQ_UNIT_SIZE
+        self._write(first, PRE_BLANK_UNIT * (keep_at - first))
+        self.min_offset = keep_at
+        self.first_phy = first_phy
+        return True
+
+    def make_placeholder(self, max_offset: int) -> None:
+        """Replace the queue by pre-blank units up to `max_offset` (> 0) in
+        the file holding the last of them."""
+        self.write_pending()
+        for start in list(self.starts):
+            self._remove_file(start)
+        last = (max_offset - 1) * CQ_UNIT_SIZE
+        first = (last - last % self.file_size) // CQ_UNIT_SIZE
+        self._write(first, PRE_BLANK_UNIT * (max_offset - first))
+        self.min_offset = self.max_offset = max_offset
+        self.max_phy_end = self.first_phy = -1
+
+    def _first_unit_at_or_after(self, phy_limit: int) -> tuple[int, int] | None:
+        """(offset, phy) of the first real unit whose phy >= phy_limit."""
+        for start in self.starts:
+            data = self._read_file(start, 0, min(self.file_size, self.max_offset * CQ_UNIT_SIZE - start))
+            n = len(data) // CQ_UNIT_SIZE
+            if n == 0:
+                continue
+            phy, size, tags = UNIT.unpack_from(data, (n - 1) * CQ_UNIT_SIZE)
+            if phy < phy_limit and not _is_blank(phy, size, tags):
+                continue  # units are in log order: the whole file is below
+            for i, (phy, size, tags) in enumerate(UNIT.iter_unpack(data[:n * CQ_UNIT_SIZE])):
+                if phy >= phy_limit and not _is_blank(phy, size, tags):
+                    return start // CQ_UNIT_SIZE + i, phy
+        return None
 
     def correct_min_offset(self, min_phy: int) -> None:
         """The first real unit at or after `min_phy` in the first file."""
@@ -454,6 +533,10 @@ class ConsumeQueueStore:
 
     def delete_expired(self, min_phy: int) -> int:
         return sum(cq.delete_expired(min_phy) for cq in self.queues.values())
+
+    def rebase(self, begin: int) -> int:
+        """ConsumeQueue.rebase on every queue; returns how many changed."""
+        return sum(cq.rebase(begin) for cq in self.queues.values())
 
     def write_pending(self) -> None:
         for cq in self.queues.values():

@@ -9,19 +9,14 @@
 import os
 from collections import OrderedDict
 
+# The 20-digit naming and the directory fsync are the commitlog's (spec §5.3);
+# re-exported here for the consume queue and index modules.
+from commitlog.segments import fsync_dir, segment_name
+
+__all__ = ["MAX_OPEN", "FdCache", "fsync_dir", "makedirs_durable", "segment_name", "sync_paths",
+           "write_atomic"]
+
 MAX_OPEN = 256
-
-
-def offset_name(offset: int) -> str:
-    return f"{offset:020d}"
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def makedirs_durable(path: str, dirty_dirs: set[str] | None = None) -> None:

@@ -54,3 +54,16 @@ def test_java_hash_native_equals_fallback(s):
 @given(st.binary(max_size=40))
 def test_java_hash_utf8_of_malformed_bytes_matches_fallback(data):
     assert hashing.java_hash_utf8(data) == hashing.py_java_hash_utf8(data)
+
+
+@given(st.binary(max_size=40), st.binary(max_size=40))
+def test_java_hash_utf8_from_continues_a_prefix(a, b):
+    # dispatch.c hashes "topic#key" by continuing the hash of "topic#" over
+    # the key's bytes: the hash of the two decoded strings joined.
+    if not native.NATIVE_LOADED:
+        return
+    from native._native import ffi, lib
+    prefix = hashing.java_hash_utf8(a) & 0xFFFFFFFF
+    got = lib.lmq_java_hash_utf8_from(prefix, ffi.from_buffer(b), len(b))
+    joined = a.decode("utf-8", "replace") + b.decode("utf-8", "replace")
+    assert got == hashing.py_java_hash_str(joined) & 0xFFFFFFFF

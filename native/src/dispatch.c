@@ -72,63 +72,6 @@ static inline void wr64(uint8_t *p, int64_t v) {
     memcpy(p, &x, 8);
 }
 
-/* Java String.hashCode continued from h over the UTF-16 units of
- * `new String(s, UTF_8)`; the same decoder as hash.c (malformed input hashes
- * as U+FFFD per maximal ill-formed subpart), with an ASCII fast path. */
-static uint32_t jhash_utf8(uint32_t h, const uint8_t *s, size_t len) {
-    /* 31^1..31^8 mod 2^32: eight ASCII chars fold in with one dependent
-     * multiply instead of eight (keys like UNIQ_KEY are 32 ASCII chars). */
-    static const uint32_t P1 = 31u, P2 = 961u, P3 = 29791u, P4 = 923521u, P5 = 28629151u,
-                          P6 = 887503681u, P7 = 1742810335u, P8 = 2487512833u;
-    size_t i = 0;
-    while (i < len) {
-        if (i + 8 <= len) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (!(w & 0x8080808080808080ull)) {
-                const uint8_t *c = s + i;
-                h = h * P8 + (c[0] * P7 + c[1] * P6 + c[2] * P5 + c[3] * P4) +
-                    (c[4] * P3 + c[5] * P2 + c[6] * P1 + c[7]);
-                i += 8;
-                continue;
-            }
-        }
-        uint8_t b = s[i];
-        if (b < 0x80) { h = 31u * h + b; i++; continue; }
-        size_t need;
-        uint32_t cp;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (b >= 0xC2 && b <= 0xDF) { need = 1; cp = b & 0x1F; }
-        else if (b >= 0xE0 && b <= 0xEF) {
-            need = 2; cp = b & 0x0F;
-            if (b == 0xE0) lo = 0xA0;
-            if (b == 0xED) hi = 0x9F;
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            need = 3; cp = b & 0x07;
-            if (b == 0xF0) lo = 0x90;
-            if (b == 0xF4) hi = 0x8F;
-        } else { h = 31u * h + 0xFFFDu; i++; continue; }
-        size_t j = 1;
-        for (; j <= need; j++) {
-            if (i + j >= len) break;
-            uint8_t c = s[i + j];
-            uint8_t l = (j == 1) ? lo : 0x80, u = (j == 1) ? hi : 0xBF;
-            if (c < l || c > u) break;
-            cp = (cp << 6) | (c & 0x3F);
-        }
-        if (j <= need) { h = 31u * h + 0xFFFDu; i += j; continue; }
-        if (cp >= 0x10000) {
-            cp -= 0x10000;
-            h = 31u * h + (0xD800u + (cp >> 10));
-            h = 31u * h + (0xDC00u + (cp & 0x3FF));
-        } else {
-            h = 31u * h + cp;
-        }
-        i += need + 1;
-    }
-    return h;
-}
-
 /* Integer.parseInt over ASCII: optional sign, digits, int32 range. */
 static int parse_java_int(const uint8_t *s, size_t n, int64_t *out) {
     size_t i = 0;
@@ -179,7 +122,7 @@ static int parse_record(const uint8_t *buf, size_t off, int64_t L, int32_t optio
     if (topic_len < 0 || p + topic_len + 2 > L) return LMQ_BAD_TOPICLEN;
     r->topic_off = (uint32_t)(off + p);
     r->topic_len = (uint32_t)topic_len;
-    r->topic_hash = (int32_t)jhash_utf8(0, m + p, (size_t)topic_len);
+    r->topic_hash = (int32_t)lmq_java_hash_utf8_from(0, m + p, (size_t)topic_len);
     p += topic_len;
     int64_t props_len = rd16(m + p);
     p += 2;
@@ -212,7 +155,7 @@ static int parse_record(const uint8_t *buf, size_t off, int64_t L, int32_t optio
         }
         ps = q + 1;
     }
-    r->tags_code = tags ? (int64_t)(int32_t)jhash_utf8(0, tags, tags_n) : 0;
+    r->tags_code = tags ? (int64_t)(int32_t)lmq_java_hash_utf8_from(0, tags, tags_n) : 0;
     if (delay && topic_len == 19 && memcmp(buf + r->topic_off, "SCHEDULE_TOPIC_XXXX", 19) == 0) {
         int64_t level;
         if (!parse_java_int(delay, delay_n, &level)) return LMQ_BAD_DELAY;
@@ -554,7 +497,7 @@ int64_t lmq_index_put(uint8_t *map, int32_t slot_num, int32_t index_num, lmq_ind
         if (r->uniq_len) {
             if (key >= kf) {
                 if (pipe_count(&p) >= index_num) { full = 1; goto out; }
-                pipe_push(&p, jhash_utf8(base, buf + r->uniq_off, r->uniq_len), r->phy_offset,
+                pipe_push(&p, lmq_java_hash_utf8_from(base, buf + r->uniq_off, r->uniq_len), r->phy_offset,
                           r->store_timestamp);
             }
             key++;
@@ -566,7 +509,7 @@ int64_t lmq_index_put(uint8_t *map, int32_t slot_num, int32_t index_num, lmq_ind
             if (sp > ks) {
                 if (key >= kf) {
                     if (pipe_count(&p) >= index_num) { full = 1; goto out; }
-                    pipe_push(&p, jhash_utf8(base, ks, (size_t)(sp - ks)), r->phy_offset,
+                    pipe_push(&p, lmq_java_hash_utf8_from(base, ks, (size_t)(sp - ks)), r->phy_offset,
                               r->store_timestamp);
                 }
                 key++;

@@ -8,8 +8,11 @@
  * UTF-8 variant decodes in place (supplementary characters become surrogate
  * pairs) so tags and keys can be hashed straight from a commitlog buffer.
  * Malformed UTF-8 hashes as U+FFFD per maximal ill-formed subpart, exactly as
- * Java's and Python's decoders substitute.
+ * Java's and Python's decoders substitute.  The `_from` form continues a hash
+ * (IndexFile keys hash "topic#key" without building the string).
  */
+#include <string.h>
+
 #include "hash.h"
 
 static uint32_t crc_table[8][256];
@@ -59,12 +62,26 @@ int32_t lmq_java_hash_utf16(const uint16_t *units, size_t n) {
     return (int32_t)h;
 }
 
-int32_t lmq_java_hash_utf8(const uint8_t *s, size_t len) {
+uint32_t lmq_java_hash_utf8_from(uint32_t h, const uint8_t *s, size_t len) {
     /* Decodes like Java's (and Python's) UTF-8 decoder: each maximal ill-formed
-     * subpart becomes one U+FFFD (Unicode §3.9, "best practice"). */
-    uint32_t h = 0;
+     * subpart becomes one U+FFFD (Unicode §3.9, "best practice").
+     * 31^1..31^8 mod 2^32: eight ASCII chars fold in with one dependent
+     * multiply instead of eight (keys like UNIQ_KEY are 32 ASCII chars). */
+    static const uint32_t P1 = 31u, P2 = 961u, P3 = 29791u, P4 = 923521u, P5 = 28629151u,
+                          P6 = 887503681u, P7 = 1742810335u, P8 = 2487512833u;
     size_t i = 0;
     while (i < len) {
+        if (i + 8 <= len) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ull)) {
+                const uint8_t *c = s + i;
+                h = h * P8 + (c[0] * P7 + c[1] * P6 + c[2] * P5 + c[3] * P4) +
+                    (c[4] * P3 + c[5] * P2 + c[6] * P1 + c[7]);
+                i += 8;
+                continue;
+            }
+        }
         uint8_t b = s[i];
         if (b < 0x80) { h = 31u * h + b; i++; continue; }
         size_t need;
@@ -98,5 +115,9 @@ int32_t lmq_java_hash_utf8(const uint8_t *s, size_t len) {
         }
         i += need + 1;
     }
-    return (int32_t)h;
+    return h;
+}
+
+int32_t lmq_java_hash_utf8(const uint8_t *s, size_t len) {
+    return (int32_t)lmq_java_hash_utf8_from(0, s, len);
 }
