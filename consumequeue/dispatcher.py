@@ -18,6 +18,7 @@
 import logging
 import math
 import os
+import threading
 import time
 
 import attrs
@@ -81,6 +82,11 @@ class DispatchEngine:
         self.stats = DispatchStats()
         self._recs = self.backend.new_records(self.config.batch_records)
         self._queues: dict = {}  # (raw topic bytes, queue id) -> ConsumeQueue
+        # Bumped whenever the dispatch position moves back or jumps (reset,
+        # rebase): work planned against the old position must not land, and
+        # a checkpoint snapshotted before it must not be written after it.
+        self.generation = 0
+        self._state_lock = threading.Lock()
 
     # --- open / restart -----------------------------------------------------
 
@@ -105,25 +111,73 @@ class DispatchEngine:
         if self.cqs.problems():
             return self._rebuild_reset(begin, "; ".join(self.cqs.problems()))
         target = min(state.phy, committed_pos)
-        if target < begin:
-            return self._rebuild_reset(begin, f"dispatch position {target} is below the first "
-                                              f"commitlog position {begin}")
         self._queues.clear()
         self.cqs.truncate_phy(target)
+        for (topic, qid), (want, first_phy) in state.queues.items():
+            cq = self.cqs.get(topic, qid)
+            if first_phy < 0 < want and (cq is None or cq.max_phy_end < 0):
+                # A placeholder at the checkpoint whose first real units
+                # came after it: they were cut, the numbering stays.
+                self.cqs.get_or_create(topic, qid).make_placeholder(want)
         if self.config.index_enabled:
             self.index.truncate_phy(target, self.store_timestamp_of)
         try:
             self._check_against(state, exact=target == state.phy, limit=target)
         except InconsistentStateError as exc:
             return self._rebuild_reset(begin, exc.reason)
-        for cq in self.cqs.queues.values():
-            cq.correct_min_offset(begin)  # retention may have moved the log's start
         self.pos = target
         self.last_index = state.index if target == state.phy else committed_index
+        if target < begin:
+            # The log was reset past what we dispatched (reset_to, perhaps
+            # while we were down): the same as ConsumeQueueService.on_log_reset.
+            self.rebase(begin, committed_pos, committed_index, begin_index=None)
+            log.info("dispatch rebased to commitlog position %d (log reset past %d)", self.pos, target)
+            return OpenReport("rebased", self.pos, f"dispatch position {target} is below the first "
+                                                   f"commitlog position {begin}")
+        for cq in self.cqs.queues.values():
+            cq.correct_min_offset(begin)  # retention may have moved the log's start
         self.checkpoint()
         action = "resumed" if target == state.phy else "truncated"
         log.info("dispatch %s at commitlog position %d", action, target)
         return OpenReport(action, target)
+
+    def rebase(self, begin: int, committed_pos: int, committed_index: int, *,
+               begin_index: int | None) -> bool:
+        """The log now starts at `begin` and everything below it is gone for
+        good on this node (a follower's store reset to a later begin).
+        Bring consume queues and index to what a clean rebuild of the log
+        from `begin` up to some P <= committed_pos writes, keeping every
+        queue's offsets (ConsumeQueue.rebase), and resume from P.  The index
+        cannot drop items, so an index holding any item below `begin` is
+        deleted and P = begin (the queues skip the re-dispatched units).
+        `begin_index` is the index of the entry at `begin` (None: unknown,
+        the entry checks then restart at the first entry dispatched).
+        Idempotent; returns whether anything changed."""
+        with self._state_lock:
+            self.generation += 1  # a checkpoint already snapshotted stays unwritten
+        self.cqs.write_pending()
+        self._queues.clear()
+        index_ok = not self.config.index_enabled or all(
+            f.header.index_count <= 1 or f.header.begin_phy_offset >= begin for f in self.index.files[:1])
+        target = max(min(self.pos, committed_pos), begin) if index_ok else begin
+        changed = target != self.pos
+        changed |= self.cqs.truncate_phy(target) > 0
+        changed |= self.cqs.rebase(begin) > 0
+        if not index_ok:
+            self.index.destroy()
+            changed = True
+        elif self.config.index_enabled and target < self.pos:
+            self.index.truncate_phy(target, self.store_timestamp_of)
+        if target == begin:
+            if begin_index is not None:
+                self.last_index = begin_index - 1
+            elif target != self.pos:
+                self.last_index = -1
+        elif target != self.pos:
+            self.last_index = committed_index
+        self.pos = target
+        self.checkpoint()
+        return changed
 
     def _check_against(self, state: ck.DispatchState, *, exact: bool, limit: int) -> None:
         have = self.cqs.max_offset_table()
@@ -171,6 +225,8 @@ class DispatchEngine:
     def reset(self, begin: int) -> None:
         """Delete every consume queue, index file and checkpoint; dispatch will
         start again at `begin` (a full rebuild)."""
+        with self._state_lock:
+            self.generation += 1
         self._queues.clear()
         self.cqs.destroy()
         self.index.destroy()
@@ -283,7 +339,7 @@ class DispatchEngine:
         point = ck.StoreCheckpoint(physic_msg_timestamp=ts, logics_msg_timestamp=ts,
                                    index_msg_timestamp=full[-1].header.end_timestamp if full else 0,
                                    dispatched_phy_offset=self.pos, dispatched_index=self.last_index)
-        root = self.root
+        root, generation = self.root, self.generation
 
         def run() -> None:
             try:
@@ -293,8 +349,11 @@ class DispatchEngine:
             finally:
                 for fd in index_fds:
                     os.close(fd)
-            state.store(root)
-            point.store(root)
+            with self._state_lock:
+                if generation != self.generation:
+                    return  # rebased meanwhile: that wrote a newer state
+                state.store(root)
+                point.store(root)
 
         return run
 
@@ -364,9 +423,12 @@ class Dispatcher:
             self.engine.last_index = max(self.engine.last_index, index)
             self.dispatched.advance(index)
             return
+        generation = self.engine.generation
         while self.engine.pos < end:
             self.engine.dispatch_to(end, max_bytes=self.chunk_bytes)
             await trio.lowlevel.checkpoint()  # let other tasks run between chunks
+            if self.engine.generation != generation:
+                return  # the log was reset meanwhile: `end` is of the old log
         if self.engine.last_index != index:
             raise DispatchError(end, f"dispatched through entry {self.engine.last_index}, "
                                      f"expected the committed entry {index}")
@@ -376,10 +438,17 @@ class Dispatcher:
 
     async def checkpoint(self) -> None:
         if self.engine.pos != self._checkpointed_pos:
-            pos, index = self.engine.pos, self.engine.last_index
+            pos, index, generation = self.engine.pos, self.engine.last_index, self.engine.generation
             # fsyncs off the event loop; the snapshot was taken here, so the
             # engine may move on meanwhile.
             await trio.to_thread.run_sync(self.engine.prepare_checkpoint())
-            self._checkpointed_pos = pos
-            self.checkpointed.advance(index)
+            if self.engine.generation == generation:
+                self._checkpointed_pos = pos
+                self.checkpointed.advance(index)
         self._last_checkpoint = time.monotonic()
+
+    def rebased(self) -> None:
+        """After the engine was rebased (and checkpointed) synchronously."""
+        self._checkpointed_pos = self.engine.pos
+        self.dispatched.advance(self.engine.last_index)
+        self.checkpointed.advance(self.engine.last_index)

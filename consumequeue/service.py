@@ -98,6 +98,10 @@ class ConsumeQueueService:
 
     def __attrs_post_init__(self):
         def end_of(index: int) -> int | None:
+            if self.engine.pos < begin_position(self.store):
+                # The log was reset (or cut by retention) past what we have
+                # dispatched and nobody told us: the entries are gone for good.
+                self.on_log_reset()
             if index < max(self.store.begin_index, 0):
                 return None
             return entry_end(self.store, index)
@@ -135,6 +139,23 @@ class ConsumeQueueService:
         otherwise keep their disk space until evicted."""
         self.engine.source.refresh()
         return self.engine.delete_expired(begin_position(self.store))
+
+    def on_log_reset(self) -> bool:
+        """After the store was reset to a later begin (SegmentedStore.reset_to:
+        the leader no longer had the entries this follower needed): drop
+        everything consume queues and index hold below the new begin, move
+        queue min offsets up to it while keeping their offsets, and restart
+        dispatch at the new begin (DispatchEngine.rebase).  A queue left
+        without a message keeps its offsets as pre-blank units until its
+        next message.  Idempotent; runs on the trio thread between shell
+        rounds (a dispatch or checkpoint in flight is abandoned).  Returns
+        whether anything changed."""
+        self.engine.source.reset()
+        p = positions(self.store)
+        changed = self.engine.rebase(p.begin_pos, p.committed_pos, p.committed_index,
+                                     begin_index=max(self.store.begin_index, 0))
+        self.dispatcher.rebased()
+        return changed
 
     def become_follower(self) -> None:
         if self._hooked:

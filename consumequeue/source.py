@@ -51,6 +51,13 @@ class CommitlogSource:
         for start in [s for s in self._maps if s not in self.starts]:
             self._drop(start)
 
+    def reset(self) -> None:
+        """Forget every map and re-list the segments (after the store
+        replaced all of them: reset_to)."""
+        for start in list(self._maps):
+            self._drop(start)
+        self.refresh()
+
     def _path(self, start: int) -> str:
         return os.path.join(self.data_dir, f"{start:020d}")
 
