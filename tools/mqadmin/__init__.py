@@ -14,6 +14,7 @@ from commitlog.errors import CommitLogError
 COMMAND_MODULES = [
     "tools.mqadmin.store_cmds",
     "tools.mqadmin.cq_cmds",
+    "tools.mqadmin.migrate_cmds",
 ]
 
 EXIT_PROBLEMS = 1  # the command ran and found problems (verify, compare, ...)

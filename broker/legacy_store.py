@@ -1,0 +1,337 @@
+# Owns reading a plain (master-slave) RocketMQ store, read-only: the
+# groundwork of migrating a master-slave broker onto ledgermq (issue 7/8).
+#
+# ${root}/commitlog/ holds fixed-size segments named by their 20-digit start
+# offset, message records back to back and, where the next record does not
+# fit, the 8-byte BLANK (i32 remaining, i32 0xCBD43194) closing the segment
+# (spec §1.7).  The segment size is inferred from the files (RocketMQ
+# creates each at full size).  recover() finds the valid end as
+# CommitLog.recoverNormally/Abnormally do (checkMessageAndReturnSize): a
+# record counts while its magic is a message magic, its TOTALSIZE equals the
+# length its fields add up to and its BODYCRC verifies; a BLANK moves on to
+# the next segment; anything else (zeroes, garbage, a record running past
+# its segment or the written data: a torn tail) ends the log there.
+#
+# Records are walked with the native dispatch scanner in its plain mode
+# (one C call per batch, no Python object per record unless asked for).
+# Around the commitlog: config/*.json as fastjson writes them (unquoted
+# integer map keys), the binary `checkpoint` (spec §4.1) and the `abort`
+# flag a running or crashed broker leaves.
+#
+# Also here: md5 of the last commitlog files (RocketMQ's pre-migration
+# consistency check between a master and its slave, for plain and DLedger
+# stores) and compare_commitlogs, the first record where two stores differ.
+import hashlib
+import os
+from collections.abc import Iterator
+
+import attrs
+
+from broker.metadata import fastjson
+from commitlog.segments import infer_segment_size, list_segment_files
+from consumequeue.checkpoint import StoreCheckpoint
+from consumequeue.source import CommitlogSource
+from native.dispatch import (ERR_TEXT, MODE_PLAIN, REC_CRC_BAD, SCAN_CHECK_CRC, STOP_BLANK,
+                             STOP_CORRUPT, STOP_END, STOP_FULL, STOP_PARTIAL, STOP_ZERO,
+                             DispatchRecord, default_backend)
+
+COMMITLOG_DIR = "commitlog"
+CONFIG_DIR = "config"
+ABORT_FILE = "abort"
+BATCH_RECORDS = 4096
+MD5_CHUNK = 1 << 20
+
+
+class LegacyStoreError(ValueError):
+    """Not a readable plain RocketMQ store (the files disagree)."""
+
+
+@attrs.frozen
+class Recovery:
+    """Where a plain commitlog's valid data ends, and why."""
+
+    begin: int  # start of the first segment
+    end: int  # the valid end: the next write position
+    records: int  # message records in [begin, end)
+    stop: str  # "end" (clean: zeroes or the end of the last segment), "blank" (a BLANK
+    # closing the last segment), "crc", "corrupt", "torn", "gap" (a segment is missing)
+    reason: str = ""
+    data_after: bool = False  # segments beyond the one holding `end` (recovery would drop them)
+
+    @property
+    def clean(self) -> bool:
+        return self.stop in ("end", "blank")
+
+
+class LegacyStore:
+    """A plain RocketMQ store root (or its commitlog directory), read-only."""
+
+    def __init__(self, root: str, *, segment_size: int | None = None, backend=None):
+        root = os.path.abspath(root)
+        if os.path.isdir(os.path.join(root, COMMITLOG_DIR)):
+            self.root, self.commitlog_dir = root, os.path.join(root, COMMITLOG_DIR)
+        elif os.path.isdir(root) and any(True for _ in list_segment_files(root)):
+            self.root, self.commitlog_dir = os.path.dirname(root), root
+        else:
+            raise LegacyStoreError(f"{root}: no commitlog/ directory (not a plain RocketMQ store)")
+        self.files = list_segment_files(self.commitlog_dir)
+        self.segment_size = infer_segment_size(self.files, segment_size)
+        self._check_layout()
+        self.backend = backend or default_backend()
+        self.source = CommitlogSource(self.commitlog_dir, segment_size=self.segment_size, mode=MODE_PLAIN)
+        self._recovery: Recovery | None = None
+
+    def _check_layout(self) -> None:
+        size = self.segment_size
+        for start, path, length in self.files:
+            if start % size:
+                raise LegacyStoreError(f"{path}: start {start} is not a multiple of the segment size {size}")
+            if length > size:
+                raise LegacyStoreError(f"{path}: {length} bytes, more than the segment size {size}")
+
+    def __enter__(self) -> "LegacyStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.source.close()
+
+    # --- the files around the commitlog ----------------------------------------
+
+    @property
+    def abort_present(self) -> bool:
+        """The `abort` flag: the broker runs, or did not shut down cleanly
+        (its recovery would then be the abnormal one)."""
+        return os.path.exists(os.path.join(self.root, ABORT_FILE))
+
+    def checkpoint(self) -> StoreCheckpoint | None:
+        return StoreCheckpoint.load(self.root)
+
+    def configs(self) -> dict[str, object]:
+        """config/*.json by name, parsed by broker.metadata.fastjson
+        (fastjson's unquoted integer map keys read as strings, as if they
+        had been quoted); *.bak files are skipped, an empty file is None."""
+        out: dict[str, object] = {}
+        cdir = os.path.join(self.root, CONFIG_DIR)
+        if not os.path.isdir(cdir):
+            return out
+        for name in sorted(os.listdir(cdir)):
+            if not name.endswith(".json"):
+                continue
+            with open(os.path.join(cdir, name), "rb") as f:
+                raw = f.read()
+            try:
+                out[name[:-len(".json")]] = fastjson.loads(raw) if raw.strip() else None
+            except ValueError as exc:
+                raise LegacyStoreError(f"{os.path.join(cdir, name)}: {exc}") from None
+        return out
+
+    # --- recovery ----------------------------------------------------------------
+
+    @property
+    def begin(self) -> int:
+        return self.files[0][0] if self.files else 0
+
+    def recover(self, *, check_crc: bool = True) -> Recovery:
+        """Walk every record from the first segment to the valid end."""
+        if not self.files:
+            return Recovery(0, 0, 0, "end")
+        size = self.segment_size
+        recs = self.backend.new_records(BATCH_RECORDS)
+        options = SCAN_CHECK_CRC if check_crc else 0
+        count = 0
+        lengths = {start: length for start, _, length in self.files}
+        last_start = self.files[-1][0]
+        start = self.begin
+        while True:
+            length = lengths.get(start)
+            if length is None:
+                if start > last_start:
+                    return Recovery(self.begin, start, count, "end")
+                return Recovery(self.begin, start, count, "gap", f"segment {start:020d} is missing", True)
+            off = 0
+            view = self.source.view(start, start + length) if length else memoryview(b"")
+            try:
+                while True:
+                    res = self.backend.scan(view[off:], start + off, recs, mode=MODE_PLAIN, options=options)
+                    for i in range(res.n):
+                        r = res.record(i)
+                        if r.flags & REC_CRC_BAD:
+                            return Recovery(self.begin, r.phy_offset, count + i, "crc",
+                                            f"BODYCRC mismatch in the record at {r.phy_offset}",
+                                            start < last_start)
+                    count += res.n
+                    at = start + off + res.consumed
+                    if res.stop == STOP_FULL:
+                        off += res.consumed
+                        continue
+                    if res.stop == STOP_BLANK:
+                        if start == last_start:
+                            return Recovery(self.begin, at, count, "blank")
+                        break
+                    if res.stop == STOP_END and off + res.consumed == size:
+                        break  # records fill the segment exactly
+                    after = start < last_start
+                    if res.stop in (STOP_END, STOP_ZERO):
+                        # zeroes (or a short file) end the written data
+                        return Recovery(self.begin, at, count, "end" if not after else "corrupt",
+                                        "" if not after else "zeroes inside the log", after)
+                    bad = start + off + res.err_offset
+                    if res.stop == STOP_PARTIAL:
+                        return Recovery(self.begin, bad, count, "torn",
+                                        f"the record at {bad} runs past its segment's data", after)
+                    if res.stop == STOP_CORRUPT:
+                        what = ERR_TEXT.get(res.err_code, f"error {res.err_code}")
+                        return Recovery(self.begin, bad, count, "torn" if not after else "corrupt",
+                                        f"{what} at {bad}", after)
+                    raise AssertionError(f"unexpected scan stop {res.stop}")
+            finally:
+                view.release()
+            start += size
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = self.recover()
+        return self._recovery
+
+    @property
+    def end(self) -> int:
+        return self.recovery.end
+
+    # --- records -------------------------------------------------------------------
+
+    def batches(self, begin: int | None = None, end: int | None = None, *, check_crc: bool = False):
+        """(view, ScanResult) per scanned batch of records in [begin, end)
+        (default: the recovered log); `begin` must be a record start.  The
+        view and the result's records are valid until the next batch."""
+        pos = self.begin if begin is None else begin
+        end = self.end if end is None else end
+        recs = self.backend.new_records(BATCH_RECORDS)
+        options = SCAN_CHECK_CRC if check_crc else 0
+        while pos < end:
+            seg_start = pos - pos % self.segment_size
+            view = self.source.view(pos, min(end, seg_start + self.segment_size))
+            try:
+                res = self.backend.scan(view, pos, recs, mode=MODE_PLAIN, options=options)
+                if res.n:
+                    yield view, res
+                consumed = res.consumed
+            finally:
+                view.release()
+            if res.stop == STOP_FULL:
+                pos += consumed
+            elif res.stop in (STOP_BLANK, STOP_END):
+                pos = seg_start + self.segment_size
+            else:
+                raise LegacyStoreError(f"{self.commitlog_dir}: unreadable record at "
+                                       f"{pos + res.err_offset} (inside the recovered log?)")
+
+    def records(self, begin: int | None = None, end: int | None = None) -> Iterator[DispatchRecord]:
+        """Every record's dispatch fields (position, size, topic hash, queue,
+        queue offset, tags code, store time, ...), in log order."""
+        for _, res in self.batches(begin, end):
+            for i in range(res.n):
+                yield res.record(i)
+
+    def topic_of(self, view, rec: DispatchRecord) -> str:
+        off = rec.topic_off
+        return bytes(view[off:off + rec.topic_len]).decode("utf-8", "replace")
+
+    def read(self, pos: int, size: int) -> bytes:
+        return self.source.read(pos, size)
+
+
+# --- md5 and comparison -------------------------------------------------------------
+
+def commitlog_dir_of(root: str, self_id: str | None = None) -> str:
+    """The segment directory of a store: ${root}/commitlog for a plain
+    store, dledger-<id>/data for a DLedger one, or `root` itself when it
+    holds the segments."""
+    if os.path.isdir(os.path.join(root, COMMITLOG_DIR)) and self_id is None:
+        return os.path.join(root, COMMITLOG_DIR)
+    if os.path.isdir(root) and list_segment_files(root) and self_id is None:
+        return root
+    from commitlog.scan import resolve_store_dir
+    return os.path.join(resolve_store_dir(root, self_id), "data")
+
+
+@attrs.frozen
+class FileDigest:
+    name: str
+    size: int
+    md5: str
+
+
+def md5_files(directory: str, last: int | None = None) -> list[FileDigest]:
+    """md5 of each of the last `last` segment files (all when None)."""
+    files = list_segment_files(directory)
+    if last is not None:
+        files = files[-last:] if last > 0 else []
+    out = []
+    for start, path, length in files:
+        h = hashlib.md5()
+        with open(path, "rb") as f:
+            while chunk := f.read(MD5_CHUNK):
+                h.update(chunk)
+        out.append(FileDigest(os.path.basename(path), length, h.hexdigest()))
+    return out
+
+
+def _first_difference(a: bytes, b: bytes) -> int:
+    """Index of the first differing byte of two equal-length, unequal buffers."""
+    lo, hi = 0, len(a)  # the difference is in [lo, hi)
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] != b[lo:mid]:
+            hi = mid
+        else:
+            lo = mid
+    return next(i for i in range(lo, hi) if a[i] != b[i])
+
+
+def _as_store(x) -> tuple[LegacyStore, bool]:
+    return (x, False) if isinstance(x, LegacyStore) else (LegacyStore(x), True)
+
+
+def compare_commitlogs(a, b) -> int | None:
+    """The commitlog offset of the first record (or BLANK) that is not the
+    same in both plain stores (LegacyStore or root paths), over the range
+    both hold validly (recovered, from the later first segment); None when
+    they agree there (one may be ahead of the other: a lagging slave)."""
+    sa, own_a = _as_store(a)
+    sb, own_b = _as_store(b)
+    try:
+        if sa.files and sb.files and sa.segment_size != sb.segment_size:
+            raise LegacyStoreError(f"segment sizes differ: {sa.segment_size} and {sb.segment_size}")
+        lo, hi = max(sa.begin, sb.begin), min(sa.end, sb.end)
+        size = sa.segment_size or sb.segment_size
+        pos = lo
+        while pos < hi:
+            stop = min(hi, pos - pos % size + size, pos + MD5_CHUNK)
+            x, y = sa.read(pos, stop - pos), sb.read(pos, stop - pos)
+            if x != y:
+                return _record_start(sa, pos + _first_difference(x, y))
+            pos = stop
+        return None
+    finally:
+        if own_a:
+            sa.close()
+        if own_b:
+            sb.close()
+
+
+def _record_start(store: LegacyStore, pos: int) -> int:
+    """Start of the record holding `pos`, or of the filler after the
+    segment's last record (the BLANK) when no record does."""
+    seg = pos - pos % store.segment_size
+    prev_end = max(seg, store.begin)
+    for rec in store.records(prev_end, min(store.end, seg + store.segment_size)):
+        if rec.phy_offset > pos:
+            break
+        if pos < rec.phy_offset + rec.size:
+            return rec.phy_offset
+        prev_end = rec.phy_offset + rec.size
+    return prev_end
