@@ -78,6 +78,10 @@ class ReplicaNode:
     # Called with the new SoftState whenever role/term/leader change (the
     # broker switches master/slave on it).
     on_role_change: Callable[[SoftState], None] | None = None
+    # Called right after the log was reset to a later begin (this follower
+    # fell behind the leader's retention), so state derived from the log
+    # (consume queues, index) is rebased before anything new is dispatched.
+    on_log_reset: Callable[[], object] | None = None
 
     committed: Watermark = attrs.Factory(Watermark)
     soft_state: SoftState | None = attrs.field(default=None, init=False)
@@ -340,6 +344,8 @@ class ReplicaNode:
             if rd.reset_to is not None:
                 r = rd.reset_to
                 logw.reset_to(r.begin_index, r.begin_pos, r.prev_term, r.prev_chain_crc)
+                if self.on_log_reset is not None:
+                    self.on_log_reset()
                 self._wrote = True
             if rd.truncate_from is not None:
                 logw.truncate_from(rd.truncate_from)

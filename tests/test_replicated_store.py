@@ -69,9 +69,12 @@ async def test_isolated_follower_is_reset_to_leaders_begin_after_retention(tmp_p
         begin = leader.store.begin_index
         assert begin > lagger_end + 1                        # what the lagger needs next is gone
 
+        resets = []
+        lagger.node.on_log_reset = lambda: resets.append(lagger.store.begin_index)
         c.net.heal()
         more = await c.append_many(leader, "c", 30)
         await c.wait_committed(more[-1])
+        assert resets == [begin]  # derived state (consume queues) was told at once
         # The follower restarted its log at the leader's begin (Ready.reset_to
         # -> store.reset_to: old files gone, boundary recorded) and caught up.
         assert lagger.store.begin_index == begin
