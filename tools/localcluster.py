@@ -89,6 +89,19 @@ class LocalCluster:
         if node.alive:
             os.kill(node.process.pid, signal.SIGKILL)
 
+    def pause(self, node_id: str) -> None:
+        """SIGSTOP one node we started: it keeps its sockets and state but
+        answers nothing (a GC pause, a stalled VM) until resume()."""
+        node = self.nodes[node_id]
+        if node.alive:
+            os.kill(node.process.pid, signal.SIGSTOP)
+
+    def resume(self, node_id: str) -> None:
+        """SIGCONT a node paused with pause() (harmless if it is running)."""
+        node = self.nodes[node_id]
+        if node.alive:
+            os.kill(node.process.pid, signal.SIGCONT)
+
     async def wait_dead(self, node_id: str) -> None:
         node = self.nodes[node_id]
         if node.process is not None:
