@@ -1,5 +1,6 @@
-# Owns the `mqnamesrv` and `mqbroker` entry points.  The name server and the
-# broker arrive with the broker issue; until then these say so plainly.
+# Owns the `mqnamesrv` and `mqbroker` entry points.  The name server runs
+# (broker/namesrv); the broker arrives with the broker issue and until then
+# `mqbroker` says so plainly.
 import sys
 
 
@@ -10,7 +11,8 @@ def _not_yet(name: str) -> None:
 
 
 def mqnamesrv() -> None:
-    _not_yet("mqnamesrv")
+    from broker.namesrv.cli import main  # imported here: mqbroker does not need trio/click loaded
+    main()
 
 
 def mqbroker() -> None:

@@ -1,0 +1,64 @@
+# Owns the `mqnamesrv` command: `mqnamesrv [-c namesrv.conf] [-p 9876]`
+# runs the name server in the foreground (listenPort from the file, -p
+# overrides it), prints where it listens, and exits cleanly (status 0, no
+# traceback) on Ctrl-C or SIGTERM.  broker/cli.py's mqnamesrv() calls main().
+import logging
+import signal
+import sys
+
+import click
+import trio
+
+from broker.namesrv.service import NamesrvConfig, load_namesrv_config, serve_namesrv
+from commitlog.config import ConfigError
+
+
+def _leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+async def _run(cfg: NamesrvConfig) -> None:
+    # Ctrl-C and SIGTERM both cancel the server; no KeyboardInterrupt
+    # unwinds through the nurseries.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            ns = await nursery.start(serve_namesrv, cfg)
+            host, port = ns.server.sockname
+            click.echo(f"The Name Server boot success. serializeType=JSON, listening on {host}:{port}")
+            sys.stdout.flush()
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+@click.command(name="mqnamesrv", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-c", "--config-file", type=click.Path(exists=True, dir_okay=False),
+              help="namesrv.conf (Java properties: listenPort, bindAddress, ...)")
+@click.option("-p", "--listen-port", type=click.IntRange(0, 65535),
+              help="port to listen on (overrides listenPort; default 9876, 0 picks a free one)")
+def main(config_file: str | None, listen_port: int | None) -> None:
+    """Run the ledgermq name server."""
+    try:
+        cfg, warnings = load_namesrv_config(config_file, listen_port)
+    except (ConfigError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    for warning in warnings:
+        click.echo(f"mqnamesrv: warning: {warning}", err=True)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        trio.run(_run, cfg)
+    except BaseException as e:  # trio wraps what escapes nurseries in groups
+        leaves = list(_leaves(e))
+        if all(isinstance(x, KeyboardInterrupt) for x in leaves):
+            pass  # Ctrl-C before the signal receiver was installed
+        elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
+            raise click.ClickException(  # e.g. the port is taken
+                f"cannot listen on port {cfg.listen_port}: {oserr.strerror or oserr}") from None
+        else:
+            raise
+    click.echo("The Name Server stopped.")

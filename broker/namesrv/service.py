@@ -1,0 +1,211 @@
+# Owns the running name server: its configuration (namesrv.conf keys), the
+# request processors over the route tables, and the expiry timer.
+#
+#   async with trio.open_nursery() as n:
+#       ns = await n.start(serve_namesrv, NamesrvConfig(listen_port=0))
+#       ns.address  # "127.0.0.1:<port>"
+#
+# Expiry is a timer, not a poll: the task sleeps until the earliest broker
+# deadline (last registration + heartbeat timeout) and is woken early by
+# every registration, which may move that deadline.  A broker whose
+# registration connection closes is removed at once (upstream's
+# onChannelDestroy), so a crashed leader leaves the routes immediately.
+import functools
+import logging
+import math
+from collections.abc import Callable, Mapping
+
+import attrs
+import trio
+
+from broker.namesrv.protocol import parse_registration
+from broker.namesrv.routes import DEFAULT_BROKER_TIMEOUT, RouteInfoManager
+from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.connection import Connection
+from broker.remoting.header import HeaderReader, encode_json
+from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
+from commitlog.config import ConfigError, load_properties
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9876
+
+
+@attrs.frozen
+class NamesrvConfig:
+    listen_port: int = DEFAULT_PORT
+    bind_address: str | None = "0.0.0.0"
+    broker_timeout: float = DEFAULT_BROKER_TIMEOUT  # seconds, unless a broker sends its own
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    delete_topic_with_broker_registration: bool = False
+    enable_all_topic_list: bool = True
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> "tuple[NamesrvConfig, list[str]]":
+        """From namesrv.conf keys; unknown keys come back as warnings."""
+        values: dict[str, object] = {}
+        warnings: list[str] = []
+        for key, raw in props.items():
+            if key in _KEYS:
+                field, parse = _KEYS[key]
+                values[field] = parse(key, raw.strip())
+            elif key not in _UPSTREAM_IGNORED:
+                warnings.append(f"unknown key {key!r} ignored")
+        return cls(**values), warnings
+
+
+def _int(lo: int, hi: int) -> Callable[[str, str], int]:
+    def parse(key: str, text: str) -> int:
+        if not text.lstrip("+-").isdigit() or not lo <= int(text) <= hi:
+            raise ConfigError(key, text, f"expected an integer in {lo}..{hi}")
+        return int(text)
+    return parse
+
+
+def _bool(key: str, text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ConfigError(key, text, "expected true or false")
+    return text.lower() == "true"
+
+
+def _millis(key: str, text: str) -> float:
+    return _int(1, 2**62)(key, text) / 1000
+
+
+_KEYS = {
+    "listenPort": ("listen_port", _int(0, 65535)),
+    "bindAddress": ("bind_address", lambda key, text: text or None),
+    "brokerChannelExpiredTimeMillis": ("broker_timeout", _millis),
+    "frameMaxLength": ("max_frame_size", _int(1024, 2**31 - 1)),
+    "deleteTopicWithBrokerRegistration": ("delete_topic_with_broker_registration", _bool),
+    "enableAllTopicList": ("enable_all_topic_list", _bool),
+}
+# NamesrvConfig / NettyServerConfig keys of a stock namesrv.conf that do not
+# apply here: accepted silently so a stock file loads without noise.
+_UPSTREAM_IGNORED = frozenset({
+    "rocketmqHome", "kvConfigPath", "configStorePath", "productEnvName", "clusterTest",
+    "orderMessageEnable", "returnOrderTopicConfigToBroker", "clientRequestThreadPoolNums",
+    "defaultThreadPoolNums", "clientRequestThreadPoolQueueCapacity", "defaultThreadPoolQueueCapacity",
+    "scanNotActiveBrokerInterval", "unRegisterBrokerQueueCapa", "supportActingMaster",
+    "enableTopicList", "notifyMinBrokerIdChanged", "enableControllerInNamesrv", "needWaitForService",
+    "waitSecondsForService", "serverWorkerThreads", "serverCallbackExecutorThreads",
+    "serverSelectorThreads", "serverOnewaySemaphoreValue", "serverAsyncSemaphoreValue",
+    "serverChannelMaxIdleTimeSeconds", "serverSocketSndBufSize", "serverSocketRcvBufSize",
+    "serverSocketBacklog", "serverPooledByteBufAllocatorEnable", "useEpollNativeSelector",
+})
+
+
+def load_namesrv_config(path: str | None, listen_port: int | None = None) -> tuple[NamesrvConfig, list[str]]:
+    """namesrv.conf (if any) with an optional port override (-p)."""
+    cfg, warnings = NamesrvConfig.from_properties(load_properties(path) if path else {})
+    if listen_port is not None:
+        cfg = attrs.evolve(cfg, listen_port=listen_port)
+    return cfg, warnings
+
+
+class NameServer:
+    """The running name server (what serve_namesrv() starts)."""
+
+    def __init__(self, cfg: NamesrvConfig) -> None:
+        self.cfg = cfg
+        self.routes = RouteInfoManager(cfg.broker_timeout, cfg.delete_topic_with_broker_registration)
+        self.server: RemotingServer | None = None
+        self._changed = trio.Event()
+        self._rescan = trio.Event()
+        d = self.dispatcher = RequestDispatcher()
+        d.register(RequestCode.REGISTER_BROKER, self._register_broker)
+        d.register(RequestCode.UNREGISTER_BROKER, self._unregister_broker)
+        d.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, self._get_route)
+        d.register(RequestCode.GET_BROKER_CLUSTER_INFO, self._get_cluster_info)
+        d.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._get_topic_list)
+        d.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic)
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return self.server.address
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    async def wait_until(self, predicate: Callable[[RouteInfoManager], bool]) -> None:
+        """Wait until predicate(routes) holds; re-checked after every
+        change of the tables (registration, removal, expiry)."""
+        while not predicate(self.routes):
+            await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+        self._rescan.set()
+
+    # --- background ------------------------------------------------------------
+
+    async def expire_brokers(self) -> None:
+        while True:
+            self._rescan = trio.Event()
+            deadline = self.routes.next_deadline()
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                await self._rescan.wait()
+            if self.routes.expire(trio.current_time()):
+                self._notify()
+
+    def connection_closed(self, conn: Connection) -> None:
+        if self.routes.connection_closed(conn):
+            self._notify()
+
+    # --- processors ----------------------------------------------------------------
+
+    async def _register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        reg = parse_registration(cmd)
+        result = self.routes.register_broker(reg, trio.current_time(), conn)
+        self._notify()
+        return cmd.make_response(ResponseCode.SUCCESS, result.reason, ext_fields={
+            "masterAddr": result.master_addr, "haServerAddr": result.ha_server_addr})
+
+    async def _unregister_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(cmd.ext_fields)
+        # Removal is by address; brokerId is read only for Java's validation.
+        h.long("brokerId")
+        if self.routes.unregister_broker(h.str("clusterName"), h.str("brokerAddr"), h.str("brokerName")):
+            self._notify()
+        return cmd.make_response()
+
+    async def _get_route(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = HeaderReader(cmd.ext_fields).str("topic")
+        route = self.routes.topic_route(topic)
+        if route is None:
+            return cmd.make_response(ResponseCode.TOPIC_NOT_EXIST,
+                                     f"No topic route info in name server for the topic: {topic}")
+        # Standard JSON for every caller (client-compat #3), whatever its
+        # version or acceptStandardJsonOnly says.
+        return cmd.make_response(body=encode_json(route.to_json()))
+
+    async def _get_cluster_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(body=encode_json(self.routes.cluster_info()))
+
+    async def _get_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        if not self.cfg.enable_all_topic_list:
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, "disable")
+        return cmd.make_response(body=encode_json({"topicList": self.routes.topic_list()}))
+
+    async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(cmd.ext_fields)
+        if self.routes.delete_topic(h.str("topic"), h.str("clusterName", None) or None):
+            self._notify()
+        return cmd.make_response()
+
+
+async def serve_namesrv(cfg: NamesrvConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    ns = NameServer(cfg)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ns.expire_brokers)
+        ns.server = await nursery.start(functools.partial(
+            serve_remoting, ns.dispatcher, cfg.bind_address, cfg.listen_port,
+            max_frame_size=cfg.max_frame_size, on_close=ns.connection_closed))
+        log.info("name server listening on %s", ns.address)
+        task_status.started(ns)

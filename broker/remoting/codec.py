@@ -1,0 +1,323 @@
+# Owns the byte layout of RocketMQ remoting frames (spec §8.1-8.4) and its
+# sans-IO codec: encode_command() turns a RemotingCommand into one frame;
+# CommandDecoder is fed bytes and hands back commands, never touching a
+# socket, so it is tested and fuzzed without I/O (the style of
+# commitlog/transport/framing.py).
+#
+# Frame:  i32 length (bytes after this field) | i32 (serializeType << 24 |
+#         headerLen) | header | body
+# Header: JSON (type 0; fastjson-like: sorted keys, nulls omitted, enums by
+#         name) or ROCKETMQ binary (type 1; RocketMQSerializable).
+#
+# The size limit counts the whole frame including the length field, as
+# Netty's LengthFieldBasedFrameDecoder(16 MiB, 0, 4, 0, 4) does.  A length
+# over the limit is reported as soon as the header behind it has arrived (so
+# the error can carry the opaque and the server can answer it) but the body
+# is never buffered.  Decoding is tolerant where stock clients differ
+# (client-compat #1, #2): numeric strings for ints, any JSON type in
+# extFields, unknown languages, missing fields with Java's defaults.
+import json
+import re
+import struct
+from typing import Literal
+
+from broker.remoting.codes import LanguageCode, SerializeType
+from broker.remoting.command import RemotingCommand, coerce_fields
+from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
+from commitlog.transport.framing import CLOSED, NEED_DATA, _Event
+
+__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "encode_command",
+           "encode_header", "decode_header"]
+
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
+MAX_HEADER_LEN = 0xFFFFFF  # 24 bits next to the serialize type
+
+_I32 = struct.Struct(">i")
+_PREFIX = struct.Struct(">ii")            # length, headerLenAndType
+_BIN_FIXED = struct.Struct(">hbhii")      # code, language, version, opaque, flag
+_I16 = struct.Struct(">h")
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]{1,19}\s*")
+
+I16 = (-(1 << 15), (1 << 15) - 1)
+I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _check_range(name: str, value: int, bounds: tuple[int, int], what: str) -> None:
+    if not isinstance(value, int) or not bounds[0] <= value <= bounds[1]:
+        raise LocalProtocolError(f"{name}={value!r} does not fit {what}")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise LocalProtocolError(f"{what} is not encodable as UTF-8: {e}") from None
+
+
+# --- encoding ------------------------------------------------------------------
+
+def encode_json_header(cmd: RemotingCommand) -> bytes:
+    for name in ("code", "version", "opaque", "flag"):
+        _check_range(name, getattr(cmd, name), I32, "a Java int")
+    obj: dict[str, object] = {
+        "code": cmd.code, "flag": cmd.flag, "language": cmd.language.name,
+        "opaque": cmd.opaque, "serializeTypeCurrentRPC": "JSON", "version": cmd.version,
+    }
+    if cmd.ext_fields:
+        obj["extFields"] = cmd.ext_fields
+    if cmd.remark is not None:
+        obj["remark"] = cmd.remark
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _utf8(text, "header")
+
+
+def encode_binary_header(cmd: RemotingCommand) -> bytes:
+    _check_range("code", cmd.code, I16, "the i16 code of a ROCKETMQ header")
+    _check_range("version", cmd.version, I16, "the i16 version of a ROCKETMQ header")
+    _check_range("opaque", cmd.opaque, I32, "a Java int")
+    _check_range("flag", cmd.flag, I32, "a Java int")
+    out = bytearray(_BIN_FIXED.pack(cmd.code, int(cmd.language), cmd.version, cmd.opaque, cmd.flag))
+    remark = _utf8(cmd.remark, "remark") if cmd.remark else b""
+    out += _I32.pack(len(remark)) + remark
+    ext = bytearray()
+    for key, value in sorted(cmd.ext_fields.items()):
+        k, v = _utf8(key, f"extFields key {key!r}"), _utf8(value, f"extFields[{key!r}]")
+        if len(k) > I16[1]:
+            raise LocalProtocolError(f"extFields key of {len(k)} bytes is longer than 32767")
+        ext += _I16.pack(len(k)) + k + _I32.pack(len(v)) + v
+    out += _I32.pack(len(ext)) + ext
+    return bytes(out)
+
+
+def encode_header(cmd: RemotingCommand) -> bytes:
+    if cmd.serialize_type == SerializeType.ROCKETMQ:
+        return encode_binary_header(cmd)
+    return encode_json_header(cmd)
+
+
+def encode_command(cmd: RemotingCommand, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """One complete frame.  Raises LocalProtocolError if a field does not
+    fit its wire type or the frame would exceed max_frame_size."""
+    header = encode_header(cmd)
+    if len(header) > MAX_HEADER_LEN:
+        raise LocalProtocolError(f"header of {len(header)} bytes exceeds {MAX_HEADER_LEN}")
+    total = 8 + len(header) + len(cmd.body)
+    if total > max_frame_size:
+        raise LocalProtocolError(f"frame of {total} bytes exceeds the maximum of {max_frame_size}")
+    return b"".join((_PREFIX.pack(total - 4, (int(cmd.serialize_type) << 24) | len(header)),
+                     header, cmd.body))
+
+
+# --- header decoding -------------------------------------------------------------
+
+class _HeaderError(Exception):
+    """Internal: a bad header; decode_header() adds the opaque if known."""
+
+
+def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) -> int:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _HeaderError(f"header field {key!r} is not an integer: {value!r}")
+    if isinstance(value, str):
+        # fastjson reads "105" into an int field; so do we.
+        if not _INT_TEXT.fullmatch(value):
+            raise _HeaderError(f"header field {key!r} is not an integer: {value!r}")
+        value = int(value)
+    if not bounds[0] <= value <= bounds[1]:
+        raise _HeaderError(f"header field {key!r}={value} is out of range")
+    return value
+
+
+def _json_language(value: object) -> LanguageCode:
+    # Unknown languages are not an error: Java decodes them to null and
+    # nothing depends on the value.
+    try:
+        if isinstance(value, str):
+            return LanguageCode[value]
+        if isinstance(value, int) and not isinstance(value, bool):
+            return LanguageCode(value)
+    except (KeyError, ValueError):
+        pass
+    return LanguageCode.JAVA if value is None else LanguageCode.OTHER
+
+
+def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
+    try:
+        obj = json.loads(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError) as e:
+        raise _HeaderError(f"header is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise _HeaderError(f"header is JSON {type(obj).__name__}, not an object")
+    found["opaque"] = opaque = _json_int(obj, "opaque", 0)
+    ext = obj.get("extFields")
+    if ext is not None and not isinstance(ext, dict):
+        raise _HeaderError(f"extFields is JSON {type(ext).__name__}, not an object")
+    remark = obj.get("remark")
+    return RemotingCommand(
+        code=_json_int(obj, "code", 0), language=_json_language(obj.get("language")),
+        version=_json_int(obj, "version", 0), opaque=opaque, flag=_json_int(obj, "flag", 0),
+        remark=None if remark is None else coerce_fields({"r": remark})["r"],
+        ext_fields=coerce_fields(ext), body=body, serialize_type=SerializeType.JSON)
+
+
+def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
+    if len(raw) < _BIN_FIXED.size + 8:
+        raise _HeaderError(f"ROCKETMQ header of {len(raw)} bytes is shorter than the "
+                           f"{_BIN_FIXED.size + 8}-byte minimum")
+    code, lang, version, opaque, flag = _BIN_FIXED.unpack_from(raw, 0)
+    found["opaque"] = opaque
+    pos = _BIN_FIXED.size
+
+    def take(n: int, what: str) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > len(raw):
+            raise _HeaderError(f"{what} length {n} runs past the {len(raw)}-byte header")
+        chunk = raw[pos:pos + n]
+        pos += n
+        return chunk
+
+    def take_int(fmt: struct.Struct, what: str) -> int:
+        return fmt.unpack(take(fmt.size, what))[0]
+
+    # Java decodes with new String(bytes, UTF_8): malformed bytes become U+FFFD.
+    remark_len = take_int(_I32, "remark")
+    remark = take(remark_len, "remark").decode("utf-8", "replace") if remark_len else None
+    ext_len = take_int(_I32, "extFields")
+    ext_raw = take(ext_len, "extFields")
+    if pos != len(raw):
+        raise _HeaderError(f"{len(raw) - pos} bytes after the extFields of a ROCKETMQ header")
+    fields: dict[str, str] = {}
+    epos = 0
+    while epos < len(ext_raw):
+        if epos + 2 > len(ext_raw):
+            raise _HeaderError("extFields truncated inside a key length")
+        (klen,) = _I16.unpack_from(ext_raw, epos)
+        epos += 2
+        if klen < 0 or epos + klen + 4 > len(ext_raw):
+            raise _HeaderError(f"extFields key length {klen} runs past the map")
+        key = ext_raw[epos:epos + klen].decode("utf-8", "replace")
+        epos += klen
+        (vlen,) = _I32.unpack_from(ext_raw, epos)
+        epos += 4
+        if vlen < 0 or epos + vlen > len(ext_raw):
+            raise _HeaderError(f"extFields value length {vlen} runs past the map")
+        fields[key] = ext_raw[epos:epos + vlen].decode("utf-8", "replace")
+        epos += vlen
+    try:
+        language = LanguageCode(lang)
+    except ValueError:
+        language = LanguageCode.OTHER
+    return RemotingCommand(code=code, language=language, version=version, opaque=opaque,
+                           flag=flag, remark=remark, ext_fields=fields, body=body,
+                           serialize_type=SerializeType.ROCKETMQ)
+
+
+def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> RemotingCommand:
+    """Header bytes (and the body) to a command; RemoteProtocolError if the
+    header is malformed, with the opaque attached when it could be read."""
+    found: dict = {}
+    try:
+        if serialize_type == SerializeType.JSON:
+            return _decode_json_header(raw, body, found)
+        if serialize_type == SerializeType.ROCKETMQ:
+            return _decode_binary_header(raw, body, found)
+        raise _HeaderError(f"unknown serialize type {serialize_type}")
+    except _HeaderError as e:
+        raise RemoteProtocolError(str(e), found.get("opaque"),
+                                  serialize_type if serialize_type in (0, 1) else None) from None
+
+
+# --- the stream decoder -----------------------------------------------------------
+
+class CommandDecoder:
+    """Incremental decoder.  Feed with receive_data() (b"" means EOF), drain
+    with next_command() until it returns NEED_DATA or CLOSED.  After a
+    RemoteProtocolError the decoder stays failed: every later call raises
+    the same error, because the stream has lost its frame boundaries."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if not 12 <= max_frame_size <= 0x7FFFFFFF:
+            raise ValueError(f"max_frame_size must be in [12, 2**31), got {max_frame_size}")
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._pos = 0  # consumed prefix, compacted on the next receive_data()
+        self._eof = False
+        self._error: RemoteProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._eof:
+            if data:
+                self._fail("data after end of stream")
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_command(self) -> RemotingCommand | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+        if self._error is not None:
+            raise self._error
+        avail = len(self._buf) - self._pos
+        if avail < 8:
+            if not self._eof:
+                return NEED_DATA
+            if avail == 0:
+                return CLOSED
+            self._fail(f"stream ended inside a frame prefix ({avail} of 8 bytes)")
+        length, len_and_type = _PREFIX.unpack_from(self._buf, self._pos)
+        if length < 4:
+            self._fail(f"frame length {length} is too small (at least 4)")
+        stype, header_len = (len_and_type >> 24) & 0xFF, len_and_type & 0xFFFFFF
+        if header_len > length - 4:
+            self._fail(f"header length {header_len} exceeds the frame length {length}")
+        if stype not in (SerializeType.JSON, SerializeType.ROCKETMQ):
+            self._fail(f"unknown serialize type {stype}")
+        if length + 4 > self.max_frame_size:
+            return self._oversized(length, stype, header_len, avail)
+        if avail < 4 + length:
+            if self._eof:
+                self._fail(f"stream ended inside a {length + 4}-byte frame "
+                           f"({avail} bytes received)")
+            return NEED_DATA
+        start = self._pos + 8
+        with memoryview(self._buf) as view:  # copies released before any resize
+            header = bytes(view[start:start + header_len])
+            body = bytes(view[start + header_len:self._pos + 4 + length])
+        self._pos += 4 + length
+        try:
+            return decode_header(stype, header, body)
+        except RemoteProtocolError as e:
+            self._error = e
+            raise
+
+    def _oversized(self, length: int, stype: int, header_len: int, avail: int):
+        reason = f"frame of {length + 4} bytes exceeds the maximum of {self.max_frame_size}"
+        # Wait for the header (bounded: it is shorter than the limit) so the
+        # error can name the opaque; never for the body.
+        if 8 + header_len <= self.max_frame_size:
+            if avail < 8 + header_len:
+                if not self._eof:
+                    return NEED_DATA
+                self._fail(reason)
+            header = bytes(self._buf[self._pos + 8:self._pos + 8 + header_len])
+            try:
+                cmd = decode_header(stype, header)
+            except RemoteProtocolError as e:
+                self._fail(reason, e.opaque, stype)
+            self._fail(reason, cmd.opaque, stype)
+        self._fail(reason)
+
+    def _fail(self, reason: str, opaque: int | None = None, stype: int | None = None):
+        self._error = RemoteProtocolError(reason, opaque, stype)
+        raise self._error

@@ -1,0 +1,103 @@
+# Owns RemotingCommand, the one value every remoting frame carries (Java's
+# RemotingCommand): header fields, extFields and body, plus the helpers to
+# build requests and the matching responses.  Encoding lives in codec.py.
+#
+# extFields are text on the wire but stock clients send JSON numbers and
+# booleans too (client-compat #1), and handlers like to pass ints; the
+# converter turns every value into the text Java's toString() would give
+# ("true", not "True") and drops None, as Java omits null header fields.
+import enum
+import json
+from collections.abc import Mapping
+
+import attrs
+
+from broker.remoting.codes import (CURRENT_VERSION, RPC_ONEWAY, RPC_TYPE_RESPONSE,
+                                   LanguageCode, ResponseCode, SerializeType)
+
+
+def java_text(value: object) -> str:
+    """A header value as the text Java's toString()/fastjson gives."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return str(value)
+
+
+def coerce_fields(fields: Mapping[str, object] | None) -> dict[str, str]:
+    if not fields:
+        return {}
+    return {str(k): java_text(v) for k, v in fields.items() if v is not None}
+
+
+def _language(value: object) -> LanguageCode:
+    if isinstance(value, LanguageCode):
+        return value
+    if isinstance(value, str):
+        return LanguageCode[value]
+    return LanguageCode(value)
+
+
+def _body(value: object) -> bytes:
+    return b"" if value is None else bytes(value)
+
+
+@attrs.frozen
+class RemotingCommand:
+    code: int
+    language: LanguageCode = attrs.field(default=LanguageCode.JAVA, converter=_language)
+    version: int = CURRENT_VERSION
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    ext_fields: dict[str, str] = attrs.field(factory=dict, converter=coerce_fields)
+    # Bodies can be megabytes: keep them out of reprs and logs.
+    body: bytes = attrs.field(default=b"", converter=_body,
+                              repr=lambda b: f"<{len(b)} bytes>")
+    serialize_type: SerializeType = attrs.field(default=SerializeType.JSON, converter=SerializeType)
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & RPC_TYPE_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & RPC_ONEWAY)
+
+    @classmethod
+    def create_request(cls, code: int, ext_fields: Mapping[str, object] | None = None,
+                       body: bytes = b"", **kw) -> "RemotingCommand":
+        """A request; the opaque is assigned when it is sent."""
+        return cls(int(code), ext_fields=ext_fields, body=body, **kw)
+
+    def make_response(self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
+                      ext_fields: Mapping[str, object] | None = None,
+                      body: bytes = b"") -> "RemotingCommand":
+        """The response to this request: same opaque, response flag, and
+        the serialization the request used (client-compat #2)."""
+        return RemotingCommand(int(code), remark=remark, ext_fields=ext_fields, body=body,
+                               opaque=self.opaque, flag=RPC_TYPE_RESPONSE,
+                               serialize_type=self.serialize_type)
+
+    def as_request(self, opaque: int, oneway: bool = False) -> "RemotingCommand":
+        flag = self.flag & ~(RPC_TYPE_RESPONSE | RPC_ONEWAY)
+        return attrs.evolve(self, opaque=opaque, flag=flag | (RPC_ONEWAY if oneway else 0))
+
+    def as_response_to(self, request: "RemotingCommand") -> "RemotingCommand":
+        """This command fixed up to answer `request` (whatever a handler
+        built, the reply must echo the opaque and use the request's
+        serialization)."""
+        flag = (self.flag | RPC_TYPE_RESPONSE) & ~RPC_ONEWAY
+        if (self.opaque, self.flag, self.serialize_type) == (request.opaque, flag, request.serialize_type):
+            return self
+        return attrs.evolve(self, opaque=request.opaque, flag=flag,
+                            serialize_type=request.serialize_type)

@@ -1,0 +1,291 @@
+# Owns one remoting connection, the same object on both ends: the server
+# wraps each accepted socket in one, RemotingClient each dialed one.  It
+#   * reads frames and routes them: responses to the invoke() waiting on that
+#     opaque, requests to the handler, each in its own task, so a long-poll
+#     pull suspended for seconds never blocks the requests behind it;
+#   * writes whole frames under a lock (responses and requests interleave
+#     per frame, never within one);
+#   * can send requests of its own either way (invoke, send_request_oneway):
+#     the broker pushes NOTIFY_CONSUMER_IDS_CHANGED to connected clients.
+#
+# Failure policy: a malformed frame gets a SYSTEM_ERROR response when its
+# opaque could be read, then a lingering close (half-close, discard what the
+# peer still sends for a moment) so the response is not lost to a RST; the
+# in-flight handlers of that connection are cancelled.  A clean EOF gives
+# in-flight handlers `eof_grace` seconds (a oneway commit sent just before a
+# client closes is still applied).  A handler exception answers SYSTEM_ERROR
+# and the connection stays up.  Nothing a peer sends ends anything but its
+# own connection.
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from broker.remoting.codec import CLOSED, DEFAULT_MAX_FRAME_SIZE, NEED_DATA, CommandDecoder, encode_command
+from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, SerializeType, code_name
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import (LocalProtocolError, RemoteProtocolError, RemotingConnectionLostError,
+                                    RemotingTimeoutError, RequestError)
+
+log = logging.getLogger(__name__)
+
+RequestHandler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+
+DEFAULT_MAX_IN_FLIGHT = 1024
+RECV_CHUNK = 64 * 1024
+_CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+_MAX_OPAQUE = (1 << 31) - 1
+
+
+async def not_supported(conn: "Connection", cmd: RemotingCommand) -> RemotingCommand:
+    """The handler of a connection that serves nothing (Java's wording)."""
+    return cmd.make_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                             f" request type {cmd.code} not supported")
+
+
+def exception_desc(e: BaseException) -> str:
+    """What the SYSTEM_ERROR remark says about a failed handler."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def peer_address(stream: trio.SocketStream, local: bool = False) -> str:
+    try:
+        sock = stream.socket
+        host, port = (sock.getsockname() if local else sock.getpeername())[:2]
+    except (OSError, AttributeError):
+        return "?"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    event: trio.Event = attrs.field(factory=trio.Event)
+    response: RemotingCommand | None = None
+    error: Exception | None = None
+
+
+class Connection:
+    """One remoting connection.  Someone must run `await conn.run()` (the
+    server or the client does); it returns when the connection is over."""
+
+    def __init__(self, stream: trio.SocketStream, handler: RequestHandler | None = None, *,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 eof_grace: float = 1.0, linger: float = 1.0) -> None:
+        self.stream = stream
+        self.remote_address = peer_address(stream)
+        self.local_address = peer_address(stream, local=True)
+        self.max_frame_size = max_frame_size
+        self.eof_grace = eof_grace
+        self.linger = linger
+        # Free for the application (the name server notes which brokers
+        # registered over this connection; the broker notes the client id).
+        self.attributes: dict[str, object] = {}
+        self.close_reason: str | None = None
+        self._handler = handler or not_supported
+        self._decoder = CommandDecoder(max_frame_size)
+        self._send_lock = trio.Lock()
+        self._send_broken = False
+        self._closing = False
+        self._reading = True
+        self._pending: dict[int, _Waiter] = {}
+        self._opaques = itertools.count(1)
+        self._in_flight = trio.Semaphore(max_in_flight)
+        self._scope = trio.CancelScope()
+        self._closed = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.local_address} -> {self.remote_address}>"
+
+    # --- state ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection can no longer carry a request/response."""
+        return self._closing or self._closed.is_set() or self._send_broken or not self._reading
+
+    def close(self, reason: str = "closed locally") -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
+        self._closing = True
+        self._scope.cancel()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    @property
+    def in_flight_responses(self) -> int:
+        """Requests this side sent that still wait for their response."""
+        return len(self._pending)
+
+    # --- sending ---------------------------------------------------------------
+
+    def _next_opaque(self) -> int:
+        while True:
+            opaque = next(self._opaques)
+            if opaque > _MAX_OPAQUE:  # Java's AtomicInteger wraps; stay positive
+                self._opaques = itertools.count(1)
+                continue
+            if opaque not in self._pending:
+                return opaque
+
+    async def _send_bytes(self, data: bytes) -> None:
+        # Not `self.closed`: after the peer's EOF, handlers still answer
+        # during eof_grace (a half-closed peer may be reading).
+        if self._closing or self._closed.is_set() or self._send_broken:
+            raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
+        async with self._send_lock:
+            if self._send_broken:
+                raise RemotingConnectionLostError(self.remote_address, self.close_reason or "send failed")
+            try:
+                await self.stream.send_all(data)
+            except trio.Cancelled:
+                # A frame may be half written: the stream is unusable.
+                self._send_broken = True
+                self.close("a send was cancelled mid-frame")
+                raise
+            except _CONN_ERRORS as e:
+                self._send_broken = True
+                self.close(f"send failed: {e!r}")
+                raise RemotingConnectionLostError(self.remote_address, f"send failed: {e!r}") from None
+
+    async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send `cmd` as a request and wait up to `timeout` seconds for the
+        response with its opaque."""
+        if self.closed:  # no response could ever be read
+            raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
+        opaque = self._next_opaque()
+        data = encode_command(cmd.as_request(opaque), self.max_frame_size)
+        waiter = _Waiter()
+        self._pending[opaque] = waiter
+        try:
+            with trio.move_on_after(timeout):
+                await self._send_bytes(data)
+                await waiter.event.wait()
+            if waiter.response is not None:
+                return waiter.response
+            if waiter.error is not None:
+                raise waiter.error
+            raise RemotingTimeoutError(self.remote_address, cmd.code, timeout)
+        finally:
+            self._pending.pop(opaque, None)
+
+    async def send_request_oneway(self, cmd: RemotingCommand, timeout: float = math.inf) -> None:
+        """Send `cmd` flagged oneway; the peer sends no response."""
+        data = encode_command(cmd.as_request(self._next_opaque(), oneway=True), self.max_frame_size)
+        with trio.move_on_after(timeout):
+            await self._send_bytes(data)
+            return
+        raise RemotingTimeoutError(self.remote_address, cmd.code, timeout)
+
+    async def send_response(self, request: RemotingCommand, response: RemotingCommand) -> None:
+        """Answer `request` (for handlers that returned None and reply
+        later).  A response that cannot be encoded becomes SYSTEM_ERROR."""
+        try:
+            data = encode_command(response.as_response_to(request), self.max_frame_size)
+        except LocalProtocolError as e:
+            log.error("%s: response to %s cannot be encoded: %s", self.remote_address,
+                      code_name(request.code), e)
+            data = encode_command(request.make_response(
+                ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {e}"), self.max_frame_size)
+        await self._send_bytes(data)
+
+    # --- the connection's life ---------------------------------------------------
+
+    async def run(self) -> None:
+        failure: RemoteProtocolError | str | None = None
+        try:
+            with self._scope:
+                async with trio.open_nursery() as tasks:
+                    failure = await self._read_loop(tasks)
+                    self._reading = False
+                    self._fail_pending()
+                    if failure is None:
+                        tasks.cancel_scope.deadline = trio.current_time() + self.eof_grace
+                    else:
+                        tasks.cancel_scope.cancel()
+                if isinstance(failure, RemoteProtocolError):
+                    await self._reject(failure)
+        finally:
+            self._reading = False
+            self._fail_pending()
+            await trio.aclose_forcefully(self.stream)
+            self._closed.set()
+            log.debug("%r closed: %s", self, self.close_reason)
+
+    async def _read_loop(self, tasks: trio.Nursery) -> RemoteProtocolError | str | None:
+        """Returns None on a clean EOF, else why reading stopped."""
+        while True:
+            try:
+                cmd = self._decoder.next_command()
+            except RemoteProtocolError as e:
+                self.close_reason = f"malformed frame: {e}"
+                return e
+            if cmd is NEED_DATA:
+                try:
+                    data = await self.stream.receive_some(RECV_CHUNK)
+                except _CONN_ERRORS as e:
+                    self.close_reason = f"receive failed: {e!r}"
+                    return self.close_reason
+                self._decoder.receive_data(data)
+                continue
+            if cmd is CLOSED:
+                self.close_reason = self.close_reason or "closed by peer"
+                return None
+            if cmd.is_response:
+                self._deliver(cmd)
+                continue
+            await self._in_flight.acquire()  # backpressure: stop reading when full
+            tasks.start_soon(self._serve, cmd)
+
+    def _deliver(self, response: RemotingCommand) -> None:
+        waiter = self._pending.get(response.opaque)
+        if waiter is None or waiter.event.is_set():
+            # Java logs the same: usually a response that arrived after its
+            # request timed out.
+            log.debug("%s: response %d with opaque %d matches no request", self.remote_address,
+                      response.code, response.opaque)
+            return
+        waiter.response = response
+        waiter.event.set()
+
+    def _fail_pending(self) -> None:
+        for waiter in self._pending.values():
+            if not waiter.event.is_set():
+                waiter.error = RemotingConnectionLostError(self.remote_address,
+                                                           self.close_reason or "connection closed")
+                waiter.event.set()
+
+    async def _serve(self, cmd: RemotingCommand) -> None:
+        try:
+            try:
+                response = await self._handler(self, cmd)
+            except RequestError as e:
+                response = cmd.make_response(e.code, e.remark)
+            except Exception as e:
+                log.exception("%s: handler for %s failed", self.remote_address, code_name(cmd.code))
+                response = cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e))
+            if response is not None and not cmd.is_oneway:
+                await self.send_response(cmd, response)
+        except RemotingConnectionLostError:
+            pass  # the reader notices and ends the connection
+        finally:
+            self._in_flight.release()
+
+    async def _reject(self, error: RemoteProtocolError) -> None:
+        log.warning("%s: %s; closing the connection", self.remote_address, error)
+        with trio.move_on_after(self.linger):
+            try:
+                if error.opaque is not None and not self._send_broken:
+                    stype = SerializeType(error.serialize_type or SerializeType.JSON)
+                    await self.stream.send_all(encode_command(RemotingCommand(
+                        ResponseCode.SYSTEM_ERROR, remark=f"malformed frame: {error}",
+                        opaque=error.opaque, flag=RPC_TYPE_RESPONSE, serialize_type=stype)))
+                await self.stream.send_eof()
+                while await self.stream.receive_some(RECV_CHUNK):
+                    pass
+            except _CONN_ERRORS:
+                pass

@@ -1,0 +1,102 @@
+# Owns the remoting server: the TCP listener, one Connection (and task) per
+# accepted socket, and RequestDispatcher, the code -> processor table that
+# answers REQUEST_CODE_NOT_SUPPORTED for codes nobody registered (Java's
+# NettyRemotingServer + registerProcessor).
+#
+#   async with trio.open_nursery() as n:
+#       server = await n.start(serve_remoting, dispatcher, "127.0.0.1", 0)
+#       server.port  # the bound port
+#
+# The handler gets (connection, request) and returns the response, or None
+# when it has nothing to send (oneway requests never get one; a handler may
+# also answer later through conn.send_response).
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
+from broker.remoting.command import RemotingCommand
+from broker.remoting.connection import DEFAULT_MAX_IN_FLIGHT, Connection, RequestHandler, not_supported
+
+log = logging.getLogger(__name__)
+
+Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+class RequestDispatcher:
+    """A RequestHandler that routes by request code."""
+
+    def __init__(self, default: Processor = not_supported) -> None:
+        self._processors: dict[int, Processor] = {}
+        self._default = default
+
+    def register(self, code: int, processor: Processor) -> None:
+        self._processors[int(code)] = processor
+
+    @property
+    def codes(self) -> frozenset[int]:
+        return frozenset(self._processors)
+
+    async def __call__(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        processor = self._processors.get(cmd.code, self._default)
+        return await processor(conn, cmd)
+
+
+class RemotingServer:
+    """What serve_remoting() hands to task_status.started()."""
+
+    def __init__(self, listeners: list[trio.SocketListener]) -> None:
+        self.listeners = listeners
+        self.connections: set[Connection] = set()
+        self.accepted = 0
+
+    @property
+    def sockname(self) -> tuple[str, int]:
+        return self.listeners[0].socket.getsockname()[:2]
+
+    @property
+    def port(self) -> int:
+        return self.sockname[1]
+
+    @property
+    def address(self) -> str:
+        """host:port of the first listener (what a client on this machine
+        dials; 0.0.0.0 is shown as 127.0.0.1)."""
+        host, port = self.sockname
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *,
+                         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                         on_connect: Callable[[Connection], None] | None = None,
+                         on_close: Callable[[Connection], None] | None = None,
+                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on host:port (port 0 picks one; host None means every
+    interface) and serve until cancelled."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    server = RemotingServer(listeners)
+
+    async def serve_one(stream: trio.SocketStream) -> None:
+        conn = Connection(stream, handler, max_frame_size=max_frame_size, max_in_flight=max_in_flight)
+        server.connections.add(conn)
+        server.accepted += 1
+        log.debug("accepted %r", conn)
+        try:
+            if on_connect is not None:
+                on_connect(conn)
+            await conn.run()
+        finally:
+            server.connections.discard(conn)
+            if on_close is not None:
+                on_close(conn)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(trio.serve_listeners, serve_one, listeners,
+                                              handler_nursery=nursery))
+        task_status.started(server)
+

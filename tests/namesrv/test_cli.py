@@ -1,0 +1,89 @@
+# Tests of `mqnamesrv` as a separate process (broker.cli.mqnamesrv, what the
+# console script runs): listenPort from namesrv.conf, -p overriding it, a
+# route request answered over TCP, a clean exit on Ctrl-C and SIGTERM, and
+# a clear error when the port is taken.
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from broker.namesrv.client import NamesrvClient
+from broker.namesrv.routes import BrokerRegistration, TopicConfig
+from broker.remoting.client import open_remoting_client
+
+pytestmark = pytest.mark.slow
+
+RUN = [sys.executable, "-c", "from broker.cli import mqnamesrv; mqnamesrv()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def read_line(stream, timeout: float = 20.0) -> bytes:
+    buf = b""
+    with trio.fail_after(timeout):
+        while b"\n" not in buf:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+async def run_namesrv(args, sig):
+    proc = await trio.lowlevel.open_process(RUN + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = (await read_line(proc.stdout)).decode()
+        m = re.search(r"listening on ([0-9.]+):(\d+)", line)
+        assert m, line
+        port = int(m.group(2))
+        async with open_remoting_client() as remoting:
+            api = NamesrvClient(remoting, f"127.0.0.1:{port}")
+            reg = BrokerRegistration("c", "b", "127.0.0.1:10911", 0, topic_configs={"T": TopicConfig("T", 4, 4, 6)})
+            assert (await api.register_broker(reg))[f"127.0.0.1:{port}"].accepted
+            route = await api.get_route("T")
+            assert route.broker_datas[0].broker_addrs == {0: "127.0.0.1:10911"}
+        proc.send_signal(sig)
+        with trio.fail_after(10):
+            rc = await proc.wait()
+        rest = await proc.stdout.receive_some(4096)
+        err = await proc.stderr.receive_some(65536)
+        return port, rc, rest.decode(), err.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_port_from_conf_and_ctrl_c(tmp_path):
+    port = free_port()
+    conf = tmp_path / "namesrv.conf"
+    conf.write_text(f"# a stock-looking file\nlistenPort={port}\nrocketmqHome=/opt/rocketmq\nnoSuchKey=1\n")
+    got, rc, out, err = await run_namesrv(["-c", str(conf)], signal.SIGINT)
+    assert got == port and rc == 0
+    assert "stopped" in out and "Traceback" not in err
+    assert "unknown key 'noSuchKey'" in err and "rocketmqHome" not in err
+
+
+async def test_p_overrides_conf_and_sigterm(tmp_path):
+    conf = tmp_path / "namesrv.conf"
+    conf.write_text(f"listenPort={free_port()}\n")
+    port = free_port()
+    got, rc, out, err = await run_namesrv(["-c", str(conf), "-p", str(port)], signal.SIGTERM)
+    assert got == port and rc == 0 and "Traceback" not in err
+
+
+def test_port_taken_is_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        r = subprocess.run(RUN + ["-p", str(s.getsockname()[1])], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert "Address already in use" in r.stderr and "Traceback" not in r.stderr
