@@ -1,0 +1,258 @@
+# Owns BrokerConfig: the broker's side of broker.conf (RocketMQ's
+# BrokerConfig + the MessageStoreConfig keys the broker itself uses), with
+# the replication keys (dLeger*, storePathRootDir, flushDiskType,
+# fileReservedTime, deleteWhen, ...) parsed by commitlog.config into the
+# embedded ReplicationConfig.  One file, one parse: the broker keys are taken
+# here, everything else goes to ReplicationConfig.from_dict, whose unknown-key
+# warnings (with "did you mean") come back with ours.  Unknown keys are never
+# fatal; a value that cannot be used is a ConfigError naming key and value.
+#
+# Defaults are RocketMQ 5.x's (BrokerConfig / MessageStoreConfig):
+# listenPort 10911, defaultTopicQueueNums 8, maxMessageSize 4 MiB,
+# registerNameServerPeriod 30000 ms, autoCreateTopicEnable true.
+#
+# brokerId in DLedger mode (spec §6.1): the configured brokerId is ignored;
+# the leader registers as 0 (master) once it accepts writes, a follower as
+# int(selfId[1:]) + 1 (1 if that would be 0).  broker_id_for() computes it;
+# follower ids must be distinct and never 0 across the group, so a group
+# whose selfIds do not yield distinct ids falls back to "position in
+# dLegerPeers + 1" for every member (with a warning), which is stable
+# across restarts as long as dLegerPeers is.
+import ipaddress
+import os
+import re
+import socket
+
+import attrs
+
+from broker.message import HostAddr
+from commitlog.config import (ConfigError, FlushDiskType, ReplicationConfig, iter_properties,
+                              read_properties_text)
+from commitlog.raft.state import Role
+
+MASTER_ID = 0
+DEFAULT_LISTEN_PORT = 10911
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+_JAVA_INT = 2**31 - 1
+
+
+def _local_ip() -> str:
+    """RemotingUtil.getLocalAddress, roughly: the host name's IPv4 address,
+    else loopback."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+# --- value parsers (text or already-typed values, as from_dict may get) --------
+
+def _text(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(key, value, f"expected text, got {type(value).__name__}")
+    return value.strip()
+
+
+def _nonempty(key: str, value: object) -> str:
+    text = _text(key, value)
+    if not text:
+        raise ConfigError(key, value, "must not be empty")
+    return text
+
+
+def _int(lo: int, hi: int):
+    def parse(key: str, value: object) -> int:
+        if isinstance(value, bool):
+            raise ConfigError(key, value, "expected an integer, got a boolean")
+        if isinstance(value, int):
+            n = value
+        else:
+            text = _text(key, value)
+            if not re.fullmatch(r"[+-]?[0-9]+", text):
+                raise ConfigError(key, value, "expected an integer")
+            n = int(text)
+        if not lo <= n <= hi:
+            raise ConfigError(key, value, f"must be in {lo}..{hi}")
+        return n
+    return parse
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _text(key, value).lower()
+    if text not in ("true", "false"):
+        raise ConfigError(key, value, "expected true or false")
+    return text == "true"
+
+
+def _ip(key: str, value: object) -> str:
+    text = _nonempty(key, value)
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise ConfigError(key, value, "expected an IP address (it is stored as the messages' "
+                                      "STOREHOST and in offset message ids)") from None
+
+
+def _namesrv(key: str, value: object) -> tuple[str, ...]:
+    addrs = tuple(a.strip() for a in _text(key, value).split(";") if a.strip())
+    for a in addrs:
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(key, value, f"{a!r} is not host:port")
+    return addrs
+
+
+# broker.conf key -> (BrokerConfig field, parser)
+KEYS = {
+    "brokerClusterName": ("broker_cluster_name", _nonempty),
+    "brokerName": ("broker_name", _nonempty),
+    "brokerId": ("broker_id", _int(0, 2**63 - 1)),
+    "listenPort": ("listen_port", _int(0, 65535)),
+    "namesrvAddr": ("namesrv_addr", _namesrv),
+    "brokerIP1": ("broker_ip1", _ip),
+    "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
+    "autoCreateSubscriptionGroup": ("auto_create_subscription_group", _bool),
+    "defaultTopicQueueNums": ("default_topic_queue_nums", _int(1, 1024)),
+    "maxMessageSize": ("max_message_size", _int(1, _JAVA_INT)),
+    "registerNameServerPeriod": ("register_name_server_period_ms", _int(10000, 60000)),
+    "brokerPermission": ("broker_permission", _int(0, 15)),
+}
+
+
+@attrs.frozen
+class BrokerConfig:
+    replication: ReplicationConfig
+    broker_cluster_name: str = "DefaultCluster"
+    broker_name: str = attrs.field(factory=socket.gethostname)
+    broker_id: int = MASTER_ID  # ignored in DLedger mode (see broker_id_for)
+    listen_port: int = DEFAULT_LISTEN_PORT
+    namesrv_addr: tuple[str, ...] = ()
+    broker_ip1: str = attrs.field(factory=_local_ip)
+    auto_create_topic_enable: bool = True
+    auto_create_subscription_group: bool = True
+    default_topic_queue_nums: int = 8
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    register_name_server_period_ms: int = 30000
+    broker_permission: int = 6  # PERM_READ | PERM_WRITE
+
+    # --- derived -------------------------------------------------------------
+
+    @property
+    def self_id(self) -> str:
+        return self.replication.self_id
+
+    @property
+    def store_path_root_dir(self) -> str:
+        return self.replication.store_path_root_dir
+
+    @property
+    def flush_disk_type(self) -> FlushDiskType:
+        return self.replication.flush_disk_type
+
+    @property
+    def file_reserved_time_hours(self) -> int:
+        return self.replication.file_reserved_time_hours
+
+    @property
+    def delete_when(self) -> tuple[int, ...]:
+        return self.replication.delete_when
+
+    @property
+    def store_host(self) -> HostAddr:
+        """STOREHOST of every record this broker writes (brokerIP1:listenPort)."""
+        return HostAddr(self.broker_ip1, self.listen_port)
+
+    @property
+    def broker_addr(self) -> str:
+        """What the broker registers at the name server."""
+        return str(self.store_host)
+
+    def broker_id_for(self, role: Role | None) -> int:
+        return broker_id_for(role, self.self_id, self.replication.peer_ids)
+
+    # --- parsing ---------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, props, warnings: list[str] | None = None) -> "tuple[BrokerConfig, list[str]]":
+        """Build from broker.conf keys.  Returns (config, warnings); raises
+        ConfigError for a missing required key or an unusable value."""
+        warnings = list(warnings or ())
+        values: dict[str, object] = {}
+        rest: dict[str, object] = {}
+        for key, value in props.items():
+            if key in KEYS:
+                field, parse = KEYS[key]
+                values[field] = parse(key, value)
+            else:
+                rest[key] = value
+        replication, more = ReplicationConfig.from_dict(rest)
+        warnings += more
+        if "broker_id" in values and values["broker_id"] != MASTER_ID:
+            warnings.append(f"brokerId={values['broker_id']} ignored: in DLedger mode the leader registers "
+                            f"as 0 and followers as int(dLegerSelfId[1:]) + 1")
+        ids = follower_broker_ids(replication.peer_ids)
+        if ids != _java_follower_ids(replication.peer_ids):
+            warnings.append("the dLegerSelfIds do not give distinct non-zero follower brokerIds "
+                            "(int(selfId[1:]) + 1); using position in dLegerPeers + 1 instead: "
+                            + ", ".join(f"{p}={i}" for p, i in ids.items()))
+        cfg = cls(replication=replication, **values)
+        if cfg.listen_port == 0:
+            warnings.append("listenPort=0: the bound port must be put back into the config "
+                            "(attrs.evolve) before messages are stored, it is their STOREHOST")
+        return cfg, warnings
+
+    @classmethod
+    def from_properties(cls, text: str) -> "tuple[BrokerConfig, list[str]]":
+        warnings: list[str] = []
+        props: dict[str, str] = {}
+        first_line: dict[str, int] = {}
+        for lineno, key, value in iter_properties(text):
+            if key in props:
+                warnings.append(f"line {lineno}: {key} set again (line {first_line[key]}); the last value wins")
+            first_line.setdefault(key, lineno)
+            props[key] = value
+        return cls.from_dict(props, warnings)
+
+
+def load_broker_config(path: str | os.PathLike) -> tuple[BrokerConfig, list[str]]:
+    """`mqbroker -c broker.conf`: (config, warnings) or ConfigError/OSError."""
+    return BrokerConfig.from_properties(read_properties_text(path))
+
+
+# --- brokerId in DLedger mode (spec §6.1) --------------------------------------
+
+def _java_follower_id(self_id: str) -> int | None:
+    digits = self_id[1:]
+    if not re.fullmatch(r"[+-]?[0-9]+", digits):  # Integer.parseInt
+        return None
+    n = int(digits) + 1
+    return n if n != 0 else 1
+
+
+def _java_follower_ids(peer_ids) -> dict[str, int | None]:
+    return {p: _java_follower_id(p) for p in peer_ids}
+
+
+def follower_broker_ids(peer_ids) -> dict[str, int]:
+    """Every member's slave brokerId: RocketMQ's int(selfId[1:]) + 1 when
+    that gives distinct positive ids for the whole group, else position + 1."""
+    java = _java_follower_ids(peer_ids)
+    vals = list(java.values())
+    if all(v is not None and v > 0 for v in vals) and len(set(vals)) == len(vals):
+        return dict(java)
+    return {p: i + 1 for i, p in enumerate(peer_ids)}
+
+
+def broker_id_for(role: Role | None, self_id: str, peer_ids=None) -> int:
+    """0 for the leader (call it only once the leader accepts writes), the
+    member's slave id otherwise."""
+    if role is Role.LEADER:
+        return MASTER_ID
+    if peer_ids is None:
+        n = _java_follower_id(self_id)
+        if n is None or n < 0:
+            raise ConfigError("dLegerSelfId", self_id, "cannot derive a brokerId (expected n<digits>)")
+        return n
+    return follower_broker_ids(tuple(peer_ids))[self_id]
