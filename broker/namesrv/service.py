@@ -10,6 +10,7 @@
 # every registration, which may move that deadline.  A broker whose
 # registration connection closes is removed at once (upstream's
 # onChannelDestroy), so a crashed leader leaves the routes immediately.
+import collections
 import functools
 import logging
 import math
@@ -114,6 +115,9 @@ class NameServer:
         self.server: RemotingServer | None = None
         self._changed = trio.Event()
         self._rescan = trio.Event()
+        # Observability: requests served, by (request code, client language
+        # name), e.g. (105, "CPP") for a C++ client's GET_ROUTEINFO_BY_TOPIC.
+        self.request_counts: collections.Counter[tuple[int, str]] = collections.Counter()
         d = self.dispatcher = RequestDispatcher()
         d.register(RequestCode.REGISTER_BROKER, self._register_broker)
         d.register(RequestCode.UNREGISTER_BROKER, self._unregister_broker)
@@ -142,6 +146,11 @@ class NameServer:
         self._changed.set()
         self._changed = trio.Event()
         self._rescan.set()
+
+    async def handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        """The server's request handler: counts, then dispatches."""
+        self.request_counts[cmd.code, cmd.language.name] += 1
+        return await self.dispatcher(conn, cmd)
 
     # --- background ------------------------------------------------------------
 
@@ -205,7 +214,7 @@ async def serve_namesrv(cfg: NamesrvConfig, *, task_status=trio.TASK_STATUS_IGNO
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ns.expire_brokers)
         ns.server = await nursery.start(functools.partial(
-            serve_remoting, ns.dispatcher, cfg.bind_address, cfg.listen_port,
+            serve_remoting, ns.handle, cfg.bind_address, cfg.listen_port,
             max_frame_size=cfg.max_frame_size, on_close=ns.connection_closed))
         log.info("name server listening on %s", ns.address)
         task_status.started(ns)
