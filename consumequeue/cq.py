@@ -229,11 +229,14 @@ class ConsumeQueue:
                 pos = first_offset * CQ_UNIT_SIZE
                 start = pos - pos % self.file_size
                 if start == self.starts[-1] and pos + len(units) <= start + self.file_size:
-                    if not self._pend:
-                        self._pend_pos = pos
-                    self._pend += units
-                    if len(self._pend) >= PENDING_LIMIT:
-                        self.write_pending()
+                    if self._pend or len(units) < PENDING_LIMIT:
+                        if not self._pend:
+                            self._pend_pos = pos
+                        self._pend += units
+                        if len(self._pend) >= PENDING_LIMIT:
+                            self.write_pending()
+                    else:  # large enough on its own: no copy into the buffer
+                        self.fds.pwrite(self._path(start), units, pos - start)
                     self.max_offset = first_offset + n
                     phy, size, _ = UNIT.unpack_from(units, len(units) - CQ_UNIT_SIZE)
                     self.max_phy_end = phy + size

@@ -162,6 +162,8 @@ class Backend:
     scan(buf, base_pos, recs, mode=, options=, expect_index=, max_entries=),
     group(buf, res), order_slice(g, a, b), cq_pack(res, g, a, b),
     cq_pack_groups(res, g), cq_valid_units(buf),
+    new_stage(), cq_pack_stage(buf, res, g, stage, limit), stage_take(stage, id, consume),
+    stage_set_bad(stage, id), stage_count(stage), stage_trim(stage),
     index_put(mm, slot_num, index_num, header, buf, res, rec_from, key_from)."""
 
     name = "abstract"
@@ -218,6 +220,45 @@ class NativeBackend(Backend):
     def cq_valid_units(self, buf) -> int:
         return lib.lmq_cq_valid_units(ffi.from_buffer(buf), len(buf))
 
+    def new_stage(self):
+        return _NativeStage()
+
+    def cq_pack_stage(self, buf, res: ScanResult, g: Grouping, stage, limit: int):
+        """cq_pack_groups, then the runs into the stage (lmq_stage_groups).
+        Returns the units of this batch (a view valid until the next call
+        on the stage) and the runs needing the caller as (why, queue id,
+        run tuple of GROUP_FIELDS)."""
+        m, ng = g.starts[-1], g.ngroups
+        stage.reserve(m, ng)
+        out, info, ids, att = stage.out, stage.info, stage.ids, stage.att
+        starts = ffi.new("int32_t[]", g.starts)
+        lib.lmq_cq_pack_groups(res.recs, g.order, starts, ng, out, info)
+        k = lib.lmq_stage_groups(stage.ptr, ffi.from_buffer(buf), info, ng, out, limit, ids, att)
+        if k < 0:
+            raise MemoryError("lmq_stage_groups")
+        need = []
+        for a in att[0:k]:
+            gi = a >> 1
+            need.append((a & 1, ids[gi], tuple(info[gi * GROUP_FIELDS:(gi + 1) * GROUP_FIELDS])))
+        return memoryview(ffi.buffer(out, m * UNIT_SIZE)), need
+
+    def stage_take(self, stage, qid: int, consume) -> None:
+        first = stage.first
+        n = lib.lmq_stage_len(stage.ptr, qid, first)
+        if n:
+            # The units are lent in place (no copy); consume must not keep them.
+            consume(first[0], ffi.buffer(lib.lmq_stage_data(stage.ptr, qid), n))
+            lib.lmq_stage_clear(stage.ptr, qid)
+
+    def stage_trim(self, stage) -> None:
+        lib.lmq_stage_trim(stage.ptr)
+
+    def stage_set_bad(self, stage, qid: int) -> None:
+        lib.lmq_stage_set_bad(stage.ptr, qid)
+
+    def stage_count(self, stage) -> int:
+        return lib.lmq_stage_count(stage.ptr)
+
     def index_put(self, mm, slot_num: int, index_num: int, hdr: IndexHeader, buf,
                   res: ScanResult, rec_from: int, key_from: int) -> tuple[int, int]:
         h = ffi.new("lmq_index_header *", attrs.astuple(hdr))
@@ -228,6 +269,29 @@ class NativeBackend(Backend):
         hdr.begin_phy_offset, hdr.end_phy_offset = h.begin_phy_offset, h.end_phy_offset
         hdr.hash_slot_count, hdr.index_count = h.hash_slot_count, h.index_count
         return nxt, key_next[0]
+
+
+class _NativeStage:
+    """An lmq_stage and the scratch arrays of cq_pack_stage, kept from batch
+    to batch (fresh multi-100 KiB buffers each batch cost page faults)."""
+
+    def __init__(self):
+        ptr = lib.lmq_stage_new()
+        if ptr == ffi.NULL:
+            raise MemoryError("lmq_stage_new")
+        self.ptr = ffi.gc(ptr, lib.lmq_stage_free)
+        self.first = ffi.new("int64_t *")
+        self.units_cap = self.groups_cap = 0
+
+    def reserve(self, units: int, groups: int) -> None:
+        if units > self.units_cap or self.units_cap == 0:
+            self.units_cap = max(units, 1024)
+            self.out = ffi.new("uint8_t[]", self.units_cap * UNIT_SIZE)
+        if groups > self.groups_cap or self.groups_cap == 0:
+            self.groups_cap = max(groups, 64)
+            self.info = ffi.new("int64_t[]", self.groups_cap * GROUP_FIELDS)
+            self.ids = ffi.new("int64_t[]", self.groups_cap)
+            self.att = ffi.new("int64_t[]", self.groups_cap)
 
 
 # --- the pure-Python twin -------------------------------------------------
@@ -347,6 +411,16 @@ def _new_rec(index: int, entry_pos: int, phy: int) -> dict:
     r = dict.fromkeys(_FIELDS, 0)
     r.update(entry_index=index, entry_pos=entry_pos, phy_offset=phy)
     return r
+
+
+class _PyStage:
+    """The Python twin of lmq_stage: queues interned by (topic bytes,
+    queue id) in order of first sight, each [bad, first offset, next
+    offset, staged units]."""
+
+    def __init__(self):
+        self.ids: dict = {}
+        self.queues: list = []
 
 
 class PythonBackend(Backend):
@@ -486,6 +560,47 @@ class PythonBackend(Backend):
             r = self._rec(res.recs, g.order[a])
             groups.append((r.queue_offset, r.queue_id, r.topic_off, r.topic_len, b - a, run, g.order[a], a))
         return bytes(out), groups
+
+    def new_stage(self):
+        return _PyStage()
+
+    def cq_pack_stage(self, buf, res: ScanResult, g: Grouping, stage, limit: int):
+        units, groups = self.cq_pack_groups(res, g)
+        need = []
+        for gt in groups:
+            q0, qid, toff, tlen, count, run, _, start = gt
+            key = (bytes(buf[toff:toff + tlen]), qid)
+            sid = stage.ids.get(key)
+            is_new = sid is None
+            if is_new:
+                sid = stage.ids[key] = len(stage.queues)
+                stage.queues.append([False, 0, 0, bytearray()])  # bad, first, next, units
+            q = stage.queues[sid]
+            if is_new or q[0] or run != count or (q[3] and q[2] != q0):
+                need.append((0, sid, gt))
+                continue
+            if not q[3]:
+                q[1] = q0
+            q[3] += units[start * UNIT_SIZE:(start + count) * UNIT_SIZE]
+            q[2] = q0 + count
+            if len(q[3]) >= limit:
+                need.append((1, sid, gt))
+        return memoryview(units), need
+
+    def stage_take(self, stage, qid: int, consume) -> None:
+        q = stage.queues[qid] if 0 <= qid < len(stage.queues) else None
+        if q and q[3]:
+            units, q[3] = q[3], bytearray()
+            consume(q[1], bytes(units))
+
+    def stage_trim(self, stage) -> None:
+        pass  # taking a stage already dropped its buffer
+
+    def stage_set_bad(self, stage, qid: int) -> None:
+        stage.queues[qid][0] = True
+
+    def stage_count(self, stage) -> int:
+        return len(stage.queues)
 
     def cq_valid_units(self, buf) -> int:
         n = 0

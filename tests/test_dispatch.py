@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -460,4 +461,48 @@ def test_restart_keeps_dispatched_messages_when_store_checkpoint_lags(tmp_path):
     after = tree(tmp_path)
     assert after == before and before[0]
     engine.close()
+    store.close()
+
+
+def _staged_build(store, root, backend, cfg, *, chunk=None):
+    engine = DispatchEngine(str(root), service.source_for(store), config=cfg, backend=backend)
+    p = service.positions(store)
+    assert engine.open(p.begin_pos, p.committed_pos, p.committed_index).action == "fresh"
+    while engine.pos < p.committed_pos:
+        engine.dispatch_to(p.committed_pos, max_bytes=chunk)
+    engine.checkpoint()
+    engine.close()
+    return tree(str(root))
+
+
+@pytest.mark.skipif(D.NATIVE is None, reason="native helpers not built")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(st.lists(st.tuples(messages(), st.sampled_from([0, 1, 1, 1, 1, 3])), min_size=6, max_size=120),
+       st.integers(1, 9), st.booleans(), st.sampled_from([None, 300, 2000]))
+def test_staging_across_batches_writes_what_one_put_per_run_writes(tmp_path_factory, monkeypatch, drawn,
+                                                                   batch, stamped, chunk):
+    # The engine stages each queue's units across scan batches; with a
+    # stage limit of one byte every run goes to put_units at once (the
+    # unstaged path).  Unstamped queue offsets mostly run on, but also
+    # repeat and jump, within a batch and between batches.
+    from consumequeue import dispatcher
+    root = tmp_path_factory.mktemp("stage")
+    store = open_store(root / "store", seg=4096)
+    if stamped:
+        store.add_append_hook(QueueOffsetTable().append_hook)
+    nxt, msgs = {}, []
+    for m, step in drawn:
+        key = ("T" if m.topic != "主题" else m.topic, m.queue_id % 2)  # few queues, many runs each
+        nxt[key] = nxt.get(key, -1) + step
+        msgs.append(attrs.evolve(m, topic=key[0], queue_id=key[1], queue_offset=max(nxt[key], 0)))
+    store.append_leader([M.encode(m) for m in msgs], term=1)
+    store.set_committed(store.end_index)
+    cfg = DispatchConfig(cq_file_size=20 * 7, index_slot_num=5, index_num=9, batch_records=batch)
+    trees = []
+    for limit in (1, 60, 1 << 20):
+        monkeypatch.setattr(dispatcher, "STAGE_LIMIT", limit)
+        for be in (D.NATIVE, D.PYTHON):
+            trees.append(_staged_build(store, root / f"{be.name}-{limit}", be, cfg, chunk=chunk))
+    assert all(t == trees[0] for t in trees[1:])
     store.close()

@@ -523,3 +523,175 @@ int64_t lmq_index_put(uint8_t *map, int32_t slot_num, int32_t index_num, lmq_ind
     write_header(map, hdr);
     return i;
 }
+
+/* ---- staging ConsumeQueue units across scan batches --------------------- */
+
+/* A queue's units from several scan batches collect here, so the caller
+ * hands them over in one piece (one Python call per queue per `limit`
+ * bytes instead of one per queue per batch).  Queues are interned by
+ * (topic bytes, queue id) and keep their id for the stage's life. */
+typedef struct {
+    uint8_t *topic;
+    int32_t topic_len, queue_id, topic_hash, bad;
+    int64_t first, next; /* staged units hold queue offsets [first, next) */
+    uint8_t *units;
+    int64_t len, cap;
+} lmq_stq;
+
+struct lmq_stage {
+    lmq_stq *q;
+    int64_t n, qcap;
+    int32_t *table; /* open addressing: queue id or -1 */
+    size_t tcap;
+};
+
+lmq_stage *lmq_stage_new(void) {
+    lmq_stage *s = calloc(1, sizeof(*s));
+    if (!s) return NULL;
+    s->tcap = 64;
+    s->table = malloc(s->tcap * sizeof(int32_t));
+    if (!s->table) { free(s); return NULL; }
+    memset(s->table, 0xFF, s->tcap * sizeof(int32_t));
+    return s;
+}
+
+void lmq_stage_free(lmq_stage *s) {
+    if (!s) return;
+    for (int64_t i = 0; i < s->n; i++) { free(s->q[i].topic); free(s->q[i].units); }
+    free(s->q);
+    free(s->table);
+    free(s);
+}
+
+static inline size_t stage_slot(int32_t topic_hash, int32_t queue_id, size_t tcap) {
+    uint32_t h = (uint32_t)topic_hash * 0x9E3779B1u ^ (uint32_t)queue_id * 0x85EBCA77u;
+    return (h ^ (h >> 15)) & (tcap - 1);
+}
+
+/* The id of (topic, queue id), interning it if new (*is_new = 1); -1 if
+ * out of memory. */
+static int64_t stage_intern(lmq_stage *s, const uint8_t *topic, int32_t topic_len, int32_t queue_id,
+                            int *is_new) {
+    int32_t th = (int32_t)lmq_java_hash_utf8_from(0, topic, (size_t)topic_len);
+    size_t slot = stage_slot(th, queue_id, s->tcap);
+    *is_new = 0;
+    while (s->table[slot] >= 0) {
+        lmq_stq *q = &s->q[s->table[slot]];
+        if (q->topic_hash == th && q->queue_id == queue_id && q->topic_len == topic_len &&
+            memcmp(q->topic, topic, (size_t)topic_len) == 0)
+            return s->table[slot];
+        slot = (slot + 1) & (s->tcap - 1);
+    }
+    if ((size_t)(s->n + 1) * 2 > s->tcap) { /* grow the table, then find a slot again */
+        size_t ncap = s->tcap * 2;
+        int32_t *nt = malloc(ncap * sizeof(int32_t));
+        if (!nt) return -1;
+        memset(nt, 0xFF, ncap * sizeof(int32_t));
+        for (int64_t i = 0; i < s->n; i++) {
+            size_t k = stage_slot(s->q[i].topic_hash, s->q[i].queue_id, ncap);
+            while (nt[k] >= 0) k = (k + 1) & (ncap - 1);
+            nt[k] = (int32_t)i;
+        }
+        free(s->table);
+        s->table = nt;
+        s->tcap = ncap;
+        slot = stage_slot(th, queue_id, s->tcap);
+        while (s->table[slot] >= 0) slot = (slot + 1) & (s->tcap - 1);
+    }
+    if (s->n == s->qcap) {
+        int64_t nc = s->qcap ? s->qcap * 2 : 64;
+        lmq_stq *nq = realloc(s->q, (size_t)nc * sizeof(lmq_stq));
+        if (!nq) return -1;
+        s->q = nq;
+        s->qcap = nc;
+    }
+    lmq_stq *q = &s->q[s->n];
+    memset(q, 0, sizeof(*q));
+    q->topic = malloc(topic_len ? (size_t)topic_len : 1);
+    if (!q->topic) return -1;
+    memcpy(q->topic, topic, (size_t)topic_len);
+    q->topic_len = topic_len;
+    q->queue_id = queue_id;
+    q->topic_hash = th;
+    s->table[slot] = (int32_t)s->n;
+    *is_new = 1;
+    return s->n++;
+}
+
+/* Route the runs of a lmq_cq_pack_groups result (info, units) into the
+ * stage.  A run is staged when its queue is known (seen in an earlier
+ * call), not marked bad, its queue offsets are consecutive (run == count)
+ * and it continues what the queue has staged (or nothing is staged).
+ * ids[g] gets run g's queue id.  att[] gets the runs needing the caller,
+ * in order, as run index * 2 + why: why 0 = not staged (the caller takes
+ * the queue's stage first, then handles the run itself), why 1 = staged
+ * and the queue's stage reached `limit` bytes (take it).  Returns how many
+ * att[] items, or -1 if out of memory. */
+int64_t lmq_stage_groups(lmq_stage *s, const uint8_t *buf, const int64_t *info, int64_t ngroups,
+                         const uint8_t *units, int64_t limit, int64_t *ids, int64_t *att) {
+    int64_t k = 0;
+    for (int64_t g = 0; g < ngroups; g++) {
+        const int64_t *gi = info + g * LMQ_GROUP_FIELDS;
+        int is_new;
+        int64_t id = stage_intern(s, buf + gi[2], (int32_t)gi[3], (int32_t)gi[1], &is_new);
+        if (id < 0) return -1;
+        ids[g] = id;
+        lmq_stq *q = &s->q[id];
+        int64_t q0 = gi[0], count = gi[4];
+        if (is_new || q->bad || gi[5] != count || (q->len && q->next != q0)) {
+            att[k++] = g * 2;
+            continue;
+        }
+        int64_t nb = count * 20;
+        if (q->len + nb > q->cap) {
+            int64_t nc = q->cap ? q->cap : 4096;
+            while (nc < q->len + nb) nc *= 2;
+            uint8_t *nu = realloc(q->units, (size_t)nc);
+            if (!nu) return -1;
+            q->units = nu;
+            q->cap = nc;
+        }
+        if (!q->len) q->first = q0;
+        memcpy(q->units + q->len, units + gi[7] * 20, (size_t)nb);
+        q->len += nb;
+        q->next = q0 + count;
+        if (q->len >= limit) att[k++] = g * 2 + 1;
+    }
+    return k;
+}
+
+/* Bytes staged for queue `id` (and their first queue offset). */
+int64_t lmq_stage_len(const lmq_stage *s, int64_t id, int64_t *first) {
+    if (id < 0 || id >= s->n) return 0;
+    *first = s->q[id].first;
+    return s->q[id].len;
+}
+
+/* Queue `id`'s staged units, in place (lmq_stage_len bytes): valid until
+ * the next call on this stage; lmq_stage_clear empties the stage. */
+const uint8_t *lmq_stage_data(const lmq_stage *s, int64_t id) {
+    if (id < 0 || id >= s->n) return NULL;
+    return s->q[id].units;
+}
+
+void lmq_stage_clear(lmq_stage *s, int64_t id) {
+    if (id >= 0 && id < s->n) s->q[id].len = 0;
+}
+
+/* Free the buffers of the queues with nothing staged (after a flush: a
+ * broker with many queues keeps no idle buffers between dispatches). */
+void lmq_stage_trim(lmq_stage *s) {
+    for (int64_t i = 0; i < s->n; i++)
+        if (!s->q[i].len) {
+            free(s->q[i].units);
+            s->q[i].units = NULL;
+            s->q[i].cap = 0;
+        }
+}
+
+/* Never stage queue `id` again (its topic cannot be dispatched). */
+void lmq_stage_set_bad(lmq_stage *s, int64_t id) {
+    if (id >= 0 && id < s->n) s->q[id].bad = 1;
+}
+
+int64_t lmq_stage_count(const lmq_stage *s) { return s->n; }

@@ -87,4 +87,17 @@ int64_t lmq_cq_valid_units(const uint8_t *buf, size_t len);
 int64_t lmq_index_put(uint8_t *map, int32_t slot_num, int32_t index_num, lmq_index_header *hdr,
                       const uint8_t *buf, const lmq_disp_rec *recs, int64_t rec_from, int64_t n,
                       int32_t key_from, int32_t *key_next);
+
+/* Per-queue staging of ConsumeQueue units across scan batches (opaque). */
+typedef struct lmq_stage lmq_stage;
+lmq_stage *lmq_stage_new(void);
+void lmq_stage_free(lmq_stage *s);
+int64_t lmq_stage_groups(lmq_stage *s, const uint8_t *buf, const int64_t *info, int64_t ngroups,
+                         const uint8_t *units, int64_t limit, int64_t *ids, int64_t *att);
+int64_t lmq_stage_len(const lmq_stage *s, int64_t id, int64_t *first);
+const uint8_t *lmq_stage_data(const lmq_stage *s, int64_t id);
+void lmq_stage_clear(lmq_stage *s, int64_t id);
+void lmq_stage_trim(lmq_stage *s);
+void lmq_stage_set_bad(lmq_stage *s, int64_t id);
+int64_t lmq_stage_count(const lmq_stage *s);
 #endif

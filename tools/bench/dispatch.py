@@ -9,6 +9,9 @@
 #              (--python-mb) and extrapolated, because the full run would
 #              take minutes; the native path is also timed on that prefix so
 #              the native/Python ratio compares like with like.
+# After a warm-up rebuild, raw reads and native rebuilds alternate over
+# --rounds rounds and the medians are reported, nativeVsRaw being the ratio of the medians (other
+# jobs on a shared machine then slow both sides alike, not one).
 # Each rebuild writes into an emptied output directory (the deletion is not
 # timed) and its time excludes the final fsync of the written files (disk
 # speed, not dispatch), which is reported separately.  Consume queues and
@@ -19,6 +22,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import sys
 import time
 
@@ -161,7 +165,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size-mb", type=int, default=1024, help="commitlog size to build (MiB)")
     ap.add_argument("--dir", default="/tmp/ledgermq-bench-dispatch", help="where the store lives (reused)")
     ap.add_argument("--python-mb", type=int, default=128, help="prefix timed on the Python path (MiB)")
-    ap.add_argument("--runs", type=int, default=3, help="native rebuilds; the best is reported")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="alternating raw-read / native-rebuild rounds; medians are reported")
+    ap.add_argument("--runs", type=int, default=3, help="native rebuilds of the Python prefix (median)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if D.NATIVE is None:
@@ -177,21 +183,30 @@ def main(argv=None) -> int:
         total = p.committed_pos - p.begin_pos
         data_dir = os.path.join(store.store_dir, "data")
         raw_read_rate(data_dir, total)  # warm the page cache
-        raw_s, raw_bytes = min(raw_read_rate(data_dir, total) for _ in range(max(3, args.runs)))
-        raw_rate = raw_bytes / raw_s
         output = os.path.join(args.dir, "output")
-        native = []
-        for i in range(args.runs):
-            log(f"  native rebuild {i + 1}/{args.runs}", end="\r")
+        # Alternating rounds (raw read, then native rebuild), so that load
+        # from other jobs on the machine hits both sides alike; the figures
+        # are medians and the ratio is the ratio of the medians.
+        raws, native = [], []
+        timed_rebuild(store, output, D.NATIVE, p.committed_pos, p.committed_index)  # warm-up, not counted
+        for i in range(args.rounds):
+            log(f"  round {i + 1}/{args.rounds}", end="\r")
+            raws.append(raw_read_rate(data_dir, total))
             native.append(timed_rebuild(store, output, D.NATIVE, p.committed_pos, p.committed_index))
-        best = min(native, key=lambda r: r.seconds)
-        n_s, n_sync, n_stats = best.seconds, best.fsync_seconds, best.stats
+        raw_s = statistics.median(s for s, _ in raws)
+        raw_bytes = raws[0][1]
+        raw_rate = raw_bytes / raw_s
+        n_s = statistics.median(r.seconds for r in native)
+        mid = sorted(native, key=lambda r: r.seconds)[(len(native) - 1) // 2]
+        n_sync, n_stats = statistics.median(r.fsync_seconds for r in native), mid.stats
         n_rate = total / n_s
+        best = mid
         py_end, py_index = prefix_end(store, args.python_mb << 20)
         py_bytes = py_end - p.begin_pos
         log("  python rebuild of the prefix ...", end="\r")
         py_s = timed_rebuild(store, output, D.PYTHON, py_end, py_index).seconds
-        np_s = min(timed_rebuild(store, output, D.NATIVE, py_end, py_index).seconds for _ in range(args.runs))
+        np_s = statistics.median(timed_rebuild(store, output, D.NATIVE, py_end, py_index).seconds
+                                 for _ in range(args.runs))
         py_rate, np_rate = py_bytes / py_s, py_bytes / np_s
         shutil.rmtree(output, ignore_errors=True)
     finally:
@@ -203,7 +218,9 @@ def main(argv=None) -> int:
         "nativeRebuildSeconds": n_s, "nativeRebuildGiBps": n_rate / gib,
         "nativeFsyncSeconds": n_sync,
         "nativeUserCpuSeconds": best.user_seconds, "nativeSystemCpuSeconds": best.system_seconds,
-        "nativeVsRaw": n_rate / raw_rate,
+        "nativeVsRaw": n_rate / raw_rate, "rounds": args.rounds,
+        "rawReadSecondsPerRound": [s for s, _ in raws],
+        "nativeRebuildSecondsPerRound": [r.seconds for r in native],
         "pythonPrefixBytes": py_bytes, "pythonPrefixSeconds": py_s, "pythonGiBps": py_rate / gib,
         "pythonExtrapolatedSeconds": total / py_rate,
         "nativePrefixGiBps": np_rate / gib, "nativeVsPython": np_rate / py_rate,
@@ -215,9 +232,13 @@ def main(argv=None) -> int:
     else:
         print(f"commitlog          {total / gib:8.2f} GiB, {n_stats.messages} messages of {RECORD_SIZE} B "
               f"over {QUEUES} queues (page cache)")
-        print(f"raw sequential read{raw_rate / gib:8.2f} GiB/s")
-        print(f"native rebuild     {n_rate / gib:8.2f} GiB/s  ({n_s:.3f} s, best of {args.runs}; "
-              f"{n_rate / raw_rate:.2f}x raw; final fsync {n_sync:.3f} s not included)")
+        print(f"raw sequential read{raw_rate / gib:8.2f} GiB/s  (median of {args.rounds} rounds, "
+              f"{min(s for s, _ in raws) * 1e3:.1f}-{max(s for s, _ in raws) * 1e3:.1f} ms)")
+        print(f"native rebuild     {n_rate / gib:8.2f} GiB/s  ({n_s:.3f} s, median of {args.rounds} rounds "
+              f"alternating with the raw reads, {min(r.seconds for r in native):.3f}-"
+              f"{max(r.seconds for r in native):.3f} s; final fsync {n_sync:.3f} s not included)")
+        print(f"native / raw       {n_rate / raw_rate:8.2f}x  (ratio of the medians; per round "
+              + " ".join(f"{(rs / r.seconds):.2f}" for (rs, _), r in zip(raws, native)) + ")")
         print(f"                   CPU: {best.user_seconds:.3f} s user, {best.system_seconds:.3f} s kernel "
               "(page-cache pages for the new files, page tables, inode allocation)")
         print(f"python rebuild     {py_rate / gib:8.3f} GiB/s  (measured on a {py_bytes / (1 << 20):.0f} MiB "
