@@ -1,0 +1,289 @@
+# Owns PULL_MESSAGE (11): RocketMQ's PullMessageProcessor + PullRequestHoldService
+# over our consume queues (spec §8.5, client-compat #11).
+#
+#   1. parse PullMessageRequestHeader (values arrive as text, numbers or
+#      booleans, client-compat #1; RemotingCommand made them text);
+#   2. checks: broker readable, topic exists and readable, queueId in range;
+#   3. the subscription: with PullSysFlag SUBSCRIPTION the header's
+#      expression (`TagA || TagB`, `*`), else the one the group registered by
+#      HEART_BEAT (broker.consumer) -- turned into Java String.hashCode tag
+#      codes; SQL92 / class filters are refused (NO_PERMISSION, as a broker
+#      without enablePropertyFilter answers);
+#   4. consumequeue.reader.read_messages, bounded by the dispatch position
+#      (dispatched implies committed: uncommitted entries are never sent);
+#   5. GetMessageStatus -> response code (reader.pull_response_code), header
+#      nextBeginOffset/minOffset/maxOffset/suggestWhichBrokerId, remark = the
+#      status name, body = the stored records concatenated, unchanged;
+#   6. COMMIT_OFFSET (0x1): on the writable leader the commitOffset is staged
+#      through metadata (replicated, coalesced); ignored elsewhere, and for
+#      negative offsets;
+#   7. SUSPEND (0x2) and PULL_NOT_FOUND: the request is held in its own task
+#      (the connection runs each request in one) until the dispatched
+#      watermark moves and the queue's max offset passes the request offset,
+#      or suspendTimeoutMillis (shortPollingTimeMills with long polling off)
+#      elapses; then it is answered with a fresh read.  No polling: the wait
+#      parks on cq.dispatcher.dispatched.
+#
+# Roles.  Every node serves reads: consume queues on followers hold exactly
+# the committed, dispatched messages.  suggestWhichBrokerId is always this
+# broker's own current id (0 on the writable leader, its slave id elsewhere),
+# which is the id it registers at the name server, so the client never gets
+# an id the route lacks.  Like a RocketMQ slave without offsetCheckInSlave, a
+# non-leader does not correct offsets: OFFSET_MOVED becomes
+# PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset (a
+# follower's dispatch may lag, and resetting a consumer on a lagging view
+# would rewind it).
+import logging
+
+import attrs
+import trio
+
+from broker.metadata.tables import PERM_READ, InvalidMetadataError
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RequestError
+from broker.remoting.header import HeaderReader
+from commitlog.errors import CommitLogError
+from consumequeue.reader import DEFAULT_MAX_BYTES, GetMessageStatus, PullResult, pull_response_code, read_messages
+from native.hashing import java_hash_str
+
+log = logging.getLogger("ledgermq.pull")
+
+# PullSysFlag
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+FLAG_CLASS_FILTER = 0x8
+FLAG_LITE_PULL = 0x10
+
+SUB_ALL = "*"
+DEFAULT_SUSPEND_MS = 15000  # the push consumer's brokerSuspendMaxTimeMillis
+SHORT_POLLING_MS = 1000  # shortPollingTimeMills
+MAX_SUSPEND_MS = 24 * 3600 * 1000  # a sanity bound on a client-chosen hold
+
+
+class PullError(Exception):
+    def __init__(self, code: int, remark: str):
+        super().__init__(remark)
+        self.code, self.remark = code, remark
+
+
+@attrs.frozen
+class Subscription:
+    """FilterAPI.buildSubscriptionData: `*` (every tag) or a set of tags."""
+
+    sub_string: str
+    tags: frozenset[str] = frozenset()
+    codes: frozenset[int] | None = None  # None: every message
+    sub_version: int = 0
+    expression_type: str = "TAG"
+
+    @property
+    def is_all(self) -> bool:
+        return self.codes is None
+
+
+def parse_subscription(expression: str | None, sub_version: int = 0,
+                       expression_type: str | None = "TAG") -> Subscription:
+    """`TagA || TagB` -> tags {TagA, TagB} and their String.hashCode codes;
+    null, empty or `*` -> every message.  Raises PullError for SQL92."""
+    etype = (expression_type or "TAG").strip().upper() or "TAG"
+    if etype != "TAG":
+        raise PullError(ResponseCode.NO_PERMISSION,
+                        f"The broker does not support consumer to filter message by {etype}")
+    text = (expression or "").strip()
+    if not text or text == SUB_ALL:
+        return Subscription(SUB_ALL, sub_version=sub_version)
+    # Java keeps every non-empty trimmed tag; `*` is special only as the
+    # whole expression, and an expression of separators alone matches nothing.
+    tags = [t for t in (t.strip() for t in text.split("||")) if t]
+    return Subscription(text, frozenset(tags), frozenset(java_hash_str(t) for t in tags), sub_version)
+
+
+@attrs.frozen
+class PullHeader:
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int
+    sys_flag: int
+    commit_offset: int
+    suspend_timeout_ms: int
+    subscription: str | None
+    sub_version: int
+    expression_type: str | None
+    max_msg_bytes: int | None
+
+    @property
+    def commit(self) -> bool:
+        return bool(self.sys_flag & FLAG_COMMIT_OFFSET)
+
+    @property
+    def suspend(self) -> bool:
+        return bool(self.sys_flag & FLAG_SUSPEND)
+
+    @property
+    def has_subscription(self) -> bool:
+        return bool(self.sys_flag & FLAG_SUBSCRIPTION)
+
+
+def parse_pull_header(request: RemotingCommand) -> PullHeader:
+    h = HeaderReader(request.ext_fields)
+    return PullHeader(
+        consumer_group=h.str("consumerGroup"), topic=h.str("topic"), queue_id=h.int("queueId"),
+        queue_offset=h.long("queueOffset"), max_msg_nums=h.int("maxMsgNums"), sys_flag=h.int("sysFlag"),
+        commit_offset=h.long("commitOffset"), suspend_timeout_ms=h.long("suspendTimeoutMillis"),
+        subscription=h.str("subscription", None), sub_version=h.long("subVersion"),
+        expression_type=h.str("expressionType", None), max_msg_bytes=h.int("maxMsgBytes", None))
+
+
+def broker_config(broker):
+    """The BrokerConfig of `broker` (.config, or .cfg as broker.server's
+    Broker names it, else the store's)."""
+    for name in ("config", "cfg"):
+        cfg = getattr(broker, name, None)
+        if cfg is not None:
+            return cfg
+    return broker.store.cfg
+
+
+def _consumer_manager(broker):
+    from broker.consumer import manager_for  # late: consumer.py is optional for pull
+    return manager_for(broker)
+
+
+@attrs.define(eq=False)
+class PullProcessor:
+    """The RequestDispatcher processor for PULL_MESSAGE."""
+
+    broker: object  # .store (BrokerStore), .config or .cfg (BrokerConfig)
+    long_polling_enable: bool = True
+    short_polling_ms: int = SHORT_POLLING_MS
+    max_transfer_bytes: int = DEFAULT_MAX_BYTES
+    held: int = 0  # requests parked right now (for stats and tests)
+
+    @property
+    def bs(self):
+        return self.broker.store
+
+    def register(self, dispatcher) -> None:
+        dispatcher.register(RequestCode.PULL_MESSAGE, self)
+
+    async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand:
+        return await self.process(request)
+
+    async def process(self, request: RemotingCommand) -> RemotingCommand:
+        try:
+            header = parse_pull_header(request)
+            sub = self._check(header)
+        except RequestError as e:
+            return request.make_response(e.code, e.remark)
+        except PullError as e:
+            return request.make_response(e.code, e.remark)
+
+        leader = self.bs.gate.writable
+        result, seen = self._read(header, sub, leader), self.bs.cq.dispatcher.dispatched.value
+        code = self._code(result, header.queue_offset, leader)
+        if header.commit and leader and header.commit_offset >= 0:
+            self._commit(header)
+        if code == ResponseCode.PULL_NOT_FOUND and header.suspend:
+            timeout_ms = header.suspend_timeout_ms if self.long_polling_enable else self.short_polling_ms
+            timeout_ms = min(max(timeout_ms, 0), MAX_SUSPEND_MS)
+            if timeout_ms > 0:
+                await self._hold(header, seen, timeout_ms / 1000)
+                leader = self.bs.gate.writable
+                result = self._read(header, sub, leader)
+                code = self._code(result, header.queue_offset, leader)
+        return self._response(request, result, code)
+
+    # --- steps ------------------------------------------------------------------
+
+    def _check(self, h: PullHeader) -> Subscription:
+        cfg = broker_config(self.broker)
+        if not cfg.broker_permission & PERM_READ:
+            raise PullError(ResponseCode.NO_PERMISSION, f"the broker[{cfg.broker_ip1}] pulling message is forbidden")
+        topic_cfg = self.bs.metadata.topic_config(h.topic)
+        if topic_cfg is None:
+            raise PullError(ResponseCode.TOPIC_NOT_EXIST,
+                            f"topic[{h.topic}] not exist, apply first please!")
+        if not topic_cfg.perm & PERM_READ:
+            raise PullError(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] pulling message is forbidden")
+        if not 0 <= h.queue_id < topic_cfg.read_queue_nums:
+            raise PullError(ResponseCode.SYSTEM_ERROR,
+                            f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
+                            f"topicConfig.readQueueNums:[{topic_cfg.read_queue_nums}] consumer:[{h.consumer_group}]")
+        if h.sys_flag & FLAG_CLASS_FILTER:
+            raise PullError(ResponseCode.NO_PERMISSION, "The broker does not support class filter")
+        if h.has_subscription:
+            return parse_subscription(h.subscription, h.sub_version, h.expression_type)
+        # The subscription the group registered by heartbeat.
+        manager = _consumer_manager(self.broker)
+        group = manager.group(h.consumer_group)
+        if group is None:
+            raise PullError(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                            f"the consumer's group info not exist: {h.consumer_group}")
+        data = group.subscriptions.get(h.topic)
+        if data is None:
+            raise PullError(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                            f"the consumer's subscription not exist: {h.topic}@{h.consumer_group}")
+        if data.sub_version < h.sub_version:
+            raise PullError(ResponseCode.SUBSCRIPTION_NOT_LATEST, "the consumer's subscription not latest")
+        return data.subscription()
+
+    def _read(self, h: PullHeader, sub: Subscription, leader: bool) -> PullResult:
+        max_bytes = self.max_transfer_bytes
+        if h.max_msg_bytes is not None and h.max_msg_bytes > 0:
+            max_bytes = min(max_bytes, h.max_msg_bytes)
+        return read_messages(self.bs.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
+                             None if sub.is_all else set(sub.codes), correct_offsets=leader)
+
+    @staticmethod
+    def _code(result: PullResult, offset: int, leader: bool) -> int:
+        code = pull_response_code(result.status, offset)
+        if code == ResponseCode.PULL_OFFSET_MOVED and not leader:
+            return ResponseCode.PULL_RETRY_IMMEDIATELY  # a slave without offsetCheckInSlave
+        return code
+
+    def _commit(self, h: PullHeader) -> None:
+        try:
+            self.bs.metadata.stage_offsets([(h.topic, h.consumer_group, h.queue_id, h.commit_offset)])
+        except (CommitLogError, InvalidMetadataError) as e:
+            log.debug("pull's commitOffset %s@%s/%d=%d not stored: %s", h.topic, h.consumer_group, h.queue_id,
+                      h.commit_offset, e)
+
+    def _queue_max(self, h: PullHeader) -> int:
+        cq = self.bs.cq.engine.cqs.get(h.topic, h.queue_id)
+        return -1 if cq is None else cq.max_offset
+
+    async def _hold(self, h: PullHeader, seen: int, timeout: float) -> None:
+        """Park until dispatch moved and the queue holds a message at or after
+        the request offset, or `timeout` seconds passed."""
+        dispatched = self.bs.cq.dispatcher.dispatched
+        self.held += 1
+        try:
+            with trio.move_on_after(timeout):
+                while True:
+                    seen = await dispatched.wait_changed(seen)
+                    if self._queue_max(h) > h.queue_offset:
+                        return
+        finally:
+            self.held -= 1
+
+    def _response(self, request: RemotingCommand, result: PullResult, code: int) -> RemotingCommand:
+        fields = {"nextBeginOffset": result.next_begin_offset, "minOffset": result.min_offset,
+                  "maxOffset": result.max_offset, "suggestWhichBrokerId": self.bs.broker_id}
+        body = result.records if code == ResponseCode.SUCCESS else b""
+        return request.make_response(code, result.status.value, fields, body)
+
+
+def register(dispatcher, broker) -> PullProcessor:
+    """Plug PULL_MESSAGE into `dispatcher`; `broker` has .store and .config."""
+    processor = PullProcessor(broker)
+    processor.register(dispatcher)
+    return processor
+
+
+__all__ = ["FLAG_COMMIT_OFFSET", "FLAG_SUSPEND", "FLAG_SUBSCRIPTION", "FLAG_CLASS_FILTER", "FLAG_LITE_PULL",
+           "GetMessageStatus", "PullProcessor", "Subscription", "parse_pull_header", "parse_subscription",
+           "register"]
