@@ -1,0 +1,377 @@
+# Owns the running broker (`mqbroker -c broker.conf`): one process that
+# composes
+#
+#   serve_broker_store    the replicated commitlog, consume queues, metadata
+#                         and the role gate (broker/store_service.py)
+#   serve_remoting        the RocketMQ remoting server on listenPort, with a
+#                         RequestDispatcher holding SendProcessor plus any
+#                         extra processors (`register(dispatcher, broker)`),
+#                         by default those of broker.pull / broker.consumer
+#                         when those modules exist; a register that returns
+#                         an object with run() (a service) has it started
+#   registration          REGISTER_BROKER with every name server in
+#                         namesrvAddr every registerNameServerPeriod, and at
+#                         once when the role gate's generation moves (the
+#                         brokerId changes) or the topic table changes
+#
+#   async with trio.open_nursery() as n:
+#       broker = await n.start(serve_broker, cfg)
+#       broker.broker_addr, broker.gate.writable
+#
+# Registration (RocketMQ's registerBrokerAll): brokerId from the gate (0
+# only while writable, else the member's slave id), dataVersion = the topic
+# table's (counter = log index of the last change) with stateVersion = the
+# Raft term, so a deposed master's late registration cannot take id 0 back
+# from its successor at the name server; the topic table is the replicated
+# metadata's, internal topics excluded, plus TBW102 (perm 7, the
+# auto-create template stock clients route new topics by) when
+# autoCreateTopicEnable.  On a clean shutdown (cancellation: SIGTERM,
+# Ctrl-C) the broker unregisters from every name server.
+#
+# listenPort=0 binds a free port; the config is then evolved with the bound
+# port before the store opens, since brokerIP1:listenPort is every stored
+# message's STOREHOST.  The remoting port is bound first and answers
+# SYSTEM_BUSY until the store and processors are in place.
+import functools
+import importlib
+import ipaddress
+import json
+import logging
+import math
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from broker.config import BrokerConfig, load_broker_config
+from broker.namesrv.client import NamesrvClient
+from broker.namesrv.routes import BrokerRegistration, DataVersion, TopicConfig as RouteTopicConfig
+from broker.remoting.client import RemotingClient, open_remoting_client
+from broker.remoting.codes import ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.connection import not_supported
+from broker.remoting.errors import RemotingError
+from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
+from broker.send import AUTO_CREATE_TOPIC_KEY_TOPIC, SendProcessor
+from broker.store_service import BrokerStore, serve_broker_store
+
+log = logging.getLogger("ledgermq.broker")
+
+# Modules whose `register(dispatcher, broker)` is added when they exist.
+DEFAULT_PROCESSOR_MODULES = ("broker.pull", "broker.consumer")
+PERM_INHERIT, PERM_READ, PERM_WRITE = 1, 4, 2
+UNREGISTER_TIMEOUT = 3.0
+
+Register = Callable[[RequestDispatcher, "Broker"], None]
+
+
+def default_extra_processors(modules: Sequence[str] = DEFAULT_PROCESSOR_MODULES) -> list[Register]:
+    """`register` of each module that exists and has one; others are skipped
+    (debug log).  A module that exists but fails to import is skipped with a
+    warning, so one broken processor module does not keep the broker down."""
+    found = []
+    for name in modules:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                log.warning("processor module %s not loaded: %s", name, e)
+            else:
+                log.debug("processor module %s not present; skipped", name)
+            continue
+        except Exception:
+            log.warning("processor module %s failed to import; skipped", name, exc_info=True)
+            continue
+        register = getattr(mod, "register", None)
+        if callable(register):
+            found.append(register)
+        else:
+            log.debug("processor module %s has no register(dispatcher, broker); skipped", name)
+    return found
+
+
+@attrs.define(eq=False)
+class Broker:
+    """What serve_broker hands to its starter."""
+
+    cfg: BrokerConfig
+    store: BrokerStore
+    dispatcher: RequestDispatcher
+    server: RemotingServer
+    remoting: RemotingClient
+    namesrv: NamesrvClient | None = None
+    registrations: int = 0  # completed registration rounds
+    last_registered_id: int | None = None
+    last_results: dict = attrs.Factory(dict)
+    client_manager: object | None = None  # set by broker.consumer's register (its ClientManager)
+    _kick: trio.Event = attrs.Factory(trio.Event)
+    registered: "trio.Event" = attrs.Factory(trio.Event)  # set after the first round
+
+    # --- what callers read ---------------------------------------------------------
+
+    @property
+    def gate(self):
+        return self.store.gate
+
+    @property
+    def metadata(self):
+        return self.store.metadata
+
+    @property
+    def replica(self):
+        return self.store.replica
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The effective config (listenPort as bound); what processors read."""
+        return self.cfg
+
+    @property
+    def broker_addr(self) -> str:
+        return self.cfg.broker_addr
+
+    @property
+    def broker_id(self) -> int:
+        return self.gate.broker_id
+
+    @property
+    def role(self) -> str:
+        """MASTER (writable leader) or SLAVE, as RocketMQ names it."""
+        return "MASTER" if self.gate.writable else "SLAVE"
+
+    def status(self) -> dict:
+        return {"brokerAddr": self.broker_addr, "brokerName": self.cfg.broker_name,
+                "clusterName": self.cfg.broker_cluster_name, "brokerId": self.broker_id, "role": self.role,
+                "raftRole": self.gate.role.name.lower(), "term": self.gate.term, "selfId": self.cfg.self_id,
+                "listenPort": self.cfg.listen_port}
+
+    # --- registration ----------------------------------------------------------------
+
+    def topic_configs(self) -> dict[str, RouteTopicConfig]:
+        cfg = self.cfg
+        restrict = not (cfg.broker_permission & PERM_WRITE and cfg.broker_permission & PERM_READ)
+        out: dict[str, RouteTopicConfig] = {}
+        if cfg.auto_create_topic_enable:
+            out[AUTO_CREATE_TOPIC_KEY_TOPIC] = RouteTopicConfig(
+                AUTO_CREATE_TOPIC_KEY_TOPIC, cfg.default_topic_queue_nums, cfg.default_topic_queue_nums,
+                PERM_INHERIT | PERM_READ | PERM_WRITE)
+        for name, tc in self.metadata.topic_configs(include_internal=False).items():
+            perm = tc.perm & cfg.broker_permission if restrict else tc.perm
+            out[name] = RouteTopicConfig(name, tc.read_queue_nums, tc.write_queue_nums, perm,
+                                         tc.topic_filter_type, tc.topic_sys_flag, tc.order)
+        return out
+
+    def registration(self) -> BrokerRegistration:
+        dv = self.metadata.state.topics.data_version
+        return BrokerRegistration(
+            cluster_name=self.cfg.broker_cluster_name, broker_name=self.cfg.broker_name,
+            broker_addr=self.broker_addr, broker_id=self.gate.broker_id,
+            topic_configs=self.topic_configs(),
+            data_version=DataVersion(dv.counter, self.gate.term, dv.timestamp))
+
+    def kick(self) -> None:
+        """Re-register now (role or topics changed)."""
+        self._kick.set()
+
+    async def register_once(self) -> dict:
+        reg = self.registration()
+        results = await self.namesrv.register_broker(reg)
+        self.last_results, self.last_registered_id = results, reg.broker_id
+        self.registrations += 1
+        for addr, result in results.items():
+            if isinstance(result, RemotingError):
+                log.warning("register %s (id %d) with %s failed: %s", reg.broker_addr, reg.broker_id, addr, result)
+            elif not result.accepted:
+                log.warning("name server %s ignored %s (id %d): %s", addr, reg.broker_addr, reg.broker_id,
+                            result.reason)
+            else:
+                log.debug("registered %s as id %d (term %d) with %s", reg.broker_addr, reg.broker_id,
+                          reg.data_version.state_version, addr)
+        self.registered.set()
+        return results
+
+    async def serve_registration(self, period: float) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_generation)
+            nursery.start_soon(self._watch_topics)
+            while True:
+                self._kick = trio.Event()
+                await self.register_once()
+                with trio.move_on_after(period):
+                    await self._kick.wait()
+
+    async def _watch_generation(self) -> None:
+        gen = self.gate.generation
+        seen, last_id = gen.value, self.gate.broker_id
+        while True:
+            seen = await gen.wait_changed(seen)
+            if self.gate.broker_id != last_id:
+                last_id = self.gate.broker_id
+                log.info("%s: now %s, brokerId %d (term %d); re-registering", self.broker_addr, self.role,
+                         last_id, self.gate.term)
+            self.kick()
+
+    async def _watch_topics(self) -> None:
+        topics = self.metadata.state.topics
+        seen = (topics.data_version, tuple(topics.topics))
+        while True:
+            await self.metadata.wait_applied(self.metadata.applied_index + 1)
+            topics = self.metadata.state.topics
+            now = (topics.data_version, tuple(topics.topics))
+            if now != seen:
+                seen = now
+                self.kick()
+
+    async def unregister(self, timeout: float = UNREGISTER_TIMEOUT) -> None:
+        """Unregister from every name server (own short-lived client, so it
+        also works while everything else is being cancelled)."""
+        if not self.cfg.namesrv_addr:
+            return
+        broker_id = self.last_registered_id if self.last_registered_id is not None else self.gate.broker_id
+        with trio.CancelScope(shield=True), trio.move_on_after(timeout):
+            async with open_remoting_client() as rc:
+                results = await NamesrvClient(rc, self.cfg.namesrv_addr, timeout=timeout).unregister_broker(
+                    self.cfg.broker_cluster_name, self.broker_addr, self.cfg.broker_name, broker_id)
+            for addr, result in results.items():
+                if isinstance(result, RemotingError):
+                    log.warning("unregister %s from %s failed: %s", self.broker_addr, addr, result)
+                else:
+                    log.info("unregistered %s from %s", self.broker_addr, addr)
+
+
+def _bind_host(cfg: BrokerConfig) -> str:
+    return "::" if ipaddress.ip_address(cfg.broker_ip1).version == 6 else "0.0.0.0"
+
+
+async def serve_broker(cfg: BrokerConfig, *, extra_processors: Sequence[Register] | None = None,
+                       bind_host: str | None = None, seed: int | None = None,
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the broker until cancelled.  started() gets the Broker once the
+    remoting port is bound, the store runs and every processor is
+    registered (registration with the name servers runs on in the
+    background).  extra_processors=None means default_extra_processors()."""
+    ready = False
+
+    async def default(conn, cmd: RemotingCommand):
+        if not ready:
+            return cmd.make_response(ResponseCode.SYSTEM_BUSY, "broker is starting, try again later")
+        return await not_supported(conn, cmd)
+
+    dispatcher = RequestDispatcher(default)
+    broker_box: list = []
+
+    def connection_closed(conn) -> None:
+        # Clients registered over this connection leave their groups at once
+        # (and the rest of the group is notified), not at the next expiry scan.
+        manager = broker_box[0].client_manager if broker_box else None
+        if manager is not None:
+            manager.on_connection_closed(conn)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
+                                                       cfg.listen_port, on_close=connection_closed))
+        if cfg.listen_port == 0:
+            cfg = attrs.evolve(cfg, listen_port=server.port)
+        bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
+        remoting = RemotingClient(nursery)
+        broker = Broker(cfg, bs, dispatcher, server, remoting,
+                        NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
+        broker_box.append(broker)
+        SendProcessor(cfg, bs.replica, bs.gate, bs.metadata, bs.store).register(dispatcher)
+        services = []
+        for register in (default_extra_processors() if extra_processors is None else extra_processors):
+            # A register may return a service to run (consumer's ClientManager): started here, once.
+            service = register(dispatcher, broker)
+            if callable(getattr(service, "run", None)) and all(service is not s for s in services):
+                services.append(service)
+        for service in services:
+            nursery.start_soon(service.run)
+        ready = True
+        if broker.namesrv is not None:
+            nursery.start_soon(broker.serve_registration, cfg.register_name_server_period_ms / 1000)
+        else:
+            log.warning("namesrvAddr is not set: the broker registers with no name server")
+        log.info("broker %s (%s, %s) serving on %s", cfg.broker_name, cfg.self_id, cfg.broker_addr,
+                 server.sockname)
+        task_status.started(broker)
+        try:
+            await trio.sleep(math.inf)
+        finally:  # unregister first, while the store shuts down
+            if broker.namesrv is not None:
+                await broker.unregister()
+
+
+# --- mqbroker ------------------------------------------------------------------------
+
+
+def _leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def main(argv=None) -> None:
+    import click
+
+    from commitlog.config import ConfigError
+    from commitlog.errors import CommitLogError
+
+    @click.command(name="mqbroker", context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("-c", "--config-file", required=True, type=click.Path(exists=True, dir_okay=False),
+                  help="broker.conf (Java properties: brokerName, listenPort, namesrvAddr, dLeger*, ...)")
+    @click.option("-n", "--namesrv-addr", default=None, help="name servers, a:9876;b:9876 (overrides namesrvAddr)")
+    @click.option("--log-level", default="INFO", show_default=True)
+    def command(config_file: str, namesrv_addr: str | None, log_level: str) -> None:
+        """Run a ledgermq broker."""
+        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            cfg, warnings = load_broker_config(config_file)
+            if namesrv_addr is not None:
+                from broker.config import _namesrv
+                cfg = attrs.evolve(cfg, namesrv_addr=_namesrv("namesrvAddr", namesrv_addr))
+        except (ConfigError, OSError) as e:
+            raise click.ClickException(str(e)) from None
+        for warning in warnings:
+            # serve_broker puts a bound listenPort=0 back into the config itself
+            level = logging.DEBUG if warning.startswith("listenPort=0:") else logging.WARNING
+            log.log(level, "%s: %s", config_file, warning)
+
+        async def run() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    broker = await nursery.start(lambda task_status: serve_broker(cfg, task_status=task_status))
+                    click.echo(json.dumps({"brokerAddr": broker.broker_addr, "role": broker.role,
+                                           "brokerName": cfg.broker_name, "brokerId": broker.broker_id,
+                                           "selfId": cfg.self_id, "listenPort": broker.cfg.listen_port}))
+                    sys.stdout.flush()
+                    async for signum in signals:
+                        log.info("%s: signal %d, shutting down", cfg.self_id, signum)
+                        nursery.cancel_scope.cancel()
+                        break
+
+        try:
+            trio.run(run)
+        except BaseException as e:
+            leaves = list(_leaves(e))
+            if all(isinstance(x, KeyboardInterrupt) for x in leaves):
+                pass
+            elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError))), None)):
+                raise click.ClickException(str(err)) from None
+            elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
+                raise click.ClickException(
+                    f"cannot start (listenPort {cfg.listen_port}, dLeger peer port "
+                    f"{cfg.replication.self_peer.port}): {oserr.strerror or oserr}") from None
+            else:
+                raise
+        log.info("broker %s stopped", cfg.self_id)
+
+    command.main(args=argv, prog_name="mqbroker")
+
+
+if __name__ == "__main__":
+    main()
