@@ -6,7 +6,7 @@
 #   serve_remoting        the RocketMQ remoting server on listenPort, with a
 #                         RequestDispatcher holding SendProcessor plus any
 #                         extra processors (`register(dispatcher, broker)`),
-#                         by default those of broker.pull / broker.consumer
+#                         by default those of broker.pull / broker.consumer / broker.admin
 #                         when those modules exist; a register that returns
 #                         an object with run() (a service) has it started
 #   registration          REGISTER_BROKER with every name server in
@@ -60,7 +60,7 @@ from broker.store_service import BrokerStore, serve_broker_store
 log = logging.getLogger("ledgermq.broker")
 
 # Modules whose `register(dispatcher, broker)` is added when they exist.
-DEFAULT_PROCESSOR_MODULES = ("broker.pull", "broker.consumer")
+DEFAULT_PROCESSOR_MODULES = ("broker.pull", "broker.consumer", "broker.admin")
 PERM_INHERIT, PERM_READ, PERM_WRITE = 1, 4, 2
 UNREGISTER_TIMEOUT = 3.0
 

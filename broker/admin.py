@@ -1,0 +1,402 @@
+# Owns the broker's admin requests (RocketMQ's AdminBrokerProcessor subset
+# and QueryMessageProcessor), what mqadmin and the dashboards send:
+#
+#   UPDATE_AND_CREATE_TOPIC 17          through the replicated metadata, on the
+#                                       writable leader only; TopicValidator
+#                                       checks (name, system topics, cluster
+#                                       name), queue nums, perm, filter type,
+#                                       5.x attributes "+k=v,-k"
+#   DELETE_TOPIC_IN_BROKER 215          topic config + its consumer offsets
+#                                       (consume queue files stay until
+#                                       retention removes them)
+#   GET_ALL_TOPIC_CONFIG 21             TopicConfigSerializeWrapper JSON,
+#                                       internal (metadata) topics excluded
+#   VIEW_MESSAGE_BY_ID 33               one committed raw record at header
+#                                       `offset`; SYSTEM_ERROR when not found
+#   QUERY_MESSAGE 12                    by key through the index (exact key /
+#                                       topic match), _UNIQUE_KEY_QUERY caps
+#                                       maxNum at defaultQueryMaxNum (32);
+#                                       header indexLastUpdateTimestamp /
+#                                       indexLastUpdatePhyoffset; QUERY_NOT_FOUND
+#   GET_BROKER_RUNTIME_INFO 28          KVTable {"table":{...}}, string values
+#   GET_TOPIC_STATS_INFO 202            TopicStatsTable per write queue
+#   GET_CONSUME_STATS 208               ConsumeStats per queue
+#   UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200 / DELETE_SUBSCRIPTIONGROUP 207
+#
+# TopicStatsTable and ConsumeStats are maps keyed by MessageQueue objects.
+# fastjson writes such keys as JSON objects ({{"brokerName":..}:{..}}), which
+# is not standard JSON but is exactly what Java's RemotingSerializable.decode
+# reads back; those two bodies are written that way (encode_mq_map).
+#
+# Writes answer SERVICE_NOT_AVAILABLE on a broker that is not the writable
+# leader (the metadata is appended to the replicated log there).
+import json
+import logging
+import time
+
+import attrs
+
+from broker.message import MessageFormatError
+from broker.metadata.records import is_internal_topic
+from broker.metadata.tables import (FILTER_TYPES, InvalidMetadataError, SubscriptionGroupConfig, TopicConfig,
+                                    check_group_name, check_topic_name)
+from broker.remoting.codes import CURRENT_VERSION, RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RequestError
+from broker.remoting.header import HeaderReader, decode_json, encode_json
+from commitlog.errors import CommitLogError, NotLeaderError
+from consumequeue.errors import MessageNotFoundError
+from consumequeue.reader import MAX_QUERY_NUM, message_at, query_by_key
+
+log = logging.getLogger("ledgermq.admin")
+
+VERSION_DESC = "V5_3_3"  # the name of CURRENT_VERSION's MQVersion ordinal
+DEFAULT_QUERY_MAX_NUM = 32  # defaultQueryMaxNum, for _UNIQUE_KEY_QUERY
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+# TopicValidator.SYSTEM_TOPIC_SET (4.9 / 5.x) plus the rmq_sys_ prefix.
+SYSTEM_TOPICS = frozenset({
+    AUTO_CREATE_TOPIC_KEY_TOPIC, "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
+    "OFFSET_MOVED_EVENT", "rmq_sys_REVIVE_LOG", "rmq_sys_SYNC_BROKER_MEMBER"})
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX) or is_internal_topic(topic)
+
+
+def _dump(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_mq_map(table: dict, extra: dict | None = None, field: str = "offsetTable") -> bytes:
+    """{"<field>": {MessageQueue: value}} as fastjson writes it: each key a
+    JSON object {"brokerName","queueId","topic"} (keys sorted), values and
+    the `extra` top-level fields as standard sorted JSON."""
+    entries = []
+    for (topic, broker_name, queue_id), value in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        key = _dump({"brokerName": broker_name, "queueId": queue_id, "topic": topic})
+        entries.append(f"{key}:{_dump(value)}")
+    top = {k: _dump(v) for k, v in (extra or {}).items()}
+    top[field] = "{" + ",".join(entries) + "}"
+    return ("{" + ",".join(f"{_dump(k)}:{top[k]}" for k in sorted(top)) + "}").encode("utf-8")
+
+
+def parse_attributes(text: str | None, current: dict | None = None) -> dict:
+    """5.x AttributeParser: "+k=v,+k2=v2,-k3" (a bare "k=v" adds too)."""
+    out = dict(current or {})
+    if not text or not text.strip():
+        return out
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("-"):
+            key = part[1:]
+            if not key or "=" in key:
+                raise RequestError(ResponseCode.INVALID_PARAMETER, f"bad attribute to delete: {part!r}")
+            out.pop(key, None)
+            continue
+        key, sep, value = part.lstrip("+").partition("=")
+        if not key or not sep:
+            raise RequestError(ResponseCode.INVALID_PARAMETER, f"attribute {part!r} is not +key=value")
+        out[key] = value
+    return out
+
+
+@attrs.define(eq=False)
+class AdminProcessor:
+    broker: object  # .store (BrokerStore), .config (BrokerConfig)
+    started_ms: int = attrs.Factory(lambda: int(time.time() * 1000))
+
+    CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
+             RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.QUERY_MESSAGE, RequestCode.GET_BROKER_RUNTIME_INFO,
+             RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
+             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP)
+
+    @property
+    def bs(self):
+        return self.broker.store
+
+    @property
+    def cfg(self):
+        cfg = getattr(self.broker, "config", None)
+        return cfg if cfg is not None else self.broker.cfg
+
+    def register(self, dispatcher) -> None:
+        for code in self.CODES:
+            dispatcher.register(code, self)
+
+    async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+        handler = {
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message_by_id,
+            RequestCode.QUERY_MESSAGE: self.query_message,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
+            RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats_info,
+            RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_and_create_group,
+            RequestCode.DELETE_SUBSCRIPTIONGROUP: self.delete_group,
+        }[request.code]
+        try:
+            response = await handler(request)
+        except RequestError as e:
+            response = request.make_response(e.code, e.remark)
+        except NotLeaderError as e:
+            response = request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                             f"metadata is written on the DLedger leader (master): {e}")
+        except InvalidMetadataError as e:
+            response = request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
+        except CommitLogError as e:
+            response = request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, str(e))
+        return None if request.is_oneway else response
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        self.bs.gate.check_writable()  # NotWritableError is a NotLeaderError
+
+    def _cq(self, topic: str, queue_id: int):
+        return self.bs.cq.engine.cqs.get(topic, queue_id)
+
+    def _min_max(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self._cq(topic, queue_id)
+        return (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
+
+    def _store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
+        """getMessageStoreTimeStamp: store time of the message at a queue
+        offset, 0 when there is none (or it was deleted)."""
+        cq = self._cq(topic, queue_id)
+        if cq is None or not cq.min_offset <= offset < cq.max_offset:
+            return 0
+        unit = cq.get_unit(offset)
+        if unit.is_blank:
+            return 0
+        ts = self.bs.cq.engine.store_timestamp_of(unit.phy, unit.size)
+        return 0 if ts is None else ts
+
+    # --- topics --------------------------------------------------------------------
+
+    async def update_and_create_topic(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        topic = h.str("topic")
+        h.str("defaultTopic", None)  # the template topic; ignored as by 4.x+
+        read_n, write_n = h.int("readQueueNums"), h.int("writeQueueNums")
+        perm = h.int("perm")
+        filter_type = h.str("topicFilterType", "SINGLE_TAG")
+        sys_flag = h.int("topicSysFlag", 0)
+        order = h.bool("order", False)
+        try:
+            check_topic_name(topic)
+        except InvalidMetadataError as e:
+            return request.make_response(ResponseCode.SYSTEM_ERROR, f"The specified topic is invalid: {e}")
+        if is_system_topic(topic):
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"The topic[{topic}] is conflict with system topic.")
+        if topic == self.cfg.broker_cluster_name:
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"The topic[{topic}] is conflict with system reserved words.")
+        if read_n <= 0 or write_n <= 0:
+            return request.make_response(ResponseCode.INVALID_PARAMETER,
+                                         f"readQueueNums {read_n} / writeQueueNums {write_n} must be positive")
+        if filter_type not in FILTER_TYPES:
+            return request.make_response(ResponseCode.INVALID_PARAMETER,
+                                         f"topicFilterType must be one of {FILTER_TYPES}, got {filter_type!r}")
+        current = self.bs.metadata.topic_config(topic)
+        attributes = parse_attributes(h.str("attributes", None), current.attributes if current else None)
+        try:
+            cfg = TopicConfig(topic, read_n, write_n, perm, filter_type, sys_flag, order, attributes,
+                              extra=current.extra if current else None)
+        except InvalidMetadataError as e:
+            return request.make_response(ResponseCode.INVALID_PARAMETER, str(e))
+        self._check_writable()
+        if current == cfg:
+            return request.make_response(ResponseCode.SUCCESS)  # nothing changes
+        await self.bs.metadata.update_topic(cfg)
+        log.info("topic %s created/updated: %s", topic, cfg)
+        return request.make_response(ResponseCode.SUCCESS)
+
+    async def delete_topic(self, request: RemotingCommand) -> RemotingCommand:
+        topic = HeaderReader(request.ext_fields).str("topic")
+        if not topic or not topic.strip():
+            return request.make_response(ResponseCode.SYSTEM_ERROR, "The specified topic is blank.")
+        if is_system_topic(topic):
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"The topic[{topic}] is conflict with system topic.")
+        self._check_writable()
+        metadata = self.bs.metadata
+        if metadata.topic_config(topic) is not None or metadata.state.offsets.groups_of_topic(topic):
+            await metadata.delete_topic(topic, clean_offsets=True)
+            log.info("topic %s deleted", topic)
+        return request.make_response(ResponseCode.SUCCESS)
+
+    async def get_all_topic_config(self, request: RemotingCommand) -> RemotingCommand:
+        table = self.bs.metadata.state.topics
+        body = {"topicConfigTable": {n: c.to_json() for n, c in
+                                     self.bs.metadata.topic_configs(include_internal=False).items()},
+                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.bs.gate.term}}
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
+
+    # --- messages ------------------------------------------------------------------
+
+    async def view_message_by_id(self, request: RemotingCommand) -> RemotingCommand:
+        phy = HeaderReader(request.ext_fields).long("offset")
+        try:
+            record = message_at(self.bs.cq, phy)
+        except (MessageNotFoundError, MessageFormatError) as e:
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"can not find message by the offset, {phy}: {e}")
+        return request.make_response(ResponseCode.SUCCESS, None, None, record)
+
+    async def query_message(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        topic, key = h.str("topic"), h.str("key")
+        max_num = h.int("maxNum", MAX_QUERY_NUM)
+        begin, end = h.long("beginTimestamp", 0), h.long("endTimestamp", (1 << 63) - 1)
+        if h.bool("_UNIQUE_KEY_QUERY", False):
+            max_num = DEFAULT_QUERY_MAX_NUM
+        max_num = min(max(max_num, 0), MAX_QUERY_NUM)
+        res = query_by_key(self.bs.cq, topic, key, max_num, begin, end)
+        fields = {"indexLastUpdateTimestamp": res.index_last_update_timestamp,
+                  "indexLastUpdatePhyoffset": res.index_last_update_phy_offset}
+        if not res.phy_offsets:
+            return request.make_response(ResponseCode.QUERY_NOT_FOUND,
+                                         "can not find message, maybe time range not correct", fields)
+        return request.make_response(ResponseCode.SUCCESS, None, fields, res.records)
+
+    # --- stats ---------------------------------------------------------------------
+
+    def runtime_info(self) -> dict[str, str]:
+        bs, cfg = self.bs, self.cfg
+        from consumequeue.service import positions
+        pos = positions(bs.store)
+        engine = bs.cq.engine
+        stats = engine.stats
+        st = bs.replica.status()
+        topics = self.bs.metadata.topic_configs(include_internal=False)
+        table = {
+            "brokerVersionDesc": VERSION_DESC,  # MQVersion.getVersionDesc, what tools compare
+            "brokerVersion": str(CURRENT_VERSION),
+            "brokerImpl": "ledgermq",
+            "bootTimestamp": str(self.started_ms),
+            "runtime": f"{(int(time.time() * 1000) - self.started_ms) // 1000}s",
+            "brokerName": cfg.broker_name,
+            "clusterName": cfg.broker_cluster_name,
+            "brokerId": str(bs.gate.broker_id),
+            "brokerRole": "ASYNC_MASTER" if bs.gate.writable else "SLAVE",
+            "brokerPermission": str(cfg.broker_permission),
+            # Counted by this node's dispatcher since it started: every committed message it indexed.
+            "msgPutTotalTodayNow": str(stats.messages),
+            "dispatchMessagesTotal": str(stats.messages),
+            "dispatchEntriesTotal": str(stats.entries),
+            "dispatchBytesTotal": str(stats.bytes),
+            "dispatchBehindBytes": str(max(0, pos.committed_pos - engine.pos)),
+            "commitLogMinOffset": str(pos.begin_pos),
+            "commitLogMaxOffset": str(bs.store.end_pos),
+            "commitLogCommittedOffset": str(pos.committed_pos),
+            "topicCount": str(len(topics)),
+            "subscriptionGroupCount": str(len(self.bs.metadata.state.groups.groups)),
+            "consumeQueueCount": str(len(engine.cqs.queues)),
+            "metadataAppliedIndex": str(self.bs.metadata.applied_index),
+            "dledgerRole": str(st.get("role", "")).upper(),
+            "dledgerTerm": str(st.get("term", bs.gate.term)),
+            "dledgerLeaderId": str(st.get("leader") or ""),
+            "dledgerSelfId": str(st.get("node", "")),
+            "dledgerCommittedIndex": str(st.get("committedIndex", pos.committed_index)),
+            "dledgerBeginIndex": str(st.get("ledgerBeginIndex", bs.store.begin_index)),
+            "dledgerEndIndex": str(st.get("ledgerEndIndex", bs.store.end_index)),
+            "dledgerUncommitted": str(st.get("uncommitted", 0)),
+        }
+        return table
+
+    async def get_broker_runtime_info(self, request: RemotingCommand) -> RemotingCommand:
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json({"table": self.runtime_info()}))
+
+    def topic_stats(self, topic: str) -> dict:
+        tc = self.bs.metadata.topic_config(topic)
+        out = {}
+        for qid in range(tc.write_queue_nums):
+            lo, hi = self._min_max(topic, qid)
+            last = self._store_time_at(topic, qid, hi - 1) if hi > 0 else 0
+            out[(topic, self.cfg.broker_name, qid)] = {"lastUpdateTimestamp": last, "maxOffset": hi,
+                                                       "minOffset": lo}
+        return out
+
+    async def get_topic_stats_info(self, request: RemotingCommand) -> RemotingCommand:
+        topic = HeaderReader(request.ext_fields).str("topic")
+        if self.bs.metadata.topic_config(topic) is None:
+            return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_mq_map(self.topic_stats(topic)))
+
+    def consume_stats(self, group: str, topic: str | None = None) -> dict:
+        """{(topic, brokerName, queueId): OffsetWrapper}; each wrapper also
+        carries the lag (brokerOffset - consumerOffset) under "lag" for
+        Python callers (not sent: Java computes it)."""
+        metadata = self.bs.metadata
+        topics = [topic] if topic else metadata.state.offsets.topics_of_group(group)
+        out = {}
+        for t in topics:
+            tc = metadata.topic_config(t)
+            if tc is None:
+                continue
+            for qid in range(tc.write_queue_nums):
+                broker_offset = max(self._min_max(t, qid)[1], 0)
+                consumer = metadata.query_offset(t, group, qid)
+                consumer = -1 if consumer is None else consumer
+                last = self._store_time_at(t, qid, consumer - 1) if consumer > 0 else 0
+                out[(t, self.cfg.broker_name, qid)] = {
+                    "brokerOffset": broker_offset, "consumerOffset": consumer, "pullOffset": consumer,
+                    "lastTimestamp": last, "lag": max(0, broker_offset - max(consumer, 0))}
+        return out
+
+    async def get_consume_stats(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        group, topic = h.str("consumerGroup"), h.str("topic", None)
+        if topic is not None and not topic.strip():
+            topic = None
+        if topic is not None and self.bs.metadata.topic_config(topic) is None:
+            return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        stats = self.consume_stats(group, topic)
+        wire = {k: {f: v for f, v in w.items() if f != "lag"} for k, w in stats.items()}
+        return request.make_response(ResponseCode.SUCCESS, None, None,
+                                     encode_mq_map(wire, {"consumeTps": 0.0}))
+
+    # --- subscription groups ---------------------------------------------------------
+
+    async def update_and_create_group(self, request: RemotingCommand) -> RemotingCommand:
+        data = decode_json(request.body, "SubscriptionGroupConfig")
+        if not isinstance(data, dict):
+            return request.make_response(ResponseCode.SYSTEM_ERROR, "SubscriptionGroupConfig must be a JSON object")
+        try:
+            cfg = SubscriptionGroupConfig.from_json(data)
+        except InvalidMetadataError as e:
+            return request.make_response(ResponseCode.SYSTEM_ERROR, f"invalid subscription group config: {e}")
+        self._check_writable()
+        if self.bs.metadata.group_config(cfg.group_name) != cfg:
+            await self.bs.metadata.update_group(cfg)
+            log.info("subscription group %s created/updated", cfg.group_name)
+        return request.make_response(ResponseCode.SUCCESS)
+
+    async def delete_group(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        group = h.str("groupName")
+        clean = h.bool("cleanOffset", False) or h.bool("removeOffset", False)
+        try:
+            check_group_name(group)
+        except InvalidMetadataError as e:
+            return request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
+        self._check_writable()
+        metadata = self.bs.metadata
+        if metadata.group_config(group) is not None or (clean and metadata.state.offsets.topics_of_group(group)):
+            await metadata.delete_group(group, clean_offsets=clean)
+            log.info("subscription group %s deleted (offsets %s)", group, "removed" if clean else "kept")
+        return request.make_response(ResponseCode.SUCCESS)
+
+
+def register(dispatcher, broker) -> AdminProcessor:
+    """Plug the admin requests into `dispatcher`; `broker` has .store and .config."""
+    processor = AdminProcessor(broker)
+    processor.register(dispatcher)
+    return processor
