@@ -27,7 +27,9 @@ import attrs
 
 from broker.message import HostAddr
 from commitlog.config import (ConfigError, FlushDiskType, ReplicationConfig, iter_properties,
-                              read_properties_text)
+                              read_properties_text,
+                              parse_bool as _bool, parse_int as _int, parse_nonempty as _nonempty,
+                              parse_text as _text)
 from commitlog.raft.state import Role
 
 MASTER_ID = 0
@@ -45,46 +47,8 @@ def _local_ip() -> str:
         return "127.0.0.1"
 
 
-# --- value parsers (text or already-typed values, as from_dict may get) --------
-
-def _text(key: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(key, value, f"expected text, got {type(value).__name__}")
-    return value.strip()
-
-
-def _nonempty(key: str, value: object) -> str:
-    text = _text(key, value)
-    if not text:
-        raise ConfigError(key, value, "must not be empty")
-    return text
-
-
-def _int(lo: int, hi: int):
-    def parse(key: str, value: object) -> int:
-        if isinstance(value, bool):
-            raise ConfigError(key, value, "expected an integer, got a boolean")
-        if isinstance(value, int):
-            n = value
-        else:
-            text = _text(key, value)
-            if not re.fullmatch(r"[+-]?[0-9]+", text):
-                raise ConfigError(key, value, "expected an integer")
-            n = int(text)
-        if not lo <= n <= hi:
-            raise ConfigError(key, value, f"must be in {lo}..{hi}")
-        return n
-    return parse
-
-
-def _bool(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = _text(key, value).lower()
-    if text not in ("true", "false"):
-        raise ConfigError(key, value, "expected true or false")
-    return text == "true"
-
+# --- value parsers: the shared ones of commitlog/config.py (text or already-
+# typed values, as from_dict may get), plus the broker's own below -------------
 
 def _ip(key: str, value: object) -> str:
     text = _nonempty(key, value)

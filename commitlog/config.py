@@ -483,3 +483,8 @@ def _from_dict(props: Mapping[str, object], warnings: list[str]) -> tuple[Replic
         warnings.append(f"dLegerSelfId={self_id!r} is not of the form n<digits>; RocketMQ derives "
                         f"a follower's brokerId from the digits after the first character")
     return ReplicationConfig(**values), warnings
+
+
+# The value parsers are shared with broker/config.py (broker.conf holds both
+# the replication keys and the broker's own).
+parse_text, parse_nonempty, parse_int, parse_bool = _text, _nonempty, _int, _bool
