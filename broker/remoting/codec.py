@@ -24,7 +24,7 @@ from typing import Literal
 from broker.remoting.codes import LanguageCode, SerializeType
 from broker.remoting.command import RemotingCommand, coerce_fields
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
-from commitlog.transport.framing import CLOSED, NEED_DATA, _Event
+from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, _Event
 
 __all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "encode_command",
            "encode_header", "decode_header"]
@@ -231,7 +231,7 @@ def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> Remotin
 
 # --- the stream decoder -----------------------------------------------------------
 
-class CommandDecoder:
+class CommandDecoder(ByteStreamDecoder):
     """Incremental decoder.  Feed with receive_data() (b"" means EOF), drain
     with next_command() until it returns NEED_DATA or CLOSED.  After a
     RemoteProtocolError the decoder stays failed: every later call raises
@@ -240,30 +240,8 @@ class CommandDecoder:
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if not 12 <= max_frame_size <= 0x7FFFFFFF:
             raise ValueError(f"max_frame_size must be in [12, 2**31), got {max_frame_size}")
+        super().__init__()
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
-        self._pos = 0  # consumed prefix, compacted on the next receive_data()
-        self._eof = False
-        self._error: RemoteProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf) - self._pos
-
-    def receive_data(self, data: bytes) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._eof:
-            if data:
-                self._fail("data after end of stream")
-            return
-        if not data:
-            self._eof = True
-            return
-        if self._pos:
-            del self._buf[:self._pos]
-            self._pos = 0
-        self._buf += data
 
     def next_command(self) -> RemotingCommand | Literal[_Event.NEED_DATA, _Event.CLOSED]:
         if self._error is not None:

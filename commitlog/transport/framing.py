@@ -75,26 +75,24 @@ def encode_frame(payload: bytes, kind: FrameKind = FrameKind.DATA,
     return frame_header(kind, len(payload), max_frame_size) + bytes(payload)
 
 
-class FrameDecoder:
-    """Incremental decoder.  Feed with receive_data() (b"" means EOF), drain
-    with next_frame() until it returns NEED_DATA or CLOSED.  After a
-    FrameError the decoder stays failed: every later call raises the same
-    error, because the stream has lost its frame boundaries."""
+class ByteStreamDecoder:
+    """The receive side every sans-IO decoder here shares: bytes fed with
+    receive_data() (b"" means EOF) accumulate in _buf; _pos is the prefix
+    already returned, compacted lazily on the next receive_data() so draining
+    many small messages from one chunk stays linear.  After an error the
+    decoder stays failed (_error is raised again), because the stream has
+    lost its message boundaries.  Subclasses parse from _buf[_pos:] and
+    define _fail(reason), which must set _error and raise it."""
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        if not 0 < max_frame_size <= 0xFFFFFFFF:
-            raise ValueError(f"max_frame_size must be in (0, 2**32), got {max_frame_size}")
-        self.max_frame_size = max_frame_size
+    def __init__(self) -> None:
         self._buf = bytearray()
-        # Consumed prefix of _buf; compacted lazily on the next receive_data()
-        # so draining many small frames from one chunk stays linear.
         self._pos = 0
         self._eof = False
-        self._error: FrameError | None = None
+        self._error: Exception | None = None
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet returned as frames."""
+        """Bytes received but not yet returned as messages."""
         return len(self._buf) - self._pos
 
     def receive_data(self, data: bytes) -> None:
@@ -111,6 +109,22 @@ class FrameDecoder:
             del self._buf[:self._pos]
             self._pos = 0
         self._buf += data
+
+    def _fail(self, reason: str):
+        raise NotImplementedError
+
+
+class FrameDecoder(ByteStreamDecoder):
+    """Incremental decoder.  Feed with receive_data() (b"" means EOF), drain
+    with next_frame() until it returns NEED_DATA or CLOSED.  After a
+    FrameError the decoder stays failed: every later call raises the same
+    error, because the stream has lost its frame boundaries."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if not 0 < max_frame_size <= 0xFFFFFFFF:
+            raise ValueError(f"max_frame_size must be in (0, 2**32), got {max_frame_size}")
+        super().__init__()
+        self.max_frame_size = max_frame_size
 
     def next_frame(self) -> Frame | Literal[_Event.NEED_DATA, _Event.CLOSED]:
         if self._error is not None:
