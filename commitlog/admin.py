@@ -10,6 +10,8 @@
 #            {"op": "append", "bodies": ["<base64>", ...]}
 #            {"op": "read", "from": 0, "count": 100}        committed only
 #            {"op": "chain", "index": 42}                  chain CRC (replica compare)
+#            {"op": "wait_committed", "index": 42, "timeout": 10}
+#                                                          parks on the commit watermark
 #            {"op": "load", "count": N, "size": S, "window": W, "batch": B}
 # Replies:   {"ok": true, ...} or {"ok": false, "error": "...", "type": "NotLeaderError", ...}
 import base64
@@ -51,6 +53,13 @@ async def handle_request(node, req: dict) -> dict:
     if op == "chain":
         index = int(req["index"])
         return {"ok": True, "index": index, "chainCrc": node.chain_crc_at(index)}
+    if op == "wait_committed":
+        # Waits on the node's commit watermark, so callers need not poll.
+        try:
+            await node.committed.wait_for(int(req["index"]), timeout=float(req.get("timeout", 10.0)))
+        except trio.TooSlowError:
+            raise AdminError(f"committed index did not reach {req['index']} in time") from None
+        return {"ok": True, **node.status()}
     if op == "load":
         return {"ok": True, **await run_load(node, int(req.get("count", 10000)), int(req.get("size", 1024)),
                                              int(req.get("window", 1)), int(req.get("batch", 1)))}

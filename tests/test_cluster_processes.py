@@ -74,13 +74,8 @@ async def test_kill_leader_under_load_loses_no_acknowledged_append(tmp_path):
             stop.set()
         await cluster.start(first_leader)  # restart the killed node from its disk
         last = max(acked)
-        with trio.fail_after(20):
-            while True:
-                sts = await cluster.statuses()
-                if len(sts) == 3 and all(st["committedIndex"] >= last for st in sts.values()):
-                    break
-                await trio.sleep(0.05)
-        sts = await cluster.statuses()
+        sts = await cluster.wait_all_committed(last, timeout=20)
+        assert len(sts) == 3
         common = min(st["committedIndex"] for st in sts.values())
         for node_id in cluster.nodes:
             log = await read_all(cluster, node_id, last)

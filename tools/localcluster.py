@@ -133,6 +133,24 @@ class LocalCluster:
                     pass
         return out
 
+    async def wait_all_committed(self, index: int, timeout: float = 30.0) -> dict[str, dict]:
+        """Statuses of every live node once each has committed `index`; each
+        node parks on its own commit watermark (no polling)."""
+        out: dict[str, dict] = {}
+
+        async def one(nid: str) -> None:
+            reply = await self.call(nid, {"op": "wait_committed", "index": index, "timeout": timeout},
+                                    timeout=timeout + 5)
+            if not reply.get("ok"):
+                raise RuntimeError(f"{nid}: {reply.get('error')}")
+            out[nid] = reply
+
+        async with trio.open_nursery() as nursery:
+            for nid, node in self.nodes.items():
+                if node.alive:
+                    nursery.start_soon(one, nid)
+        return out
+
     async def wait_leader(self, timeout: float = 15.0, exclude: set[str] = frozenset()) -> str:
         """The node every live member agrees leads (polling the admin ports
         from outside is the client's job here, not the product's)."""

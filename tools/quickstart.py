@@ -107,12 +107,7 @@ async def run(args) -> int:
 
         await cluster.start(leader)
         last = max(acked)
-        with trio.fail_after(30):
-            while True:
-                sts = await cluster.statuses()
-                if len(sts) == 3 and all(st["committedIndex"] >= last for st in sts.values()):
-                    break
-                await trio.sleep(0.05)
+        sts = await cluster.wait_all_committed(last)
         say(f"4. restarted {leader}; it rejoined as {sts[leader]['role']} and caught up")
         print_status(sts)
         lost = 0
