@@ -1,0 +1,285 @@
+# Owns running a whole ledgermq cluster as real processes on 127.0.0.1: one
+# or more `mqnamesrv` and one DLedger group of `mqbroker`s (default 3), each
+# broker with its own broker.conf and store root.  It learns each process's
+# address from the line it prints when it serves, can kill -9 / SIGSTOP /
+# restart the processes it started (by PID, and only those), and finds the
+# current master from the name server's cluster info.  Used by the client
+# library's and mqadmin's tests, the broker benchmark and the quickstart.
+#
+#   async with open_broker_cluster(tmp_path) as cluster:
+#       master = await cluster.wait_master()          # node id, e.g. "n1"
+#       cluster.kill(master)
+#       await cluster.wait_master(exclude={master})
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from broker.namesrv.client import NamesrvClient
+from broker.remoting.client import RemotingClient, open_remoting_client
+from broker.remoting.errors import RemotingError
+from tools.localcluster import _read_line, _repo_root, free_ports
+
+_NAMESRV_LINE = re.compile(rb"listening on (\S+):(\d+)")
+
+
+@attrs.define
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    log_path: str
+    process: trio.Process | None = None
+    addr: str | None = None  # host:port it serves remoting on
+    info: dict = attrs.Factory(dict)  # the broker's start-up JSON line
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+def _console(name: str) -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.exists(exe):
+        return [exe]
+    return [sys.executable, "-c", f"from broker.cli import {name}; {name}()"]
+
+
+@attrs.define
+class LocalBrokerCluster:
+    """Call start() (or use open_broker_cluster); `remoting` must be set for
+    the methods that ask the name server."""
+    root: str
+    size: int = 3
+    cluster_name: str = "LedgerCluster"
+    broker_name: str = "broker-a"
+    namesrv_count: int = 1
+    extra_conf: dict = attrs.Factory(dict)  # more broker.conf keys for every broker
+    log_level: str = "WARNING"
+    remoting: RemotingClient | None = None
+    namesrvs: list[ManagedProcess] = attrs.Factory(list)
+    brokers: dict[str, ManagedProcess] = attrs.Factory(dict)
+    _peer_ports: list[int] = attrs.Factory(list)
+
+    # --- addresses -----------------------------------------------------------------
+
+    @property
+    def namesrv_addr(self) -> str:
+        """"a:9876;b:9876", as clients and NAMESRV_ADDR spell it."""
+        return ";".join(p.addr for p in self.namesrvs if p.addr)
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [p.addr for p in self.namesrvs if p.addr]
+
+    def addr(self, node: str) -> str:
+        return self.brokers[node].addr
+
+    def node_of(self, addr: str) -> str | None:
+        return next((n for n, p in self.brokers.items() if p.addr == addr), None)
+
+    def store_root(self, node: str) -> str:
+        return os.path.join(self.root, node)
+
+    def conf_path(self, node: str) -> str:
+        return os.path.join(self.root, f"{node}.conf")
+
+    def namesrv_client(self) -> NamesrvClient:
+        return NamesrvClient(self._remoting(), self.namesrv_addrs)
+
+    def _remoting(self) -> RemotingClient:
+        if self.remoting is None:
+            raise RuntimeError("LocalBrokerCluster.remoting is not set (use open_broker_cluster)")
+        return self.remoting
+
+    # --- processes ---------------------------------------------------------------------
+
+    def write_confs(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        ids = [f"n{i}" for i in range(self.size)]
+        ports = free_ports(self.size * 2)
+        peers = ";".join(f"{n}-127.0.0.1:{ports[k]}" for k, n in enumerate(ids))
+        for k, node in enumerate(ids):
+            conf = {
+                "brokerClusterName": self.cluster_name, "brokerName": self.broker_name,
+                "brokerIP1": "127.0.0.1", "listenPort": ports[self.size + k],
+                "enableDLegerCommitLog": "true", "dLegerGroup": self.broker_name,
+                "dLegerPeers": peers, "dLegerSelfId": node,
+                "storePathRootDir": self.store_root(node), "flushDiskType": "ASYNC_FLUSH",
+                "namesrvAddr": self.namesrv_addr, "registerNameServerPeriod": 10000,
+                **self.extra_conf,
+            }
+            with open(self.conf_path(node), "w") as f:
+                f.writelines(f"{key}={value}\n" for key, value in conf.items())
+            self.brokers[node] = ManagedProcess(
+                node, [*_console("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
+                os.path.join(self.root, f"{node}.log"))
+
+    async def start(self) -> None:
+        """Start every name server and broker that is not running; returns
+        once each serves (brokers: recovered, bound, registering)."""
+        os.makedirs(self.root, exist_ok=True)
+        if not self.namesrvs:
+            ports = free_ports(self.namesrv_count)
+            self.namesrvs = [ManagedProcess(f"namesrv{i}", [*_console("mqnamesrv"), "-p", str(port)],
+                                            os.path.join(self.root, f"namesrv{i}.log"))
+                             for i, port in enumerate(ports)]
+        for ns in self.namesrvs:
+            if not ns.alive:
+                await self._spawn(ns)
+                line = await _read_line(ns.process.stdout, timeout=30)
+                m = _NAMESRV_LINE.search(line)
+                if m is None:
+                    raise RuntimeError(f"{ns.name}: unexpected start-up line {line!r}")
+                ns.addr = f"{m.group(1).decode()}:{m.group(2).decode()}"
+        if not self.brokers:
+            self.write_confs()
+        pending = [n for n, p in self.brokers.items() if not p.alive]
+        for node in pending:  # spawn all first: a group elects only with a quorum up
+            await self._spawn(self.brokers[node])
+        for node in pending:
+            await self._await_broker(node)
+
+    async def start_broker(self, node: str) -> None:
+        """(Re)start one broker that is not running."""
+        proc = self.brokers[node]
+        if not proc.alive:
+            await self._spawn(proc)
+            await self._await_broker(node)
+
+    async def _await_broker(self, node: str) -> None:
+        proc = self.brokers[node]
+        try:
+            line = await _read_line(proc.process.stdout, timeout=60)
+        except RuntimeError as e:
+            raise RuntimeError(f"broker {node}: {e}\n{self.log_tail(node)}") from None
+        proc.info = json.loads(line)
+        proc.addr = proc.info["brokerAddr"]
+
+    async def _spawn(self, proc: ManagedProcess, env: dict | None = None) -> None:
+        root = _repo_root()
+        full_env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    **(env or {})}
+        with open(proc.log_path, "ab") as log:
+            proc.process = await trio.lowlevel.open_process(
+                proc.argv, stdout=subprocess.PIPE, stderr=log, cwd=root, env=full_env)
+
+    def _proc(self, name: str) -> ManagedProcess:
+        if name in self.brokers:
+            return self.brokers[name]
+        return next(p for p in self.namesrvs if p.name == name)
+
+    def kill(self, name: str) -> None:
+        """kill -9 a broker ("n0") or name server ("namesrv0") we started."""
+        proc = self._proc(name)
+        if proc.alive:
+            os.kill(proc.pid, signal.SIGKILL)
+
+    def pause(self, name: str) -> None:
+        proc = self._proc(name)
+        if proc.alive:
+            os.kill(proc.pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        proc = self._proc(name)
+        if proc.alive:
+            os.kill(proc.pid, signal.SIGCONT)
+
+    async def wait_dead(self, name: str) -> None:
+        proc = self._proc(name)
+        if proc.process is not None:
+            await proc.process.wait()
+        if self.remoting is not None and proc.addr:
+            self.remoting.close_connection(proc.addr)
+
+    async def stop(self, name: str, timeout: float = 20.0) -> int | None:
+        """SIGTERM one process and wait for it (kill -9 after timeout);
+        returns its exit status."""
+        proc = self._proc(name)
+        if proc.alive:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.process.terminate()
+            with trio.move_on_after(timeout):
+                await proc.process.wait()
+            if proc.alive:
+                os.kill(proc.pid, signal.SIGKILL)
+                await proc.process.wait()
+        return proc.process.returncode if proc.process is not None else None
+
+    async def stop_all(self) -> None:
+        """Brokers first (they unregister from the name servers), then the
+        name servers."""
+        async with trio.open_nursery() as nursery:
+            for node in self.brokers:
+                nursery.start_soon(self.stop, node)
+        async with trio.open_nursery() as nursery:
+            for ns in self.namesrvs:
+                nursery.start_soon(self.stop, ns.name)
+
+    def log_tail(self, name: str, chars: int = 4000) -> str:
+        path = self._proc(name).log_path
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return ""
+        return f"--- {name} ({path}) ---\n" + data[-chars:].decode("utf-8", "replace")
+
+    # --- roles, from the name server --------------------------------------------------
+
+    async def broker_ids(self) -> dict[int, str]:
+        """brokerId -> address of this group, as the name servers see it
+        (empty while none answers)."""
+        try:
+            brokers, _clusters = await self.namesrv_client().get_cluster_info()
+        except RemotingError:
+            return {}
+        data = brokers.get(self.broker_name)
+        return dict(data.broker_addrs) if data is not None else {}
+
+    async def wait_master(self, timeout: float = 30.0, exclude: set[str] = frozenset(),
+                          settled: bool = True) -> str:
+        """The node registered as brokerId 0, not in `exclude`.  With
+        settled, also wait until every live broker is registered under a
+        distinct id and none that is dead is (the route clients will see)."""
+        with trio.fail_after(timeout):
+            while True:
+                ids = await self.broker_ids()
+                master = self.node_of(ids.get(0, ""))
+                if master is not None and master not in exclude and self.brokers[master].alive:
+                    live = {p.addr for p in self.brokers.values() if p.alive}
+                    if not settled or (set(ids.values()) == live and len(ids) == len(live)):
+                        return master
+                await trio.sleep(0.05)
+
+
+@asynccontextmanager
+async def open_broker_cluster(root, **kw) -> AsyncIterator[LocalBrokerCluster]:
+    """Start the cluster, yield it (with `remoting` set), stop it on exit;
+    on failure the processes' log tails are printed to stderr."""
+    cluster = LocalBrokerCluster(str(root), **kw)
+    try:
+        async with open_remoting_client() as rc:
+            cluster.remoting = rc
+            await cluster.start()
+            yield cluster
+            await cluster.stop_all()
+    except BaseException:
+        for name in [*cluster.brokers, *(p.name for p in cluster.namesrvs)]:
+            print(cluster.log_tail(name), file=sys.stderr)
+        raise
+    finally:
+        for proc in [*cluster.brokers.values(), *cluster.namesrvs]:
+            if proc.alive:
+                os.kill(proc.pid, signal.SIGKILL)
+                await proc.process.wait()
