@@ -11,6 +11,7 @@ pytestmark = pytest.mark.slow
 
 async def test_cluster_starts_elects_and_fails_over(tmp_path):
     async with open_broker_cluster(tmp_path) as cluster:
+        assert cluster.namesrv_addr.startswith("127.0.0.1:")  # bound to loopback only
         master = await cluster.wait_master()
         ids = await cluster.broker_ids()
         assert sorted(ids.values()) == sorted(cluster.addr(n) for n in cluster.brokers)

@@ -131,9 +131,12 @@ class LocalBrokerCluster:
         os.makedirs(self.root, exist_ok=True)
         if not self.namesrvs:
             ports = free_ports(self.namesrv_count)
-            self.namesrvs = [ManagedProcess(f"namesrv{i}", [*_console("mqnamesrv"), "-p", str(port)],
-                                            os.path.join(self.root, f"namesrv{i}.log"))
-                             for i, port in enumerate(ports)]
+            for i, port in enumerate(ports):
+                conf = os.path.join(self.root, f"namesrv{i}.conf")
+                with open(conf, "w") as f:  # loopback only: nothing listens beyond this machine
+                    f.write(f"listenPort={port}\nbindAddress=127.0.0.1\n")
+                self.namesrvs.append(ManagedProcess(f"namesrv{i}", [*_console("mqnamesrv"), "-c", conf],
+                                                    os.path.join(self.root, f"namesrv{i}.log")))
         for ns in self.namesrvs:
             if not ns.alive:
                 await self._spawn(ns)
