@@ -25,7 +25,7 @@ import socket
 
 import attrs
 
-from broker.message import HostAddr
+from broker.message import DEFAULT_DELAY_LEVELS_MS, HostAddr
 from commitlog.config import (ConfigError, FlushDiskType, ReplicationConfig, iter_properties,
                               read_properties_text,
                               parse_bool as _bool, parse_int as _int, parse_nonempty as _nonempty,
@@ -68,6 +68,23 @@ def _namesrv(key: str, value: object) -> tuple[str, ...]:
     return addrs
 
 
+_DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(key: str, value: object) -> tuple[int, ...]:
+    """messageDelayLevel ("1s 5s 10s 30s 1m ... 2h", units s/m/h/d as
+    ScheduleMessageService.parseDelayLevel takes them) -> ms per level."""
+    out = []
+    for word in _text(key, value).split():
+        m = re.fullmatch(r"(\d+)([smhd])", word)
+        if m is None or int(m.group(1)) <= 0:
+            raise ConfigError(key, value, f"{word!r} is not a positive <n>s/m/h/d delay")
+        out.append(int(m.group(1)) * _DELAY_UNITS_MS[m.group(2)])
+    if not out:
+        raise ConfigError(key, value, "no delay levels")
+    return tuple(out)
+
+
 # broker.conf key -> (BrokerConfig field, parser)
 KEYS = {
     "brokerClusterName": ("broker_cluster_name", _nonempty),
@@ -82,6 +99,7 @@ KEYS = {
     "maxMessageSize": ("max_message_size", _int(1, _JAVA_INT)),
     "registerNameServerPeriod": ("register_name_server_period_ms", _int(10000, 60000)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
+    "messageDelayLevel": ("message_delay_levels_ms", parse_delay_levels),
 }
 
 
@@ -100,6 +118,7 @@ class BrokerConfig:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     register_name_server_period_ms: int = 30000
     broker_permission: int = 6  # PERM_READ | PERM_WRITE
+    message_delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # level n is entry n-1
 
     # --- derived -------------------------------------------------------------
 

@@ -12,7 +12,11 @@
 #   GET_MAX_OFFSET 30 / GET_MIN_OFFSET 31 / SEARCH_OFFSET_BY_TIMESTAMP 29 /
 #   GET_EARLIEST_MSG_STORETIME 32  over the consume queues (committed only)
 #   HEART_BEAT 34                  producer/consumer registration; enums by
-#                                  name or ordinal (client-compat #5)
+#                                  name or ordinal (client-compat #5); on
+#                                  the writable leader each consumer group
+#                                  and its %RETRY%<group> topic are
+#                                  auto-created through the replicated
+#                                  metadata (broker.retry), as Java does
 #   UNREGISTER_CLIENT 35
 #   GET_CONSUMER_LIST_BY_GROUP 38  {"consumerIdList":[...]}
 #
@@ -31,6 +35,7 @@
 # the on_close hook a closed connection's clients are skipped at once and
 # dropped (with notification) by the next expiry scan.
 import enum
+import inspect
 import logging
 import math
 import time
@@ -40,7 +45,7 @@ import attrs
 import trio
 
 from broker.metadata.tables import InvalidMetadataError
-from broker.pull import Subscription, parse_subscription
+from broker.pull import Subscription, broker_config, parse_subscription
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError, RequestError
@@ -394,6 +399,8 @@ class ConsumerProcessor:
         }[request.code]
         try:
             response = handler(conn, request)
+            if inspect.isawaitable(response):
+                response = await response
         except RequestError as e:
             response = request.make_response(e.code, e.remark)
         return None if request.is_oneway else response
@@ -474,12 +481,27 @@ class ConsumerProcessor:
 
     # --- clients -------------------------------------------------------------------------
 
-    def heart_beat(self, conn, request: RemotingCommand) -> RemotingCommand:
+    async def heart_beat(self, conn, request: RemotingCommand) -> RemotingCommand:
         data = decode_json(request.body, "HeartbeatData")
         if not isinstance(data, dict):
             raise RequestError(ResponseCode.SYSTEM_ERROR, "HeartbeatData must be a JSON object")
         self.manager.heartbeat(conn, request, data)
+        for cd in data.get("consumerDataSet") or []:
+            await self._ensure_retry_topic(cd["groupName"], bool(cd.get("unitMode")))
         return request.make_response(ResponseCode.SUCCESS)
+
+    async def _ensure_retry_topic(self, group: str, unit_mode: bool) -> None:
+        # The heartbeat is answered SUCCESS whatever happens here (Java
+        # does too); the next heartbeat tries again.
+        from broker.retry import ensure_retry_topic  # late: retry imports send, which is heavier
+        bs = getattr(self.broker, "store", None)
+        if getattr(bs, "gate", None) is None:  # a registry without a store (tests)
+            return
+        try:
+            await ensure_retry_topic(self.bs.metadata, self.bs.gate, broker_config(self.broker), group,
+                                     unit_mode=unit_mode)
+        except (CommitLogError, InvalidMetadataError) as e:
+            log.warning("heartbeat of group %s: %%RETRY%% topic / group not created: %s", group, e)
 
     def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(request.ext_fields)

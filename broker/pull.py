@@ -25,15 +25,22 @@
 #      parks on cq.dispatcher.dispatched.
 #
 # Roles.  Every node serves reads: consume queues on followers hold exactly
-# the committed, dispatched messages.  suggestWhichBrokerId is always this
-# broker's own current id (0 on the writable leader, its slave id elsewhere),
-# which is the id it registers at the name server, so the client never gets
-# an id the route lacks.  Like a RocketMQ slave without offsetCheckInSlave, a
-# non-leader does not correct offsets: OFFSET_MOVED becomes
-# PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset (a
-# follower's dispatch may lag, and resetting a consumer on a lagging view
+# the committed, dispatched messages.  suggestWhichBrokerId (which broker the
+# client should pull this queue from next) follows RocketMQ's slaveReadEnable
+# rule of thumb: a consumer whose next message lies more than
+# accessMessageInMemoryMaxRatio (40 %) of physical memory behind the
+# dispatched end is reading cold data, so the master sends it to a follower
+# (the one with the highest match index, by the slave id it registers
+# under) to keep that I/O off the master; otherwise the answer is 0 (the
+# master).  A follower keeps such a lagging consumer (suggests its own id)
+# and sends it back (0) once it has caught up.  The threshold is
+# PullProcessor.slave_read_lag_bytes.  Like a RocketMQ slave without
+# offsetCheckInSlave, a non-leader does not correct offsets: OFFSET_MOVED
+# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset
+# (a follower's dispatch may lag, and resetting a consumer on a lagging view
 # would rewind it).
 import logging
+import os
 
 import attrs
 import trio
@@ -60,6 +67,17 @@ SUB_ALL = "*"
 DEFAULT_SUSPEND_MS = 15000  # the push consumer's brokerSuspendMaxTimeMillis
 SHORT_POLLING_MS = 1000  # shortPollingTimeMills
 MAX_SUSPEND_MS = 24 * 3600 * 1000  # a sanity bound on a client-chosen hold
+MASTER_ID = 0
+ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO = 40  # MessageStoreConfig.accessMessageInMemoryMaxRatio (%)
+
+
+def default_slave_read_lag_bytes() -> int:
+    """40 % of physical memory (RocketMQ's isTheBatchFull/suggestPullingFromSlave bound)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return total * ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO // 100
 
 
 class PullError(Exception):
@@ -161,6 +179,7 @@ class PullProcessor:
     long_polling_enable: bool = True
     short_polling_ms: int = SHORT_POLLING_MS
     max_transfer_bytes: int = DEFAULT_MAX_BYTES
+    slave_read_lag_bytes: int = attrs.Factory(default_slave_read_lag_bytes)
     held: int = 0  # requests parked right now (for stats and tests)
 
     @property
@@ -270,9 +289,32 @@ class PullProcessor:
         finally:
             self.held -= 1
 
+    def suggest_broker_id(self, result: PullResult) -> int:
+        """0 (the master) unless the consumer lags beyond slave_read_lag_bytes
+        (see the header)."""
+        if not result.phy_offsets:
+            return MASTER_ID
+        behind = self.bs.cq.engine.pos - result.phy_offsets[-1]
+        if behind <= self.slave_read_lag_bytes:
+            return MASTER_ID
+        if not self.bs.gate.writable:
+            return self.bs.broker_id  # stay on this follower while still far behind
+        return self._best_follower_id()
+
+    def _best_follower_id(self) -> int:
+        from broker.config import broker_id_for  # the slave id each member registers under
+        from commitlog.raft.state import Role
+        replica = self.bs.replica
+        peers = replica.status().get("peers", {})
+        best = max(((p["matchIndex"], pid) for pid, p in peers.items() if pid != replica.node_id), default=None)
+        if best is None:
+            return MASTER_ID
+        rc = self.bs.cfg.replication
+        return broker_id_for(Role.FOLLOWER, best[1], rc.peer_ids)
+
     def _response(self, request: RemotingCommand, result: PullResult, code: int) -> RemotingCommand:
         fields = {"nextBeginOffset": result.next_begin_offset, "minOffset": result.min_offset,
-                  "maxOffset": result.max_offset, "suggestWhichBrokerId": self.bs.broker_id}
+                  "maxOffset": result.max_offset, "suggestWhichBrokerId": self.suggest_broker_id(result)}
         body = result.records if code == ResponseCode.SUCCESS else b""
         return request.make_response(code, result.status.value, fields, body)
 

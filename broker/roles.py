@@ -11,7 +11,10 @@
 #                           (MetadataService.leader_barrier),
 #                       then rebuilds the topic-queue offset table from the
 #                       consume queues and installs the append hook
-#                       (ConsumeQueueService.become_leader), and only then
+#                       (ConsumeQueueService.become_leader), announces its
+#                       broker address (brokerIP1:listenPort) through the
+#                       metadata unless the tables already hold it, and
+#                       only then
 #   leader, writable    open; brokerId 0 (master).
 #
 # Losing leadership closes the gate at once: on_role_change runs inside the
@@ -23,7 +26,12 @@
 # The gate is the one place that knows "may this broker write now": every
 # write path (send, metadata updates, offset commits) should call
 # check_writable() first; a record appended without the hook would carry no
-# queue offset.
+# queue offset.  The gate makes itself the metadata service's write_gate,
+# so metadata writes are refused the same way.  Its NotWritableError names
+# the leader's broker address -- what a RocketMQ client can connect to --
+# from the announcements in the metadata (the DLedger peer address is a
+# replication port, useless to clients), with the peer address as a
+# fallback while no announcement is known.
 import logging
 import math
 
@@ -31,7 +39,7 @@ import attrs
 import trio
 
 from broker.config import broker_id_for
-from commitlog.errors import NotLeaderError
+from commitlog.errors import CommitLogError, NotLeaderError
 from commitlog.raft.state import Role, SoftState
 from commitlog.watermark import Watermark
 
@@ -41,14 +49,26 @@ log = logging.getLogger("ledgermq.roles")
 @attrs.define(str=False)
 class NotWritableError(NotLeaderError):
     """This broker does not accept writes: not the leader, or a leader still
-    catching up (leader_id is then this node, leader_addr None)."""
+    catching up (leader_id is then this node, leader_addr None).
+    broker_addr: the leader's broker address, when known."""
 
     catching_up: bool = False
+    broker_addr: str | None = None
 
     def __str__(self) -> str:
         if self.catching_up:
             return "this broker was just elected leader and is still catching up (dispatch, metadata)"
-        return super().__str__()
+        return f"not the DLedger leader (master); {describe_leader(self.leader_id, self.leader_addr, self.broker_addr)}"
+
+
+def describe_leader(leader_id: str | None, peer_addr: str | None, broker_addr: str | None) -> str:
+    """"the master is n1 at 127.0.0.1:10912" (the broker address), or the
+    DLedger peer address while the broker address is not known."""
+    if not leader_id:
+        return "no leader is known"
+    if broker_addr:
+        return f"the master is {leader_id} at {broker_addr}"
+    return f"the leader is {leader_id} (DLedger peer {peer_addr}; its broker address is not known yet)"
 
 
 @attrs.define(eq=False)
@@ -71,6 +91,8 @@ class RoleGate:
         ss = self.replica.soft_state
         if ss is not None:
             self.role, self.term = ss.role, ss.term
+        if self.metadata is not None and hasattr(self.metadata, "write_gate"):
+            self.metadata.write_gate = self
 
     # --- what the broker reads -------------------------------------------------
 
@@ -93,8 +115,24 @@ class RoleGate:
             return
         if self.replica.is_leader:
             raise NotWritableError(self.replica.node_id, None, catching_up=True)
-        err = self.replica.leader_error()
-        raise NotWritableError(err.leader_id, err.leader_addr)
+        raise self.not_writable(self.replica.leader_error())
+
+    def leader_broker_addr(self, leader_id: str | None) -> str | None:
+        if self.metadata is None or not hasattr(self.metadata, "broker_addr_of"):
+            return None
+        return self.metadata.broker_addr_of(leader_id)
+
+    def not_writable(self, err: NotLeaderError) -> NotWritableError:
+        """`err` (the replica's NotLeaderError) with the leader's broker address."""
+        if isinstance(err, NotWritableError):
+            return err
+        return NotWritableError(err.leader_id, err.leader_addr, broker_addr=self.leader_broker_addr(err.leader_id))
+
+    @property
+    def own_broker_addr(self) -> str | None:
+        """brokerIP1:listenPort as the metadata records it (None if unbound)."""
+        host = getattr(getattr(self.metadata, "config", None), "store_host", None)
+        return str(host) if host is not None and host.port else None
 
     async def wait_writable(self, timeout: float = math.inf) -> None:
         """Return once the gate is open (trio.TooSlowError after timeout)."""
@@ -163,11 +201,27 @@ class RoleGate:
         await self.cq.dispatcher.dispatched.wait_for(target)
         if self.metadata is not None:
             await self.metadata.leader_barrier()
-        # Synchronous from here: no role change can slip in between.
         if not (self.replica.is_leader and self.replica.core.term == term):
             return
         self.cq.become_leader()
+        await self._announce(term)
+        # Synchronous from here: no role change can slip in between (one
+        # during the announcement cancelled this task and closed the hook).
+        if not (self.replica.is_leader and self.replica.core.term == term):
+            return
         self._writable = True
         self._opened.set()
         self._bump()
         log.info("%s: accepting writes as master (term %d)", self.replica.node_id, term)
+
+    async def _announce(self, term: int) -> None:
+        addr = self.own_broker_addr
+        if addr is None or not hasattr(self.metadata, "announce_leader"):
+            return
+        if self.metadata.broker_addr_of(self.replica.node_id) == addr:
+            return
+        try:
+            await self.metadata.announce_leader(self.replica.node_id, addr)
+        except CommitLogError as exc:  # the gate opens anyway; followers fall back to the peer address
+            log.warning("%s: could not announce broker address %s in term %d: %s", self.replica.node_id, addr,
+                        term, exc)

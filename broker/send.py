@@ -29,9 +29,13 @@
 #   pending full             -> SYSTEM_BUSY
 #   quorum timeout           -> FLUSH_SLAVE_TIMEOUT
 #   entry too large          -> MESSAGE_ILLEGAL
-# Not handled here (yet): transactions (PREPARED is refused), delay levels
-# (DELAY is stored as an ordinary property, delivered at once), retry/DLQ
-# topic rewriting, ACL.
+# Delay levels: a single message whose DELAY property is > 0 is stored to
+# SCHEDULE_TOPIC_XXXX (broker/schedule.py rewrites it; the reply's queueId is
+# the one the producer asked for, its queueOffset the schedule queue's, as
+# Java answers); batches with DELAY are refused.  CONSUMER_SEND_MSG_BACK
+# (retry/DLQ) lives in broker/retry.py and reuses _failure.
+# Not handled here: transactions (PREPARED is refused), ACL.
+import functools
 import logging
 import random
 import struct
@@ -45,7 +49,9 @@ from broker.config import BrokerConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import PERM_WRITE, InvalidMetadataError, TopicConfig, check_topic_name
 from broker.msgid import UniqKeyGenerator, offset_msg_id
+from broker.schedule import DelayPropertyError, to_schedule
 from broker.remoting.codes import RequestCode, ResponseCode
+from broker.roles import describe_leader
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
@@ -125,6 +131,7 @@ def validate_topic(topic: str) -> None:
         raise SendError(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
 
 
+@functools.lru_cache(maxsize=4096)  # peers are few and stable; this runs per send
 def host_of(peer) -> M.HostAddr:
     """The born host from a connection's peer address ("ip:port", "[v6]:port",
     a (host, port) tuple or a HostAddr); IPv4-mapped IPv6 becomes IPv4 so
@@ -228,7 +235,12 @@ class SendProcessor:
             store_host=self.cfg.store_host, reconsume_times=header.reconsume_times)
         if not header.batch:
             props, uniq = self._properties(header.properties)
-            return [M.encode(attrs.evolve(template, body=body, properties=props))], uniq
+            rec = attrs.evolve(template, body=body, properties=props)
+            try:
+                rec = to_schedule(rec, len(self.cfg.message_delay_levels_ms))
+            except DelayPropertyError as exc:
+                raise SendError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+            return [M.encode(rec)], uniq
         # SEND_BATCH_MESSAGE: one record (and one log entry) per message.
         if header.properties.get(PROPERTY_TRAN_MSG, "").lower() == "true" or header.sys_flag & M.TRANSACTION_MASK:
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction")
@@ -289,7 +301,7 @@ class SendProcessor:
         if isinstance(exc, (SendError, RequestError)):
             code, remark = exc.code, exc.remark
         elif isinstance(exc, NotLeaderError):
-            code, remark = ResponseCode.SERVICE_NOT_AVAILABLE, self._not_leader_remark(exc)
+            code, remark = ResponseCode.SERVICE_NOT_AVAILABLE, self.not_leader_remark(exc)
         elif isinstance(exc, PendingFullError):
             code, remark = ResponseCode.SYSTEM_BUSY, f"[PCBUSY_CLEAN_QUEUE]broker busy: {exc}"
         elif isinstance(exc, QuorumTimeoutError):
@@ -312,11 +324,18 @@ class SendProcessor:
 
     def _leader_hint(self) -> str:
         leader = self.replica.leader_error()
-        return f"leader is {leader.leader_id} at {leader.leader_addr}" if leader.leader_id else "no leader known"
+        return describe_leader(leader.leader_id, leader.leader_addr, self._broker_addr_of(leader.leader_id))
 
-    def _not_leader_remark(self, exc: NotLeaderError) -> str:
+    def _broker_addr_of(self, leader_id: str | None) -> str | None:
+        resolve = getattr(self.gate, "leader_broker_addr", None)
+        return resolve(leader_id) if resolve is not None else None
+
+    def not_leader_remark(self, exc: NotLeaderError) -> str:
+        """Names the master's broker address (brokerIP1:listenPort), the one
+        a client can use, when the metadata knows it."""
         if getattr(exc, "catching_up", False):
             return (f"broker {self.cfg.broker_name}/{self.cfg.self_id} was just elected leader and does not "
                     f"accept writes until it has caught up; retry shortly")
-        who = f"the leader is {exc.leader_id} at {exc.leader_addr}" if exc.leader_id else "no leader is known"
-        return (f"broker {self.cfg.broker_name}/{self.cfg.self_id} is not the DLedger leader (master); {who}")
+        broker_addr = getattr(exc, "broker_addr", None) or self._broker_addr_of(exc.leader_id)
+        who = describe_leader(exc.leader_id, exc.leader_addr, broker_addr)
+        return f"broker {self.cfg.broker_name}/{self.cfg.self_id} is not the DLedger leader (master); {who}"

@@ -153,9 +153,11 @@ async def test_not_leader_and_busy(tmp_path, autojump_clock):
         await g.start()
         leader = await g.wait_leader()
         follower = next(m for m in g.alive() if m is not leader)
+        await follower.bs.metadata.wait_applied(leader.bs.store.end_index)  # the leader's announcement
         resp = await processor(follower).process(v2(), BORN)
         assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE
-        assert f"leader is {leader.nid} at addr-{leader.nid}" in resp.remark
+        # the master's broker address (announced through the metadata), not its DLedger peer address
+        assert f"the master is {leader.nid} at {leader.cfg.broker_addr}" in resp.remark
         assert (await processor(leader).process(v2(), BORN)).code == ResponseCode.SUCCESS
         leader.bs.replica.max_pending = 0
         resp = await processor(leader).process(v2(), BORN)

@@ -255,3 +255,43 @@ async def test_retention_floor_and_gap_detection(tmp_path, autojump_clock):
         nursery.cancel_scope.cancel()
     assert not os.path.exists(tmp_path / "config")
     store.close()
+
+
+async def test_offsets_of_a_flush_in_flight_stay_visible(tmp_path, autojump_clock):
+    """While a flush's append waits for its quorum, the offsets it carries
+    were already acknowledged to consumers: queries must not read back the
+    older applied value meanwhile (a consumer taking over would re-read)."""
+    store = open_store(tmp_path)
+    node = LocalNode(store)
+    svc = MetadataService.open(node, store, str(tmp_path), FAST)
+    release = trio.Event()
+    real_append = node.append
+
+    async def slow_append(bodies):
+        # Placed in the log at once, like ReplicaNode (call order is log
+        # order); committed only when the quorum ack, held back, arrives.
+        placed = node.store.append_leader(list(bodies), node.term)
+        await release.wait()
+        return node._commit(placed)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        await svc.update_topic(TopicConfig("TopicB", 4, 4))
+        await svc.commit_offsets([("TopicB", "g", 0, 10)])
+        node.append = slow_append
+        svc.stage_offsets([("TopicB", "g", 0, 20), ("TopicB", "g", 1, 7)])
+        nursery.start_soon(svc.flush_offsets)
+        await trio.testing.wait_all_tasks_blocked()
+        assert svc.query_offset("TopicB", "g", 0, include_staged=False) == 10  # not applied yet
+        assert svc.query_offset("TopicB", "g", 0) == 20 and svc.query_offset("TopicB", "g", 1) == 7
+        # a reset issued while the flush is in flight lands after it in the
+        # log, so it wins (its append commits both)
+        node.append = real_append
+        nursery.start_soon(svc.reset_offsets, "TopicB", "g", {1: 2})
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert svc.query_offset("TopicB", "g", 0) == 20
+        assert svc.query_offset("TopicB", "g", 1) == 2
+        nursery.cancel_scope.cancel()
+    store.close()

@@ -7,9 +7,9 @@
 # them as system topics; ledgermq hides them from normal topic lists and
 # refuses client sends to them -- see INTERNAL_TOPICS / is_internal_topic):
 #
-#   rmq_sys_LEDGERMQ_TOPIC_CONFIG        topic.upsert, topic.delete
+#   rmq_sys_LEDGERMQ_TOPIC_CONFIG        topic.upsert, topic.delete, broker.announce
 #   rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP  group.upsert, group.delete
-#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete
+#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete, delay.offset
 #
 # Each op is one ordinary v1 message record (broker/message.py), queue 0,
 # TAGS = the op name, KEYS = the topic or group it is about (so mqadmin's
@@ -22,6 +22,8 @@
 #   {"v":1,"op":"offset.commit","offsetTable":{"T@G":{"0":123,"1":7}}}   (many queues per record)
 #   {"v":1,"op":"offset.reset","offsetTable":{"T@G":{"0":0}}}           (may move offsets back)
 #   {"v":1,"op":"offset.delete","offsetKeys":["T@G"]}
+#   {"v":1,"op":"delay.offset","offsetTable":{"3":17}}    (delay level -> next offset; only grows)
+#   {"v":1,"op":"broker.announce","selfId":"n1","brokerAddr":"127.0.0.1:10911"}   (a new leader)
 #
 # An op that does not decode (unknown op or version, wrong topic, bad field)
 # raises MetadataRecordError.  The applier stops on it rather than skip it:
@@ -235,8 +237,74 @@ class OffsetDelete:
         state.offsets.delete_keys(self.keys, index, ts)
 
 
+def _level_table(obj) -> dict[int, int]:
+    if not isinstance(obj, dict):
+        raise InvalidMetadataError("delay offsetTable must be an object")
+    out = {}
+    for level, offset in obj.items():
+        try:
+            if isinstance(level, bool):
+                raise TypeError
+            lv = int(level)
+        except (TypeError, ValueError):
+            raise InvalidMetadataError(f"delay level {level!r} is not an int") from None
+        if not 0 < lv < 1 << 31 or isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 1 << 63:
+            raise InvalidMetadataError(f"bad delay offset {offset!r} for level {level!r}")
+        out[lv] = offset
+    return out
+
+
+@attrs.frozen
+class DelayOffsetCommit:
+    """The schedule service's progress: level -> next offset (only grows)."""
+
+    table: dict = attrs.field(converter=_level_table)
+    OP = "delay.offset"
+    TOPIC = CONSUMER_OFFSET_TOPIC
+    subject = None
+
+    def body(self) -> dict:
+        return {"offsetTable": {str(k): v for k, v in sorted(self.table.items())}}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "DelayOffsetCommit":
+        return cls(obj.get("offsetTable"))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.delay_offsets.commit(self.table, index, ts)
+
+
+def _nonempty_str(_inst, attr, value) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidMetadataError(f"{attr.name} must be a non-empty string, got {value!r}")
+
+
+@attrs.frozen
+class BrokerAnnounce:
+    """A leader's broker address (brokerIP1:listenPort) under its selfId."""
+
+    self_id: str = attrs.field(validator=_nonempty_str)
+    broker_addr: str = attrs.field(validator=_nonempty_str)
+    OP = "broker.announce"
+    TOPIC = TOPIC_CONFIG_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.self_id
+
+    def body(self) -> dict:
+        return {"selfId": self.self_id, "brokerAddr": self.broker_addr}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "BrokerAnnounce":
+        return cls(obj.get("selfId"), obj.get("brokerAddr"))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.broker_addrs[self.self_id] = self.broker_addr
+
+
 OPS = {cls.OP: cls for cls in (TopicUpsert, TopicDelete, GroupUpsert, GroupDelete, OffsetCommit, OffsetReset,
-                                OffsetDelete)}
+                                OffsetDelete, DelayOffsetCommit, BrokerAnnounce)}
 
 
 def encode_op(op, *, timestamp_ms: int, host: HostAddr = LOCALHOST) -> bytes:

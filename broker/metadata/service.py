@@ -22,7 +22,12 @@
 # Leadership: the broker calls `await leader_barrier()` when this node
 # becomes leader and serves metadata only after it returns (it waits until
 # everything in the local log at election time -- a superset of everything
-# committed by earlier leaders -- is applied).
+# committed by earlier leaders -- is applied).  With a `write_gate` (the
+# broker's RoleGate sets itself) every write asks the gate first, so a
+# follower -- or a leader still catching up -- refuses with the gate's
+# NotWritableError (naming the master's broker address) instead of trying.
+# The gate's own announcement (announce_leader) is the one write made
+# before the gate opens.
 import logging
 import math
 import time
@@ -33,8 +38,9 @@ import trio
 from broker.message import LOCALHOST, HostAddr
 from broker.metadata import snapshot
 from broker.metadata.applier import MetadataApplier, MetadataGapError
-from broker.metadata.records import (GroupDelete, GroupUpsert, OffsetCommit, OffsetDelete, OffsetReset, TopicDelete,
-                                     TopicUpsert, encode_op, is_internal_topic, merge_offsets)
+from broker.metadata.records import (BrokerAnnounce, DelayOffsetCommit, GroupDelete, GroupUpsert, OffsetCommit,
+                                     OffsetDelete, OffsetReset, TopicDelete, TopicUpsert, encode_op, is_internal_topic,
+                                     merge_offsets)
 from broker.metadata.tables import (InvalidMetadataError, MetadataState, SubscriptionGroupConfig, TopicConfig,
                                     check_group_name, check_topic_name, offset_key)
 
@@ -82,7 +88,12 @@ class MetadataService:
     applier: MetadataApplier
     config: MetadataConfig = attrs.Factory(MetadataConfig)
     persisted_index: int = -1  # index of the last durable snapshot
+    write_gate: object | None = None  # RoleGate-like: check_writable() before every write
     _staged: _Flush = attrs.Factory(_Flush)
+    # Flushes being appended: their offsets are acknowledged but not yet
+    # applied, so queries must still see them (else a committed offset reads
+    # back stale until the append returns).
+    _flushing: list[_Flush] = attrs.Factory(list)
     _flush_wanted: trio.Event = attrs.Factory(trio.Event)
     _snapshot_lock: trio.Lock = attrs.Factory(trio.Lock)
 
@@ -123,15 +134,30 @@ class MetadataService:
     def query_offset(self, topic: str, group: str, queue_id: int, *, include_staged: bool = True) -> int | None:
         """The committed offset, or (include_staged) a higher one staged on
         this leader and not yet flushed (what RocketMQ answers)."""
-        committed = self.state.offsets.query(topic, group, queue_id)
+        best = self.state.offsets.query(topic, group, queue_id)
         if include_staged:
-            staged = self._staged.table.get(offset_key(topic, group), {}).get(queue_id)
-            if staged is not None and (committed is None or staged > committed):
-                return staged
-        return committed
+            key = offset_key(topic, group)
+            for pending in self._pending_tables():
+                staged = pending.get(key, {}).get(queue_id)
+                if staged is not None and (best is None or staged > best):
+                    best = staged
+        return best
+
+    def _pending_tables(self) -> list[dict]:
+        """Offsets acknowledged on this leader but not yet applied: the
+        staged ones and those of the flush in flight."""
+        return [self._staged.table, *(flush.table for flush in self._flushing)]
 
     def offset_table(self, topic: str, group: str) -> dict[int, int]:
         return self.state.offsets.table_of(topic, group)
+
+    def delay_offset(self, level: int) -> int | None:
+        """The schedule service's committed next offset of a delay level."""
+        return self.state.delay_offsets.get(level)
+
+    def broker_addr_of(self, self_id: str | None) -> str | None:
+        """The broker address a member announced when it last led."""
+        return self.state.broker_addrs.get(self_id) if self_id else None
 
     def min_retained_index(self) -> int:
         """The lowest log index retention must keep: entries below it are in
@@ -150,13 +176,39 @@ class MetadataService:
     # --- writes (leader) ---------------------------------------------------------
 
     def _check_leader(self) -> None:
+        if self.write_gate is not None:
+            self.write_gate.check_writable()
         if not self.node.is_leader:
             raise self.node.leader_error()
 
-    async def _append(self, ops) -> int:
-        self._check_leader()
-        now = int(time.time() * 1000)
-        bodies = [encode_op(op, timestamp_ms=now, host=self.config.store_host) for op in ops]
+    def encode(self, op) -> bytes:
+        """The record carrying `op` (for callers that append it together
+        with their own records, e.g. the schedule service)."""
+        return encode_op(op, timestamp_ms=int(time.time() * 1000), host=self.config.store_host)
+
+    def delay_offset_record(self, table: dict[int, int]) -> bytes:
+        return self.encode(DelayOffsetCommit(table))
+
+    async def announce_leader(self, self_id: str, broker_addr: str) -> int:
+        """Record this leader's broker address (called by the role gate
+        before it opens, hence not gated).  Returns the log index."""
+        if not self.node.is_leader:
+            raise self.node.leader_error()
+        return await self._append([BrokerAnnounce(self_id, broker_addr)], gated=False)
+
+    async def import_ops(self, ops) -> int:
+        """Append ops in one batch before the role gate opens: the one-time
+        import of a migrated master-slave store's tables (broker/
+        migrated_store.py).  Leader only, not gated.  Returns the last
+        op's log index."""
+        if not self.node.is_leader:
+            raise self.node.leader_error()
+        return await self._append(list(ops), gated=False)
+
+    async def _append(self, ops, *, gated: bool = True) -> int:
+        if gated:
+            self._check_leader()
+        bodies = [self.encode(op) for op in ops]
         placed = await self.node.append(bodies)
         last = placed[-1][0]
         await self.applier.wait_applied(last)
@@ -186,22 +238,26 @@ class MetadataService:
     async def reset_offsets(self, topic: str, group: str, offsets: dict[int, int]) -> int:
         """Set queues to exactly these offsets (may move them back)."""
         key = offset_key(check_topic_name(topic), check_group_name(group))
-        staged = self._staged.table.get(key)
-        if staged is not None:
+        for table in self._pending_tables():
+            staged = table.get(key)
+            if staged is None:
+                continue
             for qid in offsets:
                 staged.pop(qid, None)
             if not staged:
-                del self._staged.table[key]
+                del table[key]
         return await self._append([OffsetReset({key: dict(offsets)})])
 
     async def delete_offsets(self, topic: str, group: str) -> int:
         key = offset_key(check_topic_name(topic), check_group_name(group))
-        self._staged.table.pop(key, None)
+        for table in self._pending_tables():
+            table.pop(key, None)
         return await self._append([OffsetDelete((key,))])
 
     def _drop_staged(self, doomed) -> None:
-        for key in [k for k in self._staged.table if doomed(k)]:
-            del self._staged.table[key]
+        for table in self._pending_tables():
+            for key in [k for k in table if doomed(k)]:
+                del table[key]
 
     def stage_offsets(self, commits) -> _Flush:
         """Stage commits for the next flush without waiting (UPDATE_CONSUMER_
@@ -249,14 +305,16 @@ class MetadataService:
     async def flush_offsets(self) -> None:
         """Append everything staged now (also what the flusher task does)."""
         flush, self._staged = self._staged, _Flush()
+        self._flushing.append(flush)
         try:
-            ops = self._offset_ops(flush.table)
+            ops = self._offset_ops(flush.table)  # encoded before the first await
             if ops:
                 flush.index = await self._append(ops)
         except BaseException as exc:
             flush.error = exc if isinstance(exc, Exception) else FlushAbortedError()
             raise
         finally:
+            self._flushing.remove(flush)
             flush.done.set()
 
     async def _offset_flusher(self) -> None:

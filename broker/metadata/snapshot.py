@@ -5,6 +5,13 @@
 #   topics.json             {"dataVersion":{..},"topicConfigTable":{"T":{..}},"ledgermqAppliedIndex":N}
 #   subscriptionGroup.json  {"dataVersion":{..},"subscriptionGroupTable":{"G":{..}},"ledgermqAppliedIndex":N}
 #   consumerOffset.json     {"dataVersion":{..},"offsetTable":{"T@G":{"0":123}},"ledgermqAppliedIndex":N}
+#   delayOffset.json        {"dataVersion":{..},"offsetTable":{"3":17},"ledgermqAppliedIndex":N}
+#
+# topics.json also carries "ledgermqBrokerAddrs" ({selfId: brokerAddr}, the
+# leaders' announcements).  delayOffset.json came later than the other
+# three: when it is missing it counts as an empty table that does not pull
+# the snapshot's index down (a snapshot written before it existed stays
+# usable); when present it takes part in the oldest-index rule like the rest.
 #
 # Java's fastjson ignores the extra field, so a stock broker or tool reads
 # these files as it reads its own.  We write standard JSON (quoted keys) and
@@ -30,7 +37,8 @@ import os
 import attrs
 
 from broker.metadata import fastjson
-from broker.metadata.tables import (ConsumerOffsetTable, DataVersion, InvalidMetadataError, MetadataState,
+from broker.metadata.tables import (ConsumerOffsetTable, DataVersion, DelayOffsetTable, InvalidMetadataError,
+                                    MetadataState,
                                     SubscriptionGroupConfig, SubscriptionGroupTable, TopicConfig,
                                     TopicConfigTable, split_offset_key)
 from commitlog.segments import fsync_dir
@@ -39,8 +47,11 @@ CONFIG_DIR = "config"
 TOPICS_FILE = "topics.json"
 GROUPS_FILE = "subscriptionGroup.json"
 OFFSETS_FILE = "consumerOffset.json"
-FILES = (TOPICS_FILE, GROUPS_FILE, OFFSETS_FILE)
+DELAY_FILE = "delayOffset.json"
+FILES = (TOPICS_FILE, GROUPS_FILE, OFFSETS_FILE, DELAY_FILE)
+_OPTIONAL = frozenset({DELAY_FILE})
 APPLIED_FIELD = "ledgermqAppliedIndex"
+BROKER_ADDRS_FIELD = "ledgermqBrokerAddrs"
 
 
 @attrs.frozen
@@ -61,15 +72,18 @@ def render(state: MetadataState) -> dict[str, bytes]:
     idx = state.applied_index
     topics = {"dataVersion": state.topics.data_version.to_json(),
               "topicConfigTable": {n: c.to_json() for n, c in state.topics.topics.items()},
-              APPLIED_FIELD: idx}
+              BROKER_ADDRS_FIELD: dict(state.broker_addrs), APPLIED_FIELD: idx}
     groups = {"dataVersion": state.groups.data_version.to_json(),
               "subscriptionGroupTable": {n: c.to_json() for n, c in state.groups.groups.items()},
               APPLIED_FIELD: idx}
     offsets = {"dataVersion": state.offsets.data_version.to_json(),
                "offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in state.offsets.offsets.items()},
                APPLIED_FIELD: idx}
+    delays = {"dataVersion": state.delay_offsets.data_version.to_json(),
+              "offsetTable": {str(k): v for k, v in sorted(state.delay_offsets.offsets.items())},
+              APPLIED_FIELD: idx}
     return {TOPICS_FILE: fastjson.dumps(topics).encode(), GROUPS_FILE: fastjson.dumps(groups).encode(),
-            OFFSETS_FILE: fastjson.dumps(offsets).encode()}
+            OFFSETS_FILE: fastjson.dumps(offsets).encode(), DELAY_FILE: fastjson.dumps(delays).encode()}
 
 
 # --- writing (blocking; run it in a worker thread) -------------------------
@@ -157,8 +171,15 @@ def _load_offsets(obj: dict) -> ConsumerOffsetTable:
     return ConsumerOffsetTable(offsets, DataVersion.from_json(obj.get("dataVersion")))
 
 
+def _load_delays(obj: dict) -> DelayOffsetTable:
+    raw = obj.get("offsetTable") or {}
+    if not isinstance(raw, dict):
+        raise ValueError("delay offsetTable is not an object")
+    return DelayOffsetTable({int(k): int(v) for k, v in raw.items()}, DataVersion.from_json(obj.get("dataVersion")))
+
+
 _LOADERS = {TOPICS_FILE: ("topics", _load_topics), GROUPS_FILE: ("groups", _load_groups),
-            OFFSETS_FILE: ("offsets", _load_offsets)}
+            OFFSETS_FILE: ("offsets", _load_offsets), DELAY_FILE: ("delay_offsets", _load_delays)}
 
 
 def load_snapshot(root: str) -> LoadedSnapshot:
@@ -168,6 +189,7 @@ def load_snapshot(root: str) -> LoadedSnapshot:
     state = MetadataState()
     indexes: dict[str, int | None] = {}
     problems = []
+    bad: set[str] = set()
     for name in FILES:
         path = os.path.join(directory, name)
         try:
@@ -182,12 +204,19 @@ def load_snapshot(root: str) -> LoadedSnapshot:
                 continue
             table = loader(obj)
             indexes[name] = _applied(obj)
+            if name == TOPICS_FILE:
+                addrs = obj.get(BROKER_ADDRS_FIELD) or {}
+                if not isinstance(addrs, dict):
+                    raise ValueError(f"{BROKER_ADDRS_FIELD} is not an object")
+                state.broker_addrs = {str(k): str(v) for k, v in addrs.items()}
         except (ValueError, TypeError, AttributeError, InvalidMetadataError, UnicodeDecodeError) as exc:
             problems.append(f"{path}: {exc}")
+            bad.add(name)
             indexes[name] = None
             continue
         setattr(state, attr, table)
-    state.applied_index = min(-1 if i is None else i for i in indexes.values())
+    state.applied_index = min(-1 if i is None else i for n, i in indexes.items()
+                              if not (n in _OPTIONAL and i is None and n not in bad))
     return LoadedSnapshot(state, indexes, tuple(problems))
 
 

@@ -297,14 +297,38 @@ class ConsumerOffsetTable:
 
 
 @attrs.define
+class DelayOffsetTable:
+    """ScheduleMessageService's offsetTable: delay level -> the next
+    SCHEDULE_TOPIC_XXXX queue offset (queue level-1) to deliver.  Only
+    grows, like consumer offset commits (replay stays idempotent)."""
+
+    offsets: dict[int, int] = attrs.Factory(dict)
+    data_version: DataVersion = attrs.Factory(DataVersion)
+
+    def get(self, level: int) -> int | None:
+        return self.offsets.get(level)
+
+    def commit(self, table: dict[int, int], index: int, timestamp: int) -> None:
+        for level, offset in table.items():
+            if offset > self.offsets.get(level, -1):
+                self.offsets[level] = offset
+        self.data_version = DataVersion(index, 0, timestamp)
+
+
+@attrs.define
 class MetadataState:
-    """The three tables and the log index they include everything up to.
-    Compares by value (tests compare a restarted node with a full replay)."""
+    """The tables and the log index they include everything up to.
+    Compares by value (tests compare a restarted node with a full replay).
+    broker_addrs: dLegerSelfId -> broker address (brokerIP1:listenPort),
+    announced by each leader as it opens for writes, so any member can
+    name the master's broker address in a not-leader answer."""
 
     topics: TopicConfigTable = attrs.Factory(TopicConfigTable)
     groups: SubscriptionGroupTable = attrs.Factory(SubscriptionGroupTable)
     offsets: ConsumerOffsetTable = attrs.Factory(ConsumerOffsetTable)
     applied_index: int = -1
+    delay_offsets: DelayOffsetTable = attrs.Factory(DelayOffsetTable)
+    broker_addrs: dict[str, str] = attrs.Factory(dict)
 
     def apply(self, op, index: int, timestamp: int) -> None:
         """Apply one decoded op (broker.metadata.records) committed at

@@ -14,6 +14,8 @@
 #    master time out after 30 s) it continues on the new master, nothing lost
 #    or re-delivered, and commits there; a fresh consumer of the group then
 #    starts from those committed offsets.  (About 35 s, client timers.)
+#  - a push consumer whose callback fails gets those messages again through
+#    %RETRY%<group> (CONSUMER_SEND_MSG_BACK, delay level 3 = 10 s).
 # Every stock-client run is a subprocess with HOME in a temporary directory
 # and a hard timeout (tests/compat/stock_client.run_script).
 import os
@@ -187,12 +189,10 @@ async def test_stock_push_consumer_survives_master_kill(tmp_path, stock_client):
         assert sorted(got) == sorted(f"d-{i}" for i in range(8)), (got, run.log_text[-3000:])
 
 
-@pytest.mark.xfail(strict=True, reason="CONSUMER_SEND_MSG_BACK (36) is not implemented: the broker answers "
-                   "REQUEST_CODE_NOT_SUPPORTED, C++ 1.0.1 logs it and commits past the failed message (lost)")
 async def test_stock_push_consumer_failed_messages_are_redelivered(tmp_path, stock_client):
     """A raising callback means reconsume later: the C++ client sends
     CONSUMER_SEND_MSG_BACK {group, offset (commitlog), delayLevel: "0"} and
-    expects the message back through %RETRY%<group>."""
+    gets the message back through %RETRY%<group> (created by its heartbeat)."""
     topic, group = "RetryTopic", "compat_retry_g"
     async with running_group(tmp_path) as g, open_remoting_client() as rc:
         ns = NamesrvClient(rc, [g.nsrv.address])
@@ -205,3 +205,8 @@ async def test_stock_push_consumer_failed_messages_are_redelivered(tmp_path, sto
                                           "--wait", 25, "--shutdown"], timeout=60)
         got = sorted({m["body"] for m in run.result["messages"]})
         assert got == [f"r-{i}" for i in range(4)], (got, run.log_text[-3000:])
+        # the two failed deliveries came back once each through %RETRY%<group> (reconsumeTimes 1,
+        # the client restores the topic from RETRY_TOPIC), after level 3 (10 s) of the default table
+        retried = sorted(m["body"] for m in run.result["messages"] if m["reconsume_times"] == 1)
+        assert len(retried) == 2 and run.result["deliveries"] == 6, run.result
+        assert all(m["topic"] == topic for m in run.result["messages"])
