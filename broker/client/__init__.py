@@ -1,0 +1,23 @@
+# The ledgermq Python client library (RocketMQ 4.x protocol), trio-native:
+# open_producer, open_push_consumer, open_pull_consumer; the blocking facade
+# for non-async code is in broker.client.blocking.  See README "Python client".
+from broker.client.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ClientClosedError,
+                                  ClientError, ConnectionFailedError, InvalidArgumentError, InvalidMessageError,
+                                  MessageIllegalError, NoRouteError, NotSupportedError, RequestTimeoutError,
+                                  SendFailedError, TopicNotExistError)
+from broker.client.model import (ConsumeFromWhere, ConsumeStatus, Message, MessageExt, MessageQueue, PullResult,
+                                 PullStatus, SendResult, SendStatus)
+from broker.client.producer import Producer, open_producer
+from broker.client.pull_consumer import PullConsumer, open_pull_consumer
+from broker.client.push_consumer import PushConsumer, PushOptions, open_push_consumer
+from broker.client.rebalance import allocate_averagely
+
+__all__ = [
+    "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
+    "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
+    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoRouteError", "NotSupportedError", "Producer",
+    "PullConsumer",
+    "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
+    "SendResult", "SendStatus", "TopicNotExistError", "allocate_averagely", "open_producer",
+    "open_pull_consumer", "open_push_consumer",
+]

@@ -1,0 +1,254 @@
+# Owns the producer (Java's DefaultMQProducer): send (the awaited, "sync"
+# send), send_async (fire and get a callback), send_oneway, send_batch
+# (SEND_BATCH_MESSAGE, body per spec §1.10), queue selection, and retries.
+#
+#   async with open_producer("pg", namesrv_addr=ns) as producer:
+#       result = await producer.send(Message("T", b"body", tags="A"))
+#
+# Retries (retryTimesWhenSendFailed = 2, as Java): a retriable failure
+# (errors.py) sends again, preferring another broker.  A failure that says
+# the route is stale -- connection refused or lost, timeout, SERVICE_NOT_
+# AVAILABLE from a node that stopped being the DLedger leader -- marks that
+# address bad for this send and refreshes the route at once; if the name
+# servers still show no other master, the send waits for the route to change
+# (the new leader registers as soon as it takes writes), bounded by the
+# send's deadline.  That is what makes failover take about a second instead
+# of Java's 30 s route poll.  A retried send keeps its UNIQ_KEY, so a
+# duplicate caused by a lost response is recognisable downstream.
+import itertools
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import trio
+
+from broker import message as M
+from broker.client.errors import (BrokerBusyError, BrokerUnavailableError, ClientClosedError, ClientError,
+                                  ConnectionFailedError, InvalidMessageError, NoRouteError, SendFailedError,
+                                  check_response)
+from broker.client.instance import ClientInstance, TopicRoute, open_client_instance
+from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
+from broker.msgid import UniqKeyGenerator
+from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+
+log = logging.getLogger("ledgermq.client.producer")
+
+Selector = Callable[[list[MessageQueue], Message], MessageQueue]
+SendCallback = Callable[[SendResult | None, ClientError | None], object]
+
+DEFAULT_SEND_TIMEOUT = 3.0  # sendMsgTimeout
+DEFAULT_RETRIES = 2  # retryTimesWhenSendFailed
+COMPRESS_OVER = 4096  # compressMsgBodyOverHowmuch
+COMPRESS_LEVEL = 5
+AUTO_CREATE_TOPIC_KEY = "TBW102"
+
+_STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+           ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+           ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
+_SENT_CODES = tuple(_STATUS)
+
+
+class Producer:
+    """Use open_producer(); every method is a trio coroutine except
+    send_async, which starts the send in the producer's nursery."""
+
+    def __init__(self, instance: ClientInstance, nursery: trio.Nursery, group: str, *,
+                 send_timeout: float = DEFAULT_SEND_TIMEOUT, retries: int = DEFAULT_RETRIES,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, compress_over: int | None = COMPRESS_OVER,
+                 default_topic_queue_nums: int = 4) -> None:
+        self.instance = instance
+        self.group = group
+        self.send_timeout = send_timeout
+        self.retries = retries
+        self.max_message_size = max_message_size
+        self.compress_over = compress_over
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self._nursery = nursery
+        self._uniq = UniqKeyGenerator()
+        self._counter = itertools.count()
+        self._pending_async = 0
+        self._async_done = trio.Event()
+        self.closed = False
+
+    # --- public API -----------------------------------------------------------------
+
+    async def send(self, msg: Message, *, selector: Selector | None = None,
+                   timeout: float | None = None) -> SendResult:
+        """Send and wait for the broker's answer (the entry is committed on
+        a quorum when status is SEND_OK)."""
+        uniq, req = self._request(msg)
+        return await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
+                                lambda resp, mq: self._result(resp, mq, uniq)[0], selector, timeout)
+
+    async def send_oneway(self, msg: Message, *, selector: Selector | None = None,
+                          timeout: float | None = None) -> None:
+        """Send without waiting for an answer (no guarantee it was stored)."""
+        _uniq, req = self._request(msg)
+        await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
+                         None, selector, timeout)
+
+    async def send_batch(self, msgs: Sequence[Message], *, selector: Selector | None = None,
+                         timeout: float | None = None) -> list[SendResult]:
+        """Send messages of one topic as one SEND_BATCH_MESSAGE: they land
+        in one queue, at consecutive offsets, all or none.  One SendResult
+        per message."""
+        msgs = list(msgs)
+        if not msgs:
+            raise InvalidMessageError("empty batch")
+        topic = msgs[0].topic
+        items, uniqs = [], []
+        for m in msgs:
+            if m.topic != topic:
+                raise InvalidMessageError(f"a batch holds one topic; got {topic!r} and {m.topic!r}")
+            if m.delay_level:
+                raise InvalidMessageError("a batch cannot carry delayed messages (the broker refuses them)")
+            m.check(self.max_message_size)
+            uniq = self._uniq.next()
+            uniqs.append(uniq)
+            items.append(M.BatchItem(m.body, m.wire_properties(uniq), m.flag))
+        body = M.encode_batch(items)
+        if len(body) > self.max_message_size:
+            raise InvalidMessageError(f"the batch is {len(body)} bytes, over the {self.max_message_size} limit")
+        req = self._header_request(topic, body, sysflag=0, flag=0, props="", batch=True)
+        return await self._send(topic, msgs[0], lambda mq: self._for_queue(req, mq, RequestCode.SEND_BATCH_MESSAGE),
+                                lambda resp, mq: self._result(resp, mq, *uniqs), selector, timeout)
+
+    def send_async(self, msg: Message, callback: SendCallback | None = None, *,
+                   selector: Selector | None = None, timeout: float | None = None) -> None:
+        """Start sending `msg` and return at once; `callback(result, error)`
+        runs in the producer's trio thread when the send ends.  Many async
+        sends share one pipelined connection per broker."""
+        if self.closed:
+            raise ClientClosedError("the producer is closed")
+        self._pending_async += 1
+        self._nursery.start_soon(self._send_and_call, msg, callback, selector, timeout)
+
+    async def drain(self) -> None:
+        """Wait until every send_async so far has ended."""
+        while self._pending_async:
+            await self._async_done.wait()
+
+    # --- internals ------------------------------------------------------------------
+
+    async def _send_and_call(self, msg, callback, selector, timeout) -> None:
+        try:
+            try:
+                result, error = await self.send(msg, selector=selector, timeout=timeout), None
+            except ClientError as e:
+                result, error = None, e
+            if callback is not None:
+                out = callback(result, error)
+                if hasattr(out, "__await__"):
+                    await out
+            elif error is not None:
+                log.warning("async send to %s failed: %s", msg.topic, error)
+        finally:
+            self._pending_async -= 1
+            if not self._pending_async:
+                self._async_done.set()
+                self._async_done = trio.Event()
+
+    def _request(self, msg: Message) -> tuple[str, RemotingCommand]:
+        """The V2 request without its queue, built once per message."""
+        msg.check(self.max_message_size)
+        uniq = self._uniq.next()
+        body, sysflag = msg.body, 0
+        if self.compress_over is not None and len(body) > self.compress_over:
+            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), M.COMPRESSED_FLAG
+        props = M.properties_to_string(msg.wire_properties(uniq))
+        return uniq, self._header_request(msg.topic, body, sysflag, msg.flag, props, batch=False)
+
+    def _header_request(self, topic: str, body: bytes, sysflag: int, flag: int, props: str,
+                        batch: bool) -> RemotingCommand:
+        # Text values already: RemotingCommand's converter passes them through.
+        fields = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY, "d": str(self.default_topic_queue_nums),
+                  "e": "-1", "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(flag), "i": props,
+                  "j": "0", "k": "false", "m": "true" if batch else "false"}
+        return RemotingCommand(RequestCode.SEND_MESSAGE_V2, language=LanguageCode.PYTHON, ext_fields=fields, body=body)
+
+    @staticmethod
+    def _for_queue(req: RemotingCommand, mq: MessageQueue, code: int) -> RemotingCommand:
+        fields = dict(req.ext_fields)
+        fields["e"] = str(mq.queue_id)
+        fields["n"] = mq.broker_name
+        return RemotingCommand(code, language=req.language, ext_fields=fields, body=req.body)
+
+    def _result(self, resp: RemotingCommand, mq: MessageQueue, *uniqs: str) -> list[SendResult]:
+        f = resp.ext_fields
+        queue = MessageQueue(mq.topic, mq.broker_name, int(f.get("queueId", mq.queue_id)))
+        first = int(f.get("queueOffset", -1))
+        ids = (f.get("msgId") or "").split(",")
+        status = _STATUS[resp.code]
+        return [SendResult(status, uniq, ids[i] if i < len(ids) else "", queue, first + i if first >= 0 else -1,
+                           f.get("MSG_REGION")) for i, uniq in enumerate(uniqs)]
+
+    def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
+                last_broker: str | None) -> MessageQueue:
+        queues = [q for q in route.write_queues if route.master(q.broker_name) not in bad]
+        if selector is not None:
+            chosen = selector(list(route.write_queues), msg)
+            if not isinstance(chosen, MessageQueue):
+                raise InvalidMessageError(f"the selector returned {chosen!r}, not a MessageQueue")
+            return chosen
+        n = len(queues)
+        for _ in range(n):  # selectOneMessageQueue(lastBrokerName): prefer another broker
+            q = queues[next(self._counter) % n]
+            if q.broker_name != last_broker:
+                return q
+        return queues[next(self._counter) % n]
+
+    async def _send(self, topic: str, msg: Message, build: Callable[[MessageQueue], RemotingCommand],
+                    parse, selector: Selector | None, timeout: float | None):
+        if self.closed:
+            raise ClientClosedError("the producer is closed")
+        inst = self.instance
+        inst.auto_create_topics.add(topic)
+        deadline = trio.current_time() + (self.send_timeout if timeout is None else timeout)
+        errors: list[ClientError] = []
+        bad: set[str] = set()  # addresses that failed this send in a way that says the route is stale
+        route: TopicRoute | None = None
+        mq: MessageQueue | None = None
+        while True:
+            try:
+                route = await inst.wait_route(
+                    topic, lambda r: any(r.master(q.broker_name) not in bad for q in r.write_queues), deadline)
+                mq = self._choose(route, msg, selector, bad, mq.broker_name if mq is not None else None)
+                addr = route.master(mq.broker_name)
+                if addr is None:  # a selector chose a queue whose broker has no master now
+                    raise NoRouteError(topic, f"no master for {mq.broker_name} in the route")
+                request = build(mq)
+                await inst.ensure_heartbeat(addr)
+                remaining = max(0.0, deadline - trio.current_time())
+                if parse is None:
+                    await inst.invoke_oneway(addr, request, remaining)
+                    return None
+                resp = await inst.invoke(addr, request, remaining, ok=None)
+                check_response(resp, addr, request.code, _SENT_CODES)
+                return parse(resp, mq)
+            except ClientError as e:
+                errors.append(e)
+                if not e.retriable or len(errors) > self.retries or trio.current_time() >= deadline:
+                    raise SendFailedError(topic, errors) from e
+                log.debug("send to %s failed (attempt %d), retrying: %s", topic, len(errors), e)
+                if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
+                    bad.add(e.addr)
+                if not isinstance(e, BrokerBusyError):
+                    await inst.refresh_route(topic, route.version if route is not None else None)
+
+
+@asynccontextmanager
+async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, **options) -> AsyncIterator[Producer]:
+    """A started producer; on exit it waits for its send_async calls, then
+    unregisters from the brokers.  `options` are Producer's keywords."""
+    async with open_client_instance(namesrv_addr, timeout=timeout) as (instance, nursery):
+        producer = Producer(instance, nursery, group, **options)
+        instance.producer_groups.add(group)
+        instance.default_topic_queue_nums = producer.default_topic_queue_nums
+        try:
+            yield producer
+            await producer.drain()
+        finally:
+            producer.closed = True
