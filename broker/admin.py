@@ -18,7 +18,10 @@
 #                                       maxNum at defaultQueryMaxNum (32);
 #                                       header indexLastUpdateTimestamp /
 #                                       indexLastUpdatePhyoffset; QUERY_NOT_FOUND
-#   GET_BROKER_RUNTIME_INFO 28          KVTable {"table":{...}}, string values
+#   GET_BROKER_RUNTIME_INFO 28          KVTable {"table":{...}}, string values;
+#                                       putTps "10s 60s 600s" (RocketMQ's
+#                                       format) from TpsMeter, sampled once a
+#                                       second by run(); commitLogDiskRatio
 #   GET_TOPIC_STATS_INFO 202            TopicStatsTable per write queue
 #   GET_CONSUME_STATS 208               ConsumeStats per queue
 #   UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200 / DELETE_SUBSCRIPTIONGROUP 207
@@ -30,11 +33,14 @@
 #
 # Writes answer SERVICE_NOT_AVAILABLE on a broker that is not the writable
 # leader (the metadata is appended to the replicated log there).
+import collections
 import json
 import logging
+import shutil
 import time
 
 import attrs
+import trio
 
 from broker.message import MessageFormatError
 from broker.metadata.records import is_internal_topic
@@ -104,15 +110,85 @@ def parse_attributes(text: str | None, current: dict | None = None) -> dict:
     return out
 
 
+class AdminRequestProcessor:
+    """Base of the admin processors: routes each request code to a method
+    (`handlers()`), and is their one translation point from broker errors to
+    response codes.  Subclasses set CODES and may adjust the two settings."""
+
+    CODES: tuple = ()
+    # What a follower's refusal says before the leader hint (None: the hint alone).
+    not_leader_remark: str | None = None
+    # Storage errors: the node cannot serve it now (SERVICE_NOT_AVAILABLE)
+    # or the request itself failed (SYSTEM_ERROR).
+    commitlog_error_code: int = ResponseCode.SERVICE_NOT_AVAILABLE
+
+    def handlers(self) -> dict:
+        raise NotImplementedError
+
+    def register(self, dispatcher) -> None:
+        for code in self.CODES:
+            dispatcher.register(code, self)
+
+    async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+        handler = self.handlers()[request.code]
+        try:
+            response = await handler(request)
+        except RequestError as e:
+            response = request.make_response(e.code, e.remark)
+        except NotLeaderError as e:
+            remark = f"{self.not_leader_remark}: {e}" if self.not_leader_remark else str(e)
+            response = request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, remark)
+        except InvalidMetadataError as e:
+            response = request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
+        except CommitLogError as e:
+            response = request.make_response(self.commitlog_error_code, str(e))
+        return None if request.is_oneway else response
+
+
 @attrs.define(eq=False)
-class AdminProcessor:
+class TpsMeter:
+    """Samples of a growing counter, one per tick; rates over windows."""
+
+    samples: collections.deque = attrs.Factory(lambda: collections.deque(maxlen=601))
+
+    def sample(self, now: float, count: int) -> None:
+        self.samples.append((now, count))
+
+    def tps(self, window: float) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        t1, c1 = self.samples[-1]
+        t0, c0 = next(((t, c) for t, c in self.samples if t >= t1 - window), self.samples[0])
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def disk_ratio(path: str) -> float:
+    """Used fraction of the file system holding `path` (0.0 if unreadable)."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return 0.0
+    return usage.used / usage.total if usage.total else 0.0
+
+
+@attrs.define(eq=False)
+class AdminProcessor(AdminRequestProcessor):
     broker: object  # .store (BrokerStore), .config (BrokerConfig)
     started_ms: int = attrs.Factory(lambda: int(time.time() * 1000))
+    put_tps: TpsMeter = attrs.Factory(TpsMeter)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Sample the dispatched-message counter once a second (a timer)."""
+        task_status.started(self)
+        while True:
+            self.put_tps.sample(time.monotonic(), self.bs.cq.engine.stats.messages)
+            await trio.sleep(1.0)
 
     CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
              RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.QUERY_MESSAGE, RequestCode.GET_BROKER_RUNTIME_INFO,
              RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
              RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP)
+    not_leader_remark = "metadata is written on the DLedger leader (master)"
 
     @property
     def bs(self):
@@ -123,12 +199,8 @@ class AdminProcessor:
         cfg = getattr(self.broker, "config", None)
         return cfg if cfg is not None else self.broker.cfg
 
-    def register(self, dispatcher) -> None:
-        for code in self.CODES:
-            dispatcher.register(code, self)
-
-    async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand | None:
-        handler = {
+    def handlers(self) -> dict:
+        return {
             RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
@@ -139,19 +211,7 @@ class AdminProcessor:
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_and_create_group,
             RequestCode.DELETE_SUBSCRIPTIONGROUP: self.delete_group,
-        }[request.code]
-        try:
-            response = await handler(request)
-        except RequestError as e:
-            response = request.make_response(e.code, e.remark)
-        except NotLeaderError as e:
-            response = request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE,
-                                             f"metadata is written on the DLedger leader (master): {e}")
-        except InvalidMetadataError as e:
-            response = request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
-        except CommitLogError as e:
-            response = request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, str(e))
-        return None if request.is_oneway else response
+        }
 
     # --- helpers -------------------------------------------------------------------
 
@@ -308,6 +368,8 @@ class AdminProcessor:
             "dledgerBeginIndex": str(st.get("ledgerBeginIndex", bs.store.begin_index)),
             "dledgerEndIndex": str(st.get("ledgerEndIndex", bs.store.end_index)),
             "dledgerUncommitted": str(st.get("uncommitted", 0)),
+            "putTps": " ".join(f"{self.put_tps.tps(w):.2f}" for w in (10, 60, 600)),
+            "commitLogDiskRatio": f"{disk_ratio(cfg.store_path_root_dir):.4f}",
         }
         return table
 

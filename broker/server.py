@@ -60,7 +60,8 @@ from broker.store_service import BrokerStore, serve_broker_store
 log = logging.getLogger("ledgermq.broker")
 
 # Modules whose `register(dispatcher, broker)` is added when they exist.
-DEFAULT_PROCESSOR_MODULES = ("broker.pull", "broker.consumer", "broker.admin")
+DEFAULT_PROCESSOR_MODULES = ("broker.pull", "broker.consumer", "broker.admin", "broker.admin_clients",
+                             "broker.admin_dledger", "broker.retry", "broker.schedule")
 PERM_INHERIT, PERM_READ, PERM_WRITE = 1, 4, 2
 UNREGISTER_TIMEOUT = 3.0
 

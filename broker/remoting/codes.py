@@ -112,6 +112,16 @@ class RequestCode(enum.IntEnum):
     SET_MESSAGE_REQUEST_MODE = 401
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
+    RESET_CONSUMER_CLIENT_OFFSET = 220
+    INVOKE_BROKER_TO_RESET_OFFSET = 222
+    # ledgermq's own codes (9100..9199: unused by RocketMQ 4.x/5.x), for
+    # mqadmin's replication commands (broker/admin_dledger.py):
+    #   LEDGERMQ_DLEDGER_STATUS      body: JSON of ReplicaNode.status() + the broker's id/addr
+    #   LEDGERMQ_TRANSFER_LEADERSHIP header targetId (a dLegerSelfId); sent to the leader
+    #   LEDGERMQ_CHAIN_CRC           header index; answer fields chainCrc, committedIndex
+    LEDGERMQ_DLEDGER_STATUS = 9100
+    LEDGERMQ_TRANSFER_LEADERSHIP = 9101
+    LEDGERMQ_CHAIN_CRC = 9102
     # The POP codes are left out on purpose: their values differ between
     # RocketMQ 5.x releases (3442.. vs 200050..), see spec §8.5.
 

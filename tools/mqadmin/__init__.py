@@ -15,6 +15,12 @@ COMMAND_MODULES = [
     "tools.mqadmin.store_cmds",
     "tools.mqadmin.cq_cmds",
     "tools.mqadmin.migrate_cmds",
+    "tools.mqadmin.cluster_cmds",
+    "tools.mqadmin.topic_cmds",
+    "tools.mqadmin.consumer_cmds",
+    "tools.mqadmin.message_cmds",
+    "tools.mqadmin.dledger_cmds",
+    "tools.mqadmin.pipeline_cmds",
 ]
 
 EXIT_PROBLEMS = 1  # the command ran and found problems (verify, compare, ...)
@@ -35,7 +41,25 @@ class MQAdminGroup(click.Group):
 @click.group(cls=MQAdminGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ledgermq")
 def cli():
-    """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands)."""
+    """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands).
+
+    Online commands take -n/--namesrvAddr (default $NAMESRV_ADDR) and --json;
+    `mqadmin COMMAND --help` shows each one's flags and examples.
+
+    \b
+    Examples:
+      export NAMESRV_ADDR=127.0.0.1:9876
+      mqadmin clusterList
+      mqadmin updateTopic -c DefaultCluster -t Orders -r 8 -w 8
+      mqadmin consumerProgress -g OrderConsumers --json
+      mqadmin dledgerStatus -b broker-a
+      mqadmin verifyStore --store /var/lib/ledgermq/n0
+
+    \b
+    Exit status: 0 ok, 1 problems found (verify/compare), 2 usage error,
+    3 could not run (unreachable server, unknown topic/group, unreadable store).
+    Shell completion (bash): eval "$(_MQADMIN_COMPLETE=bash_source mqadmin)"
+    """
 
 
 def _load_commands() -> None:

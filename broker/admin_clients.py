@@ -1,0 +1,259 @@
+# Owns the broker's admin requests about its configuration and its clients
+# (RocketMQ's AdminBrokerProcessor, the part mqadmin's getBrokerConfig /
+# updateBrokerConfig / consumerConnection / producerConnection /
+# resetOffsetByTime send):
+#
+#   GET_BROKER_CONFIG 26              body: the effective broker.conf keys as
+#                                     Java properties text
+#   UPDATE_BROKER_CONFIG 25           body: properties text; only HOT_KEYS
+#                                     change (in memory, this broker only; the
+#                                     file is not rewritten); any other key
+#                                     refuses the whole request, naming it
+#   GET_CONSUMER_CONNECTION_LIST 203  ConsumerConnection JSON;
+#                                     CONSUMER_NOT_ONLINE when nobody is in it
+#   GET_PRODUCER_CONNECTION_LIST 204  ProducerConnection JSON; SYSTEM_ERROR
+#                                     when the group has no producer here
+#   INVOKE_BROKER_TO_RESET_OFFSET 222 per write queue: the first offset stored
+#                                     at or after `timestamp` (-1: the max
+#                                     offset), taken when isForce or when it
+#                                     is behind the group's offset; committed
+#                                     through the replicated offsets (leader
+#                                     only), then RESET_CONSUMER_CLIENT_OFFSET
+#                                     (220, oneway) to every online client of
+#                                     the group as Broker2Client does; body
+#                                     ResetOffsetBody.  Unlike a 4.x broker it
+#                                     also works with the group offline: the
+#                                     offsets are the broker's, not only the
+#                                     clients'.
+import logging
+
+import attrs
+import trio
+
+from broker.admin import AdminRequestProcessor, encode_mq_map
+from broker.config import KEYS as BROKER_KEYS
+from broker.consumer import manager_for
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RemotingError, RequestError
+from broker.remoting.header import HeaderReader, encode_json
+from commitlog.config import KEYS as REPLICATION_KEYS, ConfigError, iter_properties
+
+log = logging.getLogger("ledgermq.admin.clients")
+
+# What a running broker can change without a restart: key -> how.
+HOT_KEYS = ("brokerPermission", "maxPendingRequestsNum", "maxWaitAckTimeMs")
+NOTIFY_TIMEOUT_S = 3.0
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return ";".join(_text(v) for v in value)
+    if hasattr(value, "peer_id") and hasattr(value, "address"):
+        return f"{value.peer_id}-{value.address}"
+    if hasattr(value, "name") and not isinstance(value, str):  # enums
+        return value.name
+    return "" if value is None else str(value)
+
+
+def _delay_text(levels_ms) -> str:
+    """messageDelayLevel as broker.conf spells it ("1s 5s ... 2h")."""
+    words = []
+    for ms in levels_ms:
+        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+            if ms % size == 0:
+                words.append(f"{ms // size}{unit}")
+                break
+        else:
+            words.append(f"{max(1, round(ms / 1000))}s")
+    return " ".join(words)
+
+
+# Keys whose text is not the generic rendering of their parsed value.
+_RENDER = {"messageDelayLevel": _delay_text}
+
+
+def broker_config_properties(cfg) -> dict[str, str]:
+    """The effective broker.conf keys of a BrokerConfig, as text."""
+    out = {key: _RENDER.get(key, _text)(getattr(cfg, field)) for key, (field, _) in BROKER_KEYS.items()}
+    rc = cfg.replication
+    out.update({key: _text(getattr(rc, field)) for key, (field, _) in REPLICATION_KEYS.items()
+                if getattr(rc, field, None) is not None})
+    out["enableDLegerCommitLog"] = "true"
+    return dict(sorted(out.items()))
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
+
+
+def properties_text(props: dict[str, str]) -> str:
+    return "".join(f"{k}={_escape(v)}\n" for k, v in props.items())
+
+
+def _connection(ch) -> dict:
+    conn = ch.conn
+    addr = getattr(conn, "remote_address", None)
+    language = getattr(ch.language, "name", ch.language)
+    return {"clientId": ch.client_id, "clientAddr": "" if addr is None else str(addr),
+            "language": str(language), "version": ch.version}
+
+
+@attrs.define(eq=False)
+class ClientsAdminProcessor(AdminRequestProcessor):
+    broker: object  # broker.server.Broker
+
+    CODES = (RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_BROKER_CONFIG,
+             RequestCode.GET_CONSUMER_CONNECTION_LIST, RequestCode.GET_PRODUCER_CONNECTION_LIST,
+             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET)
+    not_leader_remark = "offsets are written on the DLedger leader (master)"
+
+    @property
+    def bs(self):
+        return self.broker.store
+
+    @property
+    def manager(self):
+        return manager_for(self.broker)
+
+    def handlers(self) -> dict:
+        return {
+            RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
+            RequestCode.UPDATE_BROKER_CONFIG: self.update_broker_config,
+            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
+            RequestCode.GET_PRODUCER_CONNECTION_LIST: self.producer_connections,
+            RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
+        }
+
+    # --- broker config ----------------------------------------------------------------
+
+    async def get_broker_config(self, request: RemotingCommand) -> RemotingCommand:
+        text = properties_text(broker_config_properties(self.broker.cfg))
+        dv = self.bs.metadata.state.topics.data_version
+        return request.make_response(ResponseCode.SUCCESS, None, {"version": encode_json(dv.to_json()).decode()},
+                                     text.encode("utf-8"))
+
+    async def update_broker_config(self, request: RemotingCommand) -> RemotingCommand:
+        try:
+            text = request.body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "the config body is not UTF-8") from None
+        props = {key: value for _, key, value in iter_properties(text)}
+        if not props:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "no key=value in the request body")
+        cold = sorted(k for k in props if k not in HOT_KEYS)
+        if cold:
+            known = [k for k in cold if k in BROKER_KEYS or k in REPLICATION_KEYS]
+            why = (f"{', '.join(known)} cannot change while the broker runs: edit broker.conf and restart"
+                   if known else f"unknown key(s) {', '.join(cold)}")
+            raise RequestError(ResponseCode.NO_PERMISSION,
+                               f"{why} (hot-reloadable: {', '.join(HOT_KEYS)}); nothing was changed")
+        cfg = self.broker.cfg
+        try:
+            values = {key: (BROKER_KEYS.get(key) or REPLICATION_KEYS[key])[1](key, value)
+                      for key, value in props.items()}
+        except ConfigError as e:
+            raise RequestError(ResponseCode.INVALID_PARAMETER, str(e)) from None
+        replica = self.bs.replica
+        rc = cfg.replication
+        if "brokerPermission" in values:
+            cfg = attrs.evolve(cfg, broker_permission=values["brokerPermission"])
+        if "maxPendingRequestsNum" in values:
+            replica.max_pending = values["maxPendingRequestsNum"]
+            rc = attrs.evolve(rc, max_pending_requests=values["maxPendingRequestsNum"])
+        if "maxWaitAckTimeMs" in values:
+            replica.max_wait_ack_ms = values["maxWaitAckTimeMs"]
+            rc = attrs.evolve(rc, max_wait_ack_time_ms=values["maxWaitAckTimeMs"])
+        self.broker.cfg = attrs.evolve(cfg, replication=rc)
+        log.info("broker config updated: %s", ", ".join(f"{k}={v}" for k, v in props.items()))
+        if "brokerPermission" in values and callable(getattr(self.broker, "kick", None)):
+            self.broker.kick()  # the name servers must see the new topic permissions
+        return request.make_response(ResponseCode.SUCCESS)
+
+    # --- connections -------------------------------------------------------------------
+
+    async def consumer_connections(self, request: RemotingCommand) -> RemotingCommand:
+        group = HeaderReader(request.ext_fields).str("consumerGroup")
+        manager = self.manager
+        info, ids = manager.group(group), set(manager.consumer_ids(group))
+        if info is None or not ids:
+            return request.make_response(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+        body = {
+            "connectionSet": [_connection(ch) for cid, ch in info.channels.items() if cid in ids],
+            "subscriptionTable": {t: {"topic": s.topic, "subString": s.sub_string, "tagsSet": list(s.tags),
+                                      "codeSet": list(s.codes), "subVersion": s.sub_version,
+                                      "expressionType": s.expression_type, "classFilterMode": False}
+                                  for t, s in info.subscriptions.items()},
+            "consumeType": info.consume_type.name, "messageModel": info.message_model.name,
+            "consumeFromWhere": info.consume_from_where.name}
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
+
+    async def producer_connections(self, request: RemotingCommand) -> RemotingCommand:
+        group = HeaderReader(request.ext_fields).str("producerGroup")
+        manager = self.manager
+        ids = set(manager.producer_ids(group))
+        if not ids:
+            return request.make_response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
+        chans = manager.producers.get(group, {})
+        body = {"connectionSet": [_connection(ch) for cid, ch in chans.items() if cid in ids]}
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
+
+    # --- offsets -----------------------------------------------------------------------
+
+    def reset_table(self, topic: str, group: str, timestamp: int, force: bool) -> dict[int, int]:
+        """queueId -> the offset resetOffsetByTime sets (pure over the store)."""
+        metadata, engine = self.bs.metadata, self.bs.cq.engine
+        tc = metadata.topic_config(topic)
+        table = {}
+        for qid in range(tc.write_queue_nums):
+            cq = engine.cqs.get(topic, qid)
+            if timestamp < 0:
+                target = cq.max_offset if cq is not None else 0
+            else:
+                target = engine.offset_by_time(topic, qid, timestamp, "lower")
+            current = metadata.query_offset(topic, group, qid)
+            table[qid] = target if force or current is None or target < current else current
+        return table
+
+    async def reset_offset(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        topic, group = h.str("topic"), h.str("group")
+        timestamp, force = h.long("timestamp"), h.bool("isForce", True)
+        if self.bs.metadata.topic_config(topic) is None:
+            return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        self.bs.gate.check_writable()
+        table = self.reset_table(topic, group, timestamp, force)
+        await self.bs.metadata.reset_offsets(topic, group, table)
+        name = self.broker.cfg.broker_name
+        body = encode_mq_map({(topic, name, q): o for q, o in table.items()})
+        notified = await self._notify_reset(topic, group, timestamp, force, body)
+        log.info("offsets of %s on %s reset to %s (timestamp %d, %d clients notified)", group, topic, table,
+                 timestamp, notified)
+        return request.make_response(ResponseCode.SUCCESS, None, {"notifiedClients": notified}, body)
+
+    async def _notify_reset(self, topic, group, timestamp, force, body: bytes) -> int:
+        manager = self.manager
+        info, ids = manager.group(group), set(manager.consumer_ids(group))
+        if info is None:
+            return 0
+        cmd = RemotingCommand.create_request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+                                             {"topic": topic, "group": group, "timestamp": timestamp,
+                                              "isForce": force}, body=body)
+        sent = 0
+        for cid, ch in list(info.channels.items()):
+            if cid not in ids or not hasattr(ch.conn, "send_request_oneway"):
+                continue
+            try:
+                await ch.conn.send_request_oneway(cmd, timeout=NOTIFY_TIMEOUT_S)
+                sent += 1
+            except (RemotingError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                log.debug("RESET_CONSUMER_CLIENT_OFFSET to %s failed: %s", cid, e)
+        return sent
+
+
+def register(dispatcher, broker) -> ClientsAdminProcessor:
+    processor = ClientsAdminProcessor(broker)
+    processor.register(dispatcher)
+    return processor

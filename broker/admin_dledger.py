@@ -1,0 +1,112 @@
+# Owns the broker's replication admin requests, ledgermq's own codes (no
+# RocketMQ counterpart: DLedger had no operator tooling), what mqadmin's
+# dledgerStatus / leadershipTransfer / compareReplicas send:
+#
+#   LEDGERMQ_DLEDGER_STATUS 9100       body: JSON {selfId, group, brokerName,
+#                                      brokerAddr, brokerId, role, term, leader,
+#                                      leaderBrokerAddr, ledgerBeginIndex,
+#                                      ledgerEndIndex, committedIndex, peers:
+#                                      {id: {matchIndex, lag, lastAckMsAgo, ...}}}
+#                                      straight from ReplicaNode.status()
+#   LEDGERMQ_TRANSFER_LEADERSHIP 9101  header targetId (a dLegerSelfId); on the
+#                                      leader: hand over and answer once this
+#                                      node stepped down; elsewhere
+#                                      SERVICE_NOT_AVAILABLE naming the leader
+#   LEDGERMQ_CHAIN_CRC 9102            header index (<= committed); answer
+#                                      fields chainCrc, committedIndex,
+#                                      ledgerBeginIndex
+#
+# The chain CRC of entry i covers the whole history up to i (README, "Entry
+# CRCs"), so two replicas agree up to i iff their chainCrc at i is equal --
+# which is what makes compareReplicas a binary search over these answers.
+import json
+import logging
+
+import attrs
+import trio
+
+from broker.admin import AdminRequestProcessor
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RequestError
+from broker.remoting.header import HeaderReader
+from commitlog.errors import IndexBelowBeginError, IndexBeyondEndError, LeadershipTransferError
+
+log = logging.getLogger("ledgermq.admin.dledger")
+
+TRANSFER_TIMEOUT_S = 5.0
+
+
+@attrs.define(eq=False)
+class DLedgerAdminProcessor(AdminRequestProcessor):
+    broker: object  # broker.server.Broker: .store (BrokerStore), .cfg
+
+    CODES = (RequestCode.LEDGERMQ_DLEDGER_STATUS, RequestCode.LEDGERMQ_TRANSFER_LEADERSHIP,
+             RequestCode.LEDGERMQ_CHAIN_CRC)
+    commitlog_error_code = ResponseCode.SYSTEM_ERROR  # e.g. an index this node does not hold
+
+    @property
+    def replica(self):
+        return self.broker.store.replica
+
+    def handlers(self) -> dict:
+        return {
+            RequestCode.LEDGERMQ_DLEDGER_STATUS: self.status,
+            RequestCode.LEDGERMQ_TRANSFER_LEADERSHIP: self.transfer,
+            RequestCode.LEDGERMQ_CHAIN_CRC: self.chain_crc,
+        }
+
+    def status_dict(self) -> dict:
+        cfg = self.broker.cfg
+        st = self.replica.status()
+        st.pop("stats", None)
+        # The peer map knows DLedger peer addresses; operators know broker addresses.
+        out = {"selfId": st.pop("node"), "group": cfg.replication.group, "brokerName": cfg.broker_name,
+               "clusterName": cfg.broker_cluster_name, "brokerAddr": cfg.broker_addr,
+               "brokerId": self.broker.store.gate.broker_id,
+               "writable": bool(self.broker.store.gate.writable), **st}
+        return out
+
+    async def status(self, request: RemotingCommand) -> RemotingCommand:
+        body = json.dumps(self.status_dict(), sort_keys=True).encode()
+        return request.make_response(ResponseCode.SUCCESS, None, None, body)
+
+    async def transfer(self, request: RemotingCommand) -> RemotingCommand:
+        target = HeaderReader(request.ext_fields).str("targetId").strip()
+        replica = self.replica
+        if target == replica.node_id:
+            if replica.is_leader:
+                return request.make_response(ResponseCode.SUCCESS, f"{target} is already the leader")
+            raise replica.leader_error()
+        if target not in replica.peer_addresses and target not in self.broker.cfg.replication.peer_ids:
+            raise RequestError(ResponseCode.INVALID_PARAMETER,
+                               f"{target!r} is not a peer of group {self.broker.cfg.replication.group} "
+                               f"(peers: {', '.join(self.broker.cfg.replication.peer_ids)})")
+        try:
+            await replica.transfer_leadership(target, timeout=TRANSFER_TIMEOUT_S)
+        except LeadershipTransferError as e:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"leadership transfer to {target} refused: {e}") from None
+        except trio.TooSlowError:
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"leadership transfer to {target} did not finish within {TRANSFER_TIMEOUT_S:g} s "
+                               f"(is it caught up and reachable?)") from None
+        st = replica.status()
+        log.info("leadership transferred from %s to %s (term %d)", replica.node_id, target, st["term"])
+        return request.make_response(ResponseCode.SUCCESS, None, {"term": st["term"], "leader": st["leader"] or ""})
+
+    async def chain_crc(self, request: RemotingCommand) -> RemotingCommand:
+        index = HeaderReader(request.ext_fields).long("index")
+        replica = self.replica
+        st = replica.status()
+        fields = {"committedIndex": st["committedIndex"], "ledgerBeginIndex": st["ledgerBeginIndex"]}
+        try:
+            crc = replica.chain_crc_at(index)
+        except (IndexBeyondEndError, IndexBelowBeginError) as e:
+            return request.make_response(ResponseCode.INVALID_PARAMETER, str(e), fields)
+        return request.make_response(ResponseCode.SUCCESS, None, {**fields, "chainCrc": crc, "index": index})
+
+
+def register(dispatcher, broker) -> DLedgerAdminProcessor:
+    processor = DLedgerAdminProcessor(broker)
+    processor.register(dispatcher)
+    return processor

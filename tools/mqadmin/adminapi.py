@@ -1,0 +1,343 @@
+# Owns MQAdmin, mqadmin's async client of name servers and brokers: every
+# request the online commands send, each answer turned into a typed result.
+# It is the one translation point from the remoting layer to AdminError:
+#
+#   UnreachableError   no connection / no answer (name server or broker)
+#   NotFoundError      the topic, group, broker or message does not exist
+#   RequestFailedError the server answered with an error code (its remark)
+#
+# plus from_client_error(), the same mapping for the client library's
+# errors (sendMessage and consumeMessage go through broker.client).
+#
+# The click layer (tools/mqadmin/online.py) prints an AdminError as one line
+# and exits non-zero; nothing here prints.
+#
+# Bodies keyed by MessageQueue (TopicStatsTable, ConsumeStats,
+# ResetOffsetBody) are fastjson maps with object keys, not standard JSON;
+# parse_mq_map reads them.
+import json
+import re
+
+import attrs
+
+from broker import message as M
+from broker.namesrv.client import NamesrvClient
+from broker.namesrv.routes import BrokerData, TopicRouteData
+from broker.remoting.client import RemotingClient
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import (RemotingConnectError, RemotingConnectionLostError, RemotingError,
+                                    RemotingTimeoutError, ResponseError)
+
+MASTER_ID = 0
+TOOLS_GROUP = "TOOLS_CONSUMER"  # RocketMQ's MixAll.TOOLS_CONSUMER_GROUP
+TOOLS_PRODUCER = "TOOLS_PRODUCER"  # sendMessage's producer group (RocketMQ's tools use the same)
+NOT_FOUND_CODES = (ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                   ResponseCode.CONSUMER_NOT_ONLINE, ResponseCode.QUERY_NOT_FOUND)
+
+
+class AdminError(Exception):
+    """What mqadmin reports as one line."""
+
+
+class UnreachableError(AdminError):
+    pass
+
+
+class NotFoundError(AdminError):
+    pass
+
+
+class RequestFailedError(AdminError):
+    def __init__(self, addr: str, code: int, remark: str | None):
+        try:
+            name = ResponseCode(code).name
+        except ValueError:
+            name = str(code)
+        super().__init__(f"{addr} answered {name}: {remark or '(no remark)'}")
+        self.addr, self.code, self.remark = addr, code, remark
+
+
+def from_client_error(exc: BaseException) -> AdminError | None:
+    """The AdminError for a broker.client error (None if it is not one)."""
+    from broker.client import errors as ce
+    if not isinstance(exc, ce.ClientError):
+        return None
+    if isinstance(exc, (ce.ConnectionFailedError, ce.BrokerUnavailableError)):
+        return UnreachableError(str(exc))
+    if isinstance(exc, (ce.NoRouteError, ce.TopicNotExistError)):
+        return NotFoundError(str(exc))
+    if isinstance(exc, ce.SendFailedError):
+        causes = [from_client_error(e) for e in getattr(exc, "errors", ()) or ()]
+        return causes[-1] if causes and causes[-1] is not None else AdminError(str(exc))
+    return AdminError(str(exc))
+
+
+@attrs.frozen
+class BrokerAddr:
+    cluster: str
+    broker_name: str
+    broker_id: int
+    addr: str
+
+    @property
+    def role(self) -> str:
+        return "MASTER" if self.broker_id == MASTER_ID else "SLAVE"
+
+
+def parse_mq_map(body: bytes, field: str = "offsetTable") -> dict[tuple[str, str, int], object]:
+    """{(topic, brokerName, queueId): value} of a fastjson map whose keys are
+    MessageQueue objects (broker.admin.encode_mq_map's output)."""
+    text = body.decode("utf-8")
+    m = re.search(r'"%s"\s*:\s*\{' % re.escape(field), text)
+    if m is None:
+        return {}
+    dec = json.JSONDecoder()
+    pos, out = m.end(), {}
+    while True:
+        while text[pos] in " \n\r\t,":
+            pos += 1
+        if text[pos] == "}":
+            return out
+        key, pos = dec.raw_decode(text, pos)
+        while text[pos] in " \n\r\t:":
+            pos += 1
+        value, pos = dec.raw_decode(text, pos)
+        out[(key["topic"], key["brokerName"], int(key["queueId"]))] = value
+
+
+def decode_records(body: bytes) -> list[M.MessageRecord]:
+    """The stored records a pull / query / view answers with, concatenated."""
+    out, pos = [], 0
+    while pos + 4 <= len(body):
+        size = int.from_bytes(body[pos:pos + 4], "big", signed=True)
+        if size <= 0 or pos + size > len(body):
+            break
+        out.append(M.decode(body, pos, limit=pos + size))
+        pos += size
+    return out
+
+
+def message_json(r: M.MessageRecord, body: bytes | None = None) -> dict:
+    """A stored record for people and scripts; `body` overrides the
+    record's (the client library's decompressed body)."""
+    from broker.msgid import offset_msg_id
+    body = r.body if body is None else body
+    try:
+        body_text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        body_text = None
+    return {"topic": r.topic, "msgId": r.uniq_key or "", "offsetMsgId": offset_msg_id(r.store_host, r.physical_offset),
+            "tags": r.tags or "", "keys": r.keys, "queueId": r.queue_id, "queueOffset": r.queue_offset,
+            "commitLogOffset": r.physical_offset, "reconsumeTimes": r.reconsume_times,
+            "bornTimestamp": r.born_timestamp, "storeTimestamp": r.store_timestamp,
+            "bornHost": str(r.born_host), "storeHost": str(r.store_host), "sysFlag": r.sysflag,
+            "properties": dict(r.properties), "bodyLength": len(body), "body": body_text,
+            "bodyHex": None if body_text is not None else body.hex()}
+
+
+@attrs.define
+class MQAdmin:
+    remoting: RemotingClient
+    namesrv_addr: str
+    timeout: float = 5.0
+
+    # --- the translation point -----------------------------------------------------
+
+    async def call(self, addr: str, code: int, fields: dict | None = None, body: bytes = b"",
+                   accept=(ResponseCode.SUCCESS,), timeout: float | None = None) -> RemotingCommand:
+        request = RemotingCommand.create_request(code, fields, body=body)
+        try:
+            resp = await self.remoting.invoke(addr, request, self.timeout if timeout is None else timeout)
+        except (RemotingConnectError, RemotingTimeoutError, RemotingConnectionLostError) as e:
+            raise UnreachableError(f"broker {e}") from None
+        except RemotingError as e:
+            raise AdminError(f"{addr}: {e}") from None
+        if resp.code in accept:
+            return resp
+        if resp.code in NOT_FOUND_CODES:
+            raise NotFoundError(resp.remark or f"{addr}: not found")
+        raise RequestFailedError(addr, resp.code, resp.remark)
+
+    async def _namesrv(self, fn):
+        try:
+            return await fn(NamesrvClient(self.remoting, self.namesrv_addr, timeout=self.timeout))
+        except ValueError as e:  # no address in -n
+            raise AdminError(str(e)) from None
+        except ResponseError as e:
+            raise RequestFailedError(e.addr, e.code, e.remark) from None
+        except RemotingError as e:
+            raise UnreachableError(f"name server {self.namesrv_addr}: {e}") from None
+
+    # --- name server ---------------------------------------------------------------
+
+    async def cluster_info(self) -> tuple[dict[str, BrokerData], dict[str, list[str]]]:
+        return await self._namesrv(lambda ns: ns.get_cluster_info())
+
+    async def topic_list(self) -> list[str]:
+        return await self._namesrv(lambda ns: ns.get_topic_list())
+
+    async def route(self, topic: str) -> TopicRouteData:
+        route = await self._namesrv(lambda ns: ns.get_route(topic))
+        if route is None or not route.broker_datas:
+            raise NotFoundError(f"topic {topic} does not exist (no route on the name server)")
+        return route
+
+    async def delete_topic_in_namesrv(self, topic: str, cluster: str | None) -> None:
+        results = await self._namesrv(lambda ns: ns.delete_topic(topic, cluster))
+        errors = [r for r in results.values() if isinstance(r, RemotingError)]
+        if errors and len(errors) == len(results):
+            raise UnreachableError(f"name server: {errors[0]}")
+
+    async def brokers(self, cluster: str | None = None) -> list[BrokerAddr]:
+        """Every registered broker (of `cluster`), sorted by name and id."""
+        brokers, clusters = await self.cluster_info()
+        if cluster is not None and cluster not in clusters:
+            raise NotFoundError(f"cluster {cluster} does not exist (known: {', '.join(sorted(clusters)) or 'none'})")
+        names = set(clusters[cluster]) if cluster is not None else set(brokers)
+        out = [BrokerAddr(data.cluster, name, bid, addr) for name, data in brokers.items() if name in names
+               for bid, addr in data.broker_addrs.items()]
+        return sorted(out, key=lambda b: (b.cluster, b.broker_name, b.broker_id))
+
+    async def masters(self, cluster: str | None = None) -> dict[str, str]:
+        """brokerName -> master address (brokers without a master are left out)."""
+        return {b.broker_name: b.addr for b in await self.brokers(cluster) if b.broker_id == MASTER_ID}
+
+    async def group_addrs(self, broker_name: str) -> dict[int, str]:
+        brokers, _ = await self.cluster_info()
+        data = brokers.get(broker_name)
+        if data is None or not data.broker_addrs:
+            raise NotFoundError(f"broker {broker_name} is not registered with the name server")
+        return dict(data.broker_addrs)
+
+    async def master_of(self, broker_name: str) -> str:
+        addrs = await self.group_addrs(broker_name)
+        if MASTER_ID not in addrs:
+            raise UnreachableError(f"broker group {broker_name} has no master right now (ids {sorted(addrs)})")
+        return addrs[MASTER_ID]
+
+    async def topic_masters(self, topic: str) -> dict[str, str]:
+        """brokerName -> address to ask about `topic` (the master, else any)."""
+        route = await self.route(topic)
+        out = {}
+        for bd in route.broker_datas:
+            if bd.broker_addrs:
+                out[bd.broker_name] = bd.broker_addrs.get(MASTER_ID) or bd.broker_addrs[min(bd.broker_addrs)]
+        return out
+
+    # --- brokers: status and config -------------------------------------------------
+
+    async def runtime_info(self, addr: str) -> dict[str, str]:
+        resp = await self.call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+        return dict(json.loads(resp.body).get("table") or {})
+
+    async def broker_config(self, addr: str) -> dict[str, str]:
+        from commitlog.config import iter_properties
+        resp = await self.call(addr, RequestCode.GET_BROKER_CONFIG)
+        return {k: v for _, k, v in iter_properties(resp.body.decode("utf-8"))}
+
+    async def update_broker_config(self, addr: str, key: str, value: str) -> None:
+        await self.call(addr, RequestCode.UPDATE_BROKER_CONFIG, body=f"{key}={value}\n".encode())
+
+    async def dledger_status(self, addr: str) -> dict:
+        resp = await self.call(addr, RequestCode.LEDGERMQ_DLEDGER_STATUS)
+        return json.loads(resp.body)
+
+    async def transfer_leadership(self, addr: str, target: str) -> dict:
+        resp = await self.call(addr, RequestCode.LEDGERMQ_TRANSFER_LEADERSHIP, {"targetId": target}, timeout=10)
+        return dict(resp.ext_fields)
+
+    async def chain_crc(self, addr: str, index: int) -> int:
+        resp = await self.call(addr, RequestCode.LEDGERMQ_CHAIN_CRC, {"index": index})
+        return int(resp.ext_fields["chainCrc"])
+
+    # --- topics ----------------------------------------------------------------------
+
+    async def create_topic(self, addr: str, topic: str, read: int, write: int, perm: int, order: bool,
+                           attributes: str | None = None) -> None:
+        await self.call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": read, "writeQueueNums": write,
+            "perm": perm, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": order,
+            "attributes": attributes})
+
+    async def delete_topic_in_broker(self, addr: str, topic: str) -> None:
+        await self.call(addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic})
+
+    async def topic_stats(self, addr: str, topic: str) -> dict:
+        resp = await self.call(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
+        return parse_mq_map(resp.body)
+
+    # --- consumers ---------------------------------------------------------------------
+
+    async def consume_stats(self, addr: str, group: str, topic: str | None = None) -> dict:
+        resp = await self.call(addr, RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic})
+        return parse_mq_map(resp.body)
+
+    async def consumer_connection(self, addr: str, group: str) -> dict:
+        resp = await self.call(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
+        return json.loads(resp.body)
+
+    async def producer_connection(self, addr: str, group: str) -> dict:
+        resp = await self.call(addr, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group},
+                               accept=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+        if resp.code != ResponseCode.SUCCESS:
+            raise NotFoundError(resp.remark or f"producer group {group} not found")
+        return json.loads(resp.body)
+
+    async def reset_offset(self, addr: str, topic: str, group: str, timestamp: int, force: bool) -> dict:
+        resp = await self.call(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+                               {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force})
+        return parse_mq_map(resp.body)
+
+    async def update_sub_group(self, addr: str, config: dict) -> None:
+        await self.call(addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                        body=json.dumps(config, sort_keys=True).encode())
+
+    async def delete_sub_group(self, addr: str, group: str, remove_offset: bool) -> None:
+        await self.call(addr, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+                        {"groupName": group, "cleanOffset": remove_offset, "removeOffset": remove_offset})
+
+    async def offset_by_time(self, addr: str, topic: str, queue_id: int, timestamp: int) -> int:
+        resp = await self.call(addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                               {"topic": topic, "queueId": queue_id, "timestamp": timestamp})
+        return int(resp.ext_fields["offset"])
+
+    # --- messages ------------------------------------------------------------------------
+
+    async def view_message(self, addr: str, phy_offset: int) -> M.MessageRecord:
+        resp = await self.call(addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset},
+                               accept=(ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR))
+        if resp.code != ResponseCode.SUCCESS:
+            raise NotFoundError(resp.remark or f"no message at commitlog offset {phy_offset}")
+        records = decode_records(resp.body)
+        if not records:
+            raise NotFoundError(f"no message at commitlog offset {phy_offset}")
+        return records[0]
+
+    async def query_message(self, addr: str, topic: str, key: str, max_num: int = 64, begin: int = 0,
+                            end: int = (1 << 63) - 1, unique: bool = False) -> list[M.MessageRecord]:
+        fields = {"topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin, "endTimestamp": end}
+        if unique:
+            fields["_UNIQUE_KEY_QUERY"] = True
+        resp = await self.call(addr, RequestCode.QUERY_MESSAGE, fields,
+                               accept=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        if resp.code != ResponseCode.SUCCESS:
+            return []
+        records = decode_records(resp.body)
+        # The index matches key hashes: keep exact matches only.
+        if unique:
+            return [r for r in records if r.topic == topic and r.uniq_key == key]
+        return [r for r in records if r.topic == topic and key in r.keys]
+
+    async def pull(self, addr: str, group: str, topic: str, queue_id: int, offset: int,
+                   max_nums: int = 32) -> tuple[int, int, int, list[M.MessageRecord]]:
+        """(nextBeginOffset, minOffset, maxOffset, records); no suspension."""
+        resp = await self.call(addr, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+            "maxMsgNums": max_nums, "sysFlag": 0x4, "commitOffset": 0, "suspendTimeoutMillis": 0,
+            "subscription": "*", "subVersion": 0, "expressionType": "TAG"},
+            accept=(ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                    ResponseCode.PULL_OFFSET_MOVED))
+        f = resp.ext_fields
+        records = decode_records(resp.body) if resp.code == ResponseCode.SUCCESS else []
+        return int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)), int(f.get("maxOffset", 0)), records

@@ -1,0 +1,191 @@
+# Owns mqadmin's replication commands (ledgermq's own, DLedger had none):
+# dledgerStatus (every node's Raft view and the leader's per-peer match
+# index, lag and last acknowledgement), leadershipTransfer (hand the
+# leadership of a group to a caught-up peer) and compareReplicas (chain CRC
+# at the common committed index on every replica; on a mismatch a binary
+# search for the first divergent index, see first_divergence).
+#
+# A node is reached through the broker address it registers at the name
+# server; its DLedger selfId comes from its own status answer.
+import click
+import trio
+
+from tools.mqadmin import EXIT_PROBLEMS
+from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError
+from tools.mqadmin.render import Output
+from tools.mqadmin.online import online
+
+
+async def first_divergence(lo: int, hi: int, differs) -> int | None:
+    """Smallest i in [lo, hi] with `await differs(i)`, given that a chain CRC
+    difference at i implies one at every later index (the chain covers the
+    whole history); None when even hi agrees."""
+    if hi < lo or not await differs(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if await differs(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+async def _group_nodes(admin: MQAdmin, target: str | None, cluster: str | None) -> list[str]:
+    """Broker addresses: one (-b host:port), a group's (-b NAME), a cluster's or all."""
+    if target and ":" in target:
+        return [target]
+    if target:
+        return [addr for _, addr in sorted((await admin.group_addrs(target)).items())]
+    return [b.addr for b in await admin.brokers(cluster)]
+
+
+async def _statuses(admin: MQAdmin, addrs: list[str]) -> dict[str, dict | AdminError]:
+    out: dict = {}
+
+    async def one(addr):
+        try:
+            out[addr] = await admin.dledger_status(addr)
+        except AdminError as e:
+            out[addr] = e
+
+    async with trio.open_nursery() as nursery:
+        for addr in addrs:
+            nursery.start_soon(one, addr)
+    return {a: out[a] for a in addrs}
+
+
+def _node_json(addr: str, st: dict) -> dict:
+    return {"brokerAddr": addr, "brokerName": st.get("brokerName"), "brokerId": st.get("brokerId"),
+            "group": st.get("group"), "selfId": st.get("selfId"), "role": st.get("role"), "term": st.get("term"),
+            "leader": st.get("leader"), "ledgerBeginIndex": st.get("ledgerBeginIndex"),
+            "ledgerEndIndex": st.get("ledgerEndIndex"), "committedIndex": st.get("committedIndex"),
+            "uncommitted": st.get("uncommitted"), "writable": st.get("writable"),
+            "transferringTo": st.get("transferringTo"), "peers": st.get("peers") or {}}
+
+
+@click.command("dledgerStatus", epilog="""\b
+Examples:
+  mqadmin dledgerStatus                      # every node of every cluster
+  mqadmin dledgerStatus -b broker-a          # the nodes of one group
+  mqadmin dledgerStatus -b 127.0.0.1:10911 --json""")
+@click.option("-b", "--broker", "target", metavar="ADDR|GROUP", help="one node (host:port) or one group's nodes")
+@click.option("-c", "--clusterName", "cluster", metavar="CLUSTER", help="every node of the cluster")
+@online
+async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
+    """Per node: role, term, leader, ledger begin/end and committed index;
+    per peer (from the leader): match index, lag and last heartbeat ack."""
+    if target and cluster:
+        raise click.UsageError("give either -b or -c, not both")
+    statuses = await _statuses(admin, await _group_nodes(admin, target, cluster))
+    nodes = [_node_json(a, s) for a, s in statuses.items() if isinstance(s, dict)]
+    failed = {a: str(s) for a, s in statuses.items() if not isinstance(s, dict)}
+    if out.as_json:
+        out.json({"nodes": nodes, "unreachable": failed})
+    else:
+        out.table(["#Group", "#SelfId", "#Addr", "#BID", "#Role", "#Term", "#Leader", "#Begin", "#End",
+                   "#Committed", "#Uncommitted"],
+                  [[n["group"], n["selfId"], n["brokerAddr"], n["brokerId"], n["role"], n["term"], n["leader"],
+                    n["ledgerBeginIndex"], n["ledgerEndIndex"], n["committedIndex"], n["uncommitted"]]
+                   for n in nodes])
+        peers = [[n["group"], n["selfId"], p, v.get("matchIndex"), v.get("lag"), v.get("lastAckMsAgo"),
+                  v.get("state")] for n in nodes if n["role"] == "leader" for p, v in sorted(n["peers"].items())]
+        if peers:
+            out.line()
+            out.table(["#Group", "#Leader", "#Peer", "#MatchIndex", "#Lag", "#LastAckMsAgo", "#State"], peers)
+    for addr, err in failed.items():
+        out.note(f"mqadmin: {addr}: {err}")
+    return 3 if failed else 0
+
+
+@click.command("leadershipTransfer", epilog="""\b
+Examples:
+  mqadmin leadershipTransfer -b broker-a -t n1
+  mqadmin leadershipTransfer -b broker-a -t 127.0.0.1:10912""")
+@click.option("-b", "--brokerName", "group", required=True, metavar="GROUP", help="the broker group (brokerName)")
+@click.option("-t", "--to", "target", required=True, metavar="PEER",
+              help="the new leader: its dLegerSelfId or broker address")
+@online
+async def leadership_transfer(admin: MQAdmin, out: Output, group, target):
+    """Hand a group's leadership to a caught-up peer (the master moves)."""
+    statuses = await _statuses(admin, await _group_nodes(admin, group, None))
+    live = {a: s for a, s in statuses.items() if isinstance(s, dict)}
+    leader = next((a for a, s in live.items() if s.get("role") == "leader"), None)
+    if leader is None:
+        raise AdminError(f"group {group} has no leader right now; try again after the election")
+    by_addr = {a: s["selfId"] for a, s in live.items()}
+    peer_ids = set(live[leader].get("peers") or {}) | {live[leader]["selfId"]}
+    target_id = by_addr.get(target, target)
+    if target_id not in peer_ids:
+        raise NotFoundError(f"{target} is not a member of group {group} (peers: {', '.join(sorted(peer_ids))})")
+    old = live[leader]
+    if target_id == old["selfId"]:
+        result = {"group": group, "from": old["selfId"], "to": target_id, "term": old["term"], "changed": False}
+    else:
+        answer = await admin.transfer_leadership(leader, target_id)
+        result = {"group": group, "from": old["selfId"], "to": target_id,
+                  "term": int(answer.get("term", 0)) or None, "changed": True}
+    if out.as_json:
+        out.json(result)
+    elif result["changed"]:
+        out.line(f"leadership of {group} transferred from {result['from']} to {target_id} (term {result['term']})")
+    else:
+        out.line(f"{target_id} already leads {group} (term {result['term']})")
+
+
+@click.command("compareReplicas", epilog="""\b
+Exit status 1 when a replica diverges.
+Examples:
+  mqadmin compareReplicas -c broker-a
+  mqadmin compareReplicas -c broker-a --json""")
+@click.option("-c", "--group", "group", required=True, metavar="GROUP", help="the broker group (brokerName)")
+@online
+async def compare_replicas(admin: MQAdmin, out: Output, group):
+    """Compare the chain CRC at the common committed index on every replica;
+    on a mismatch, binary-search the first divergent index."""
+    statuses = await _statuses(admin, await _group_nodes(admin, group, None))
+    live = {a: s for a, s in statuses.items() if isinstance(s, dict)}
+    if len(live) < 2:
+        raise AdminError(f"group {group}: {len(live)} replica(s) answered; need two to compare")
+    common = min(s["committedIndex"] for s in live.values())
+    begin = max(s["ledgerBeginIndex"] for s in live.values())
+    reference = next((a for a, s in live.items() if s.get("role") == "leader"), next(iter(live)))
+    crcs = {a: await admin.chain_crc(a, common) for a in live} if common >= begin else {}
+    replicas = []
+    with out.progress("comparing replicas", len(live) - 1) as advance:
+        for addr, st in live.items():
+            first = None
+            if addr != reference and crcs and crcs[addr] != crcs[reference]:
+                cache: dict[int, bool] = {}
+
+                async def differs(i, addr=addr, cache=cache):
+                    if i not in cache:
+                        cache[i] = await admin.chain_crc(addr, i) != await admin.chain_crc(reference, i)
+                    return cache[i]
+                first = await first_divergence(begin, common, differs)
+            if addr != reference:
+                advance()
+            replicas.append({"brokerAddr": addr, "selfId": st["selfId"], "role": st["role"],
+                             "committedIndex": st["committedIndex"], "chainCrc": crcs.get(addr),
+                             "firstDivergentIndex": first})
+    diverged = [r for r in replicas if r["firstDivergentIndex"] is not None]
+    result = {"group": group, "comparedIndex": common, "commonBeginIndex": begin,
+              "reference": live[reference]["selfId"], "consistent": not diverged, "replicas": replicas,
+              "unreachable": {a: str(s) for a, s in statuses.items() if not isinstance(s, dict)}}
+    if out.as_json:
+        out.json(result)
+    else:
+        out.table(["#SelfId", "#Addr", "#Role", "#Committed", "#ChainCrc@" + str(common), "#FirstDivergent"],
+                  [[r["selfId"], r["brokerAddr"], r["role"], r["committedIndex"],
+                    f"{r['chainCrc']:08x}" if r["chainCrc"] is not None else None, r["firstDivergentIndex"]]
+                   for r in replicas])
+        out.line("replicas are consistent up to index %d" % common if not diverged else
+                 "DIVERGENCE: " + ", ".join(f"{r['selfId']} from index {r['firstDivergentIndex']}" for r in diverged))
+    for addr, err in result["unreachable"].items():
+        out.note(f"mqadmin: {addr}: {err}")
+    return EXIT_PROBLEMS if diverged else 0
+
+
+def register(group: click.Group) -> None:
+    for cmd in (dledger_status, leadership_transfer, compare_replicas):
+        group.add_command(cmd)

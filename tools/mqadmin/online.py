@@ -1,0 +1,110 @@
+# Owns the shell of mqadmin's online commands: the shared options
+# (-n/--namesrvAddr from NAMESRV_ADDR, --json, --timeout), running the
+# command's coroutine under trio with one MQAdmin, and the command-side
+# translation of AdminError into one line on stderr and exit status 3.
+#
+#   @click.command("topicList")
+#   @online
+#   async def topic_list(admin: MQAdmin, out: Output): ...
+import functools
+import sys
+import time
+from datetime import datetime
+
+import click
+import trio
+
+from broker.remoting.client import open_remoting_client
+from tools.mqadmin import EXIT_ERROR
+from tools.mqadmin.adminapi import AdminError, MQAdmin, from_client_error
+from tools.mqadmin.render import Output
+
+
+def _single_leaf(exc: BaseException) -> BaseException:
+    """The one real error inside trio's exception groups (nurseries wrap)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        admin = [e for e in exc.exceptions
+                 if isinstance(_single_leaf(e), AdminError) or from_client_error(_single_leaf(e))]
+        if admin:
+            return _single_leaf(admin[0])
+    return exc
+
+
+def online(fn):
+    """Turn `async def fn(admin, out, **params) -> int | None` into a click
+    callback with -n/--namesrvAddr, --json and --timeout."""
+
+    @functools.wraps(fn)
+    def run(namesrv_addr, as_json, timeout, **params):
+        if not namesrv_addr:
+            raise click.UsageError("no name server: give -n HOST:9876 or set NAMESRV_ADDR")
+        out = Output(as_json)
+
+        async def main():
+            async with open_remoting_client() as rc:
+                return await fn(MQAdmin(rc, namesrv_addr, timeout=timeout), out, **params)
+
+        try:
+            code = trio.run(main)
+        except BaseException as exc:  # noqa: B902 -- unwrapped and re-raised below unless ours
+            leaf = _single_leaf(exc)
+            leaf = from_client_error(leaf) or leaf
+            if isinstance(leaf, AdminError):
+                click.echo(f"mqadmin: error: {leaf}", err=True)
+                sys.exit(EXIT_ERROR)
+            if isinstance(leaf, click.ClickException):
+                raise leaf from None
+            if isinstance(leaf, KeyboardInterrupt):
+                sys.exit(130)
+            raise
+        if code:
+            sys.exit(code)
+
+    run = click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+                       metavar="SECONDS", help="per request")(run)
+    run = click.option("--json", "as_json", is_flag=True, help="print one JSON document (for scripts)")(run)
+    run = click.option("-n", "--namesrvAddr", "namesrv_addr", envvar="NAMESRV_ADDR", metavar="ADDR",
+                       help="name server(s), host:9876[;host2:9876] (default: $NAMESRV_ADDR)")(run)
+    return run
+
+
+# --- values operators type -------------------------------------------------------------
+
+
+def parse_timestamp(text: str) -> int:
+    """RocketMQ's -s: ms since the epoch, `yyyy-MM-dd#HH:mm:ss:SSS`, or `now`
+    (local time, as Java's SimpleDateFormat)."""
+    text = text.strip()
+    if text.lower() == "now":
+        return int(time.time() * 1000)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    for fmt in ("%Y-%m-%d#%H:%M:%S:%f", "%Y-%m-%d#%H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"):
+        try:
+            return int(datetime.strptime(text, fmt).timestamp() * 1000)
+        except ValueError:
+            continue
+    raise click.BadParameter(f"{text!r} is not ms since the epoch, yyyy-MM-dd#HH:mm:ss:SSS or 'now'")
+
+
+class TimestampType(click.ParamType):
+    name = "TIMESTAMP"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_timestamp(value)
+        except click.BadParameter as e:
+            self.fail(e.message, param, ctx)
+
+
+TIMESTAMP = TimestampType()
+
+
+def fmt_ms(ms: int | None) -> str:
+    if not ms or ms <= 0:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
