@@ -24,6 +24,13 @@
 #
 # On the way out (cancellation) metadata writes its snapshot, dispatch
 # checkpoints, and the store is flushed, checkpointed and closed.
+#
+# A store migrated from master-slave (broker/migrated_store.py) is opened
+# with its old commitlog layered below the DLedger log; a root that still
+# holds only an old commitlog is upgraded in place first (tools.migrate.apply,
+# as RocketMQ does when enableDLegerCommitLog finds no DLedger store).  Its
+# retention expires the old segments first and keeps the DLedger ones while
+# any old one exists; its first leader imports the old config tables.
 import logging
 import math
 import random
@@ -31,6 +38,7 @@ import random
 import attrs
 import trio
 
+from broker import migrated_store
 from broker.config import BrokerConfig
 from broker.metadata.service import MetadataConfig, MetadataService
 from broker.roles import RoleGate
@@ -57,6 +65,7 @@ class BrokerStore:
     metadata: MetadataService
     gate: RoleGate
     transport: object
+    migrated: migrated_store.DividedLog | None = None  # the store continues an old master-slave commitlog
 
     @property
     def writable(self) -> bool:
@@ -69,11 +78,27 @@ class BrokerStore:
     def retention_pass(self, now: float | None = None, used_ratio: float | None = None) -> list[str]:
         """One retention decision (commitlog.node.retention_pass) honouring
         the floors, then consume queue / index cleanup behind it."""
+        if self.migrated is not None and self.cq.engine.source.legacy_present():
+            return self._legacy_retention_pass(now, used_ratio)
         deleted = retention_pass(self.store, self.cfg.delete_when, self.cfg.replication.disk_space_ratio,
                                  now=now, used_ratio=used_ratio)
         if deleted:
             cq_files, index_files = self.cq.on_retention()
             log.info("retention: %d commitlog files, %d consume queue files, %d index files deleted",
+                     len(deleted), cq_files, index_files)
+        return deleted
+
+    def _legacy_retention_pass(self, now: float | None, used_ratio: float | None) -> list[str]:
+        """While old segments exist only they expire (the DLedger store's
+        floor keeps its own segments), so the boundary is never split."""
+        source = self.cq.engine.source
+        deleted = migrated_store.legacy_retention_pass(
+            source, file_reserved_hours=self.cfg.file_reserved_time_hours, delete_when=self.cfg.delete_when,
+            max_used_ratio=self.cfg.replication.disk_space_ratio, now=now, used_ratio=used_ratio)
+        if deleted:
+            begin = source.begin_pos if source.legacy_present() else migrated_store_begin(self.store)
+            cq_files, index_files = self.cq.engine.delete_expired(begin)
+            log.info("retention: %d old commitlog files, %d consume queue files, %d index files deleted",
                      len(deleted), cq_files, index_files)
         return deleted
 
@@ -88,6 +113,28 @@ def open_store(cfg: BrokerConfig, store_config: StoreConfig | None = None) -> Se
     return SegmentedStore.open(store_config or store_config_for(cfg.replication))
 
 
+def migrated_store_begin(store) -> int:
+    from consumequeue.service import begin_position
+    return begin_position(store)
+
+
+def upgrade_if_needed(cfg: BrokerConfig, store_config: StoreConfig | None = None):
+    """The automatic upgrade: an old master-slave commitlog under the store
+    root and no migrated DLedger store yet -> migrate in place (see
+    tools/migrate/apply.py).  Returns the migration marker (None for a
+    store that never was master-slave)."""
+    sc = store_config or store_config_for(cfg.replication)
+    if migrated_store.needs_upgrade(sc.root, sc.self_id):
+        from tools.migrate.apply import apply
+        plan = apply(sc.root, sc.self_id, data_segment_size=sc.data_segment_size,
+                     index_segment_size=sc.index_segment_size)
+        for w in plan.warnings:
+            log.warning("%s: migration: %s", sc.self_id, w)
+        log.info("%s: upgraded the master-slave store in place; DLedger log continues at %d",
+                 sc.self_id, plan.divided)
+    return migrated_store.load_marker(sc.store_dir)
+
+
 async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreConfig | None = None,
                            raft_config: RaftConfig | None = None, rng: random.Random | None = None,
                            dispatch_config: DispatchConfig | None = None,
@@ -100,12 +147,16 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
     """Open the store and run everything over `transport` (a started peer
     transport) until cancelled.  started() gets the BrokerStore."""
     rc = cfg.replication
+    marker = upgrade_if_needed(cfg, store_config)
     store = open_store(cfg, store_config)
     cq = gate = None
     try:
         # Consume queues first: opening them may raise the store's committed
         # index to what was already dispatched before a crash.
-        engine, report = open_engine(store, config=dispatch_config)
+        if marker is not None:
+            engine, report = migrated_store.open_migrated_engine(store, marker, config=dispatch_config)
+        else:
+            engine, report = open_engine(store, config=dispatch_config)
         log.info("%s: consume queues %s at %d %s", rc.self_id, report.action, report.position, report.reason)
         replica = replica_on_store(
             store, transport, rc.self_id, rc.peer_ids, raft_config or raft_config_for(rc),
@@ -117,12 +168,15 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
             cq.dispatcher.checkpoint_interval = checkpoint_interval
         meta_cfg = metadata_config or MetadataConfig(store_host=cfg.store_host)
         metadata = MetadataService.open(replica, store, rc.store_path_root_dir, meta_cfg)
-        gate = RoleGate(replica, cq, metadata, peer_ids=rc.peer_ids)
+        gate = RoleGate(replica, cq, metadata if marker is None else
+                        migrated_store.ImportingMetadata(metadata, store.store_dir, marker), peer_ids=rc.peer_ids)
         replica.on_role_change = gate.on_role_change
         replica.on_log_reset = cq.on_log_reset
         store.add_retention_floor(metadata.min_retained_index)
         store.add_retention_floor(lambda: cq.dispatcher.dispatched.value + 1)
-        bs = BrokerStore(cfg, store, replica, cq, metadata, gate, transport)
+        if marker is not None:
+            store.add_retention_floor(migrated_store.legacy_floor(engine.source))
+        bs = BrokerStore(cfg, store, replica, cq, metadata, gate, transport, marker)
         async with trio.open_nursery() as nursery:
             await nursery.start(cq.run)
             await nursery.start(metadata.run)

@@ -66,6 +66,11 @@ def infer_segment_size(files: list[tuple[int, str, int]], configured: int | None
             if longest <= gap:
                 return gap
     if configured and len(files) == 1 and longest < configured:
+        if files[0][0] % configured and files[0][0] % longest == 0:
+            # Not a truncated file of the configured size: its name is no
+            # multiple of that.  A lone first segment at a non-zero offset
+            # (a store migrated from master-slave) has its full length.
+            return longest
         return configured
     return longest
 

@@ -13,6 +13,10 @@
 # message_at -- so an uncommitted tail a new leader may truncate is never
 # returned, whatever a damaged queue says.
 #
+# A store migrated from master-slave reads through a LayeredSource: below
+# the divided offset the records are plain (no DLedger entry around them),
+# and the log begins at the old commitlog's first segment while it exists.
+#
 # Status semantics follow RocketMQ's GetMessageStatus (spec §8.5 maps them to
 # pull response codes; pull_response_code() here does the mapping), including
 # nextBeginOffset corrections: a pull below the queue's min offset moves to
@@ -103,6 +107,11 @@ def _parts(target):
 
 
 def _begin(engine, store) -> int:
+    legacy_present = getattr(engine.source, "legacy_present", None)
+    if legacy_present is not None and legacy_present():
+        # A store migrated from master-slave: the old commitlog's first
+        # segment comes first (consumequeue.source.LayeredSource).
+        return engine.source.begin_pos
     if store is not None:
         from consumequeue.service import begin_position
         return begin_position(store)
@@ -262,7 +271,8 @@ def _check_record_start(source, window: _LogWindow, phy: int) -> int:
     head.release()
     if magic not in (MAGIC_V1, MAGIC_V2) or size < 8:
         raise MessageNotFoundError(phy, "not the start of a message record")
-    if source.mode == MODE_DLEDGER:
+    mode_at = getattr(source, "mode_at", None)
+    if (source.mode if mode_at is None else mode_at(phy)) == MODE_DLEDGER:
         # The record is an entry body: a NORMAL entry at phy - 48 holding exactly it.
         if phy - HEADER_SIZE < window.begin:
             raise MessageNotFoundError(phy, "not the start of a message record")

@@ -3,6 +3,8 @@
 # the DLedger store (its lock keeps a running broker out; its recovery cuts
 # a torn tail), delete every consume queue, index file and dispatch
 # checkpoint, dispatch the committed log from its first entry, checkpoint.
+# A store migrated from master-slave is rebuilt by broker.migrated_store
+# (the old commitlog in plain mode first).
 import os
 import time
 
@@ -72,6 +74,10 @@ def rebuild_store(root: str, *, self_id: str | None = None, config: DispatchConf
     own = store is None
     store = store or open_store(root, self_id)
     try:
+        from broker.migrated_store import load_marker, rebuild_migrated
+        marker = load_marker(store.store_dir)
+        if marker is not None:  # migrated from master-slave: the old commitlog's queues too
+            return rebuild_migrated(root, store, marker, config=config, backend=backend, progress=progress)
         p = service.positions(store)
         engine = DispatchEngine(root, service.source_for(store, populate=True), config=config,
                                 backend=backend)

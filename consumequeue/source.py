@@ -12,6 +12,9 @@
 # and recreates them, and retention deletes head segments.  A map of the
 # old inode would serve stale bytes (and pin the deleted file's space), so
 # every view checks that the path still names the mapped inode.
+#
+# LayeredSource joins an old master-slave commitlog and the DLedger data
+# that continues it at the divided offset (a migrated store, spec §6.6).
 import bisect
 import mmap
 import os
@@ -19,7 +22,7 @@ import re
 import struct
 from collections import OrderedDict
 
-from broker.message import POS_SYSFLAG, store_timestamp_pos
+from broker.message import BLANK_MAGIC as _BLANK_MAGIC, POS_SYSFLAG, store_timestamp_pos
 from native.dispatch import MODE_DLEDGER
 
 _NAME = re.compile(r"^\d{20}$")
@@ -159,3 +162,93 @@ class CommitlogSource:
             except BufferError:
                 pass
         self._maps.clear()
+
+
+class LayeredSource:
+    """The physical offset space of a store migrated from master-slave
+    (spec §6.6): positions below `divided` are read from the old plain
+    commitlog up to `legacy_end`, where it stopped being written; from
+    there to the end of that segment reads return the BLANK RocketMQ would
+    have written there (we never write into the old files), so a scan
+    moves on to `divided`.  Positions at or above it come from the DLedger
+    data segments.  Same interface as CommitlogSource; `mode` is the
+    DLedger one because only the DLedger part is ever dispatched live (the
+    old part's consume queues are completed before the log continues), and
+    mode_at() tells scanners and readers how the bytes at a position are
+    framed."""
+
+    def __init__(self, legacy: CommitlogSource, dledger: CommitlogSource, divided: int, legacy_end: int):
+        self.legacy, self.dledger = legacy, dledger
+        self.divided, self.legacy_end = divided, legacy_end
+        self.mode = dledger.mode
+        self.data_dir = dledger.data_dir
+        self.populate = dledger.populate
+
+    @property
+    def segment_size(self) -> int:
+        return self.dledger.segment_size or self.legacy.segment_size
+
+    @property
+    def starts(self) -> list[int]:
+        return [s for s in self.legacy.starts if s < self.divided] + self.dledger.starts
+
+    def legacy_present(self) -> bool:
+        """Some old commitlog segment is still on disk (retention not done)."""
+        return any(s < self.divided for s in self.legacy.starts)
+
+    def mode_at(self, pos: int) -> int:
+        return self.legacy.mode if pos < self.divided else self.dledger.mode
+
+    def refresh(self) -> None:
+        self.legacy.refresh()
+        self.dledger.refresh()
+
+    def reset(self) -> None:
+        self.legacy.reset()
+        self.dledger.reset()
+
+    @property
+    def begin_pos(self) -> int | None:
+        if self.legacy_present():
+            return self.legacy.begin_pos
+        return self.dledger.begin_pos
+
+    def _in_blank(self, pos: int) -> bool:
+        return self.legacy_end <= pos < self.divided
+
+    def segment_start(self, pos: int) -> int:
+        if pos >= self.divided:
+            return self.dledger.segment_start(pos)
+        if self._in_blank(pos) and self.legacy_present():
+            return pos - pos % self.legacy.segment_size
+        return self.legacy.segment_start(pos)
+
+    def segment_end(self, pos: int) -> int:
+        if pos >= self.divided:
+            return self.dledger.segment_end(pos)
+        if self._in_blank(pos) and self.legacy_present():
+            return self.divided  # the BLANK closes the old log: the next byte is DLedger's
+        return min(self.legacy.segment_end(pos), self.divided)
+
+    def view(self, pos: int, end: int) -> memoryview:
+        if pos >= self.divided:
+            return self.dledger.view(pos, end)
+        if self._in_blank(pos):
+            self.segment_start(pos)  # KeyError once retention removed the old files
+            # The 8-byte BLANK is all a scanner reads before it moves on.
+            blank = struct.pack(">ii", self.divided - pos, _BLANK_MAGIC)
+            return memoryview(blank[:max(0, min(end, self.divided) - pos)])
+        return self.legacy.view(pos, min(end, self.legacy_end))
+
+    def read(self, pos: int, size: int) -> bytes:
+        with self.view(pos, pos + size) as v:
+            if len(v) != size:
+                raise KeyError(pos + size)
+            return bytes(v)
+
+    def store_timestamp_at(self, phy: int) -> int:
+        return (self.legacy if phy < self.divided else self.dledger).store_timestamp_at(phy)
+
+    def close(self) -> None:
+        self.legacy.close()
+        self.dledger.close()

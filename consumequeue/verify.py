@@ -124,7 +124,8 @@ def verify(source: CommitlogSource, begin_pos: int, end_pos: int, *, root: str |
                 break
             view = source.view(pos, min(end_pos, seg_end))
             try:
-                res = be.scan(view, pos, recs, mode=source.mode, options=SCAN_CHECK_CRC)
+                mode = source.mode_at(pos) if hasattr(source, "mode_at") else source.mode  # a migrated store
+                res = be.scan(view, pos, recs, mode=mode, options=SCAN_CHECK_CRC)
                 _check_records(rep, res, view)
                 if cqs is not None:
                     _check_units(rep, cqs, res, view, be, expect_next)

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from broker import message as M
 from broker.legacy_store import LegacyStore, compare_commitlogs, md5_files
 from native import dispatch as D
+from tools.migrate.plainlog import PlainCommitlogWriter
 from tools.mqadmin import cli
 
 SEG = 4096
@@ -32,32 +33,22 @@ def msgs(n: int, start: int = 0, tag: str = "") -> list[M.MessageRecord]:
 
 
 def write_plain_store(root, records, seg: int = SEG) -> list[tuple[int, int]]:
-    """CommitLog.doAppend for each record: QUEUEOFFSET from a per-queue
-    counter, PHYSICALOFFSET the position, a BLANK closing a segment the
-    record (+ 8 bytes) does not fit.  Returns (position, size) per record."""
-    d = os.path.join(root, "commitlog")
-    os.makedirs(d, exist_ok=True)
-    segs: dict[int, bytearray] = {}
+    """CommitLog.doAppend for each record (tools.migrate.plainlog): QUEUEOFFSET
+    from a per-queue counter, PHYSICALOFFSET the position, a BLANK closing a
+    segment the record (+ 8 bytes) does not fit.  Returns (position, size)
+    per record.  (tests/legacy_fixtures.py builds whole stores.)"""
+    writer = PlainCommitlogWriter(str(root), seg)
     offsets: dict[tuple[str, int], int] = {}
-    placed, pos = [], 0
-    for rec in records:
-        raw = bytearray(M.encode(rec))
-        left = seg - pos % seg
-        if len(raw) + M.END_FILE_MIN_BLANK_LENGTH > left:
-            start = pos - pos % seg
-            segs.setdefault(start, bytearray(seg))[pos - start:pos - start + 8] = M.encode_blank(left)
-            pos += left
-        key = (rec.topic, rec.queue_id)
-        M.set_queue_offset(raw, offsets.get(key, 0))
-        offsets[key] = offsets.get(key, 0) + 1
-        M.set_physical_offset(raw, pos)
-        start = pos - pos % seg
-        segs.setdefault(start, bytearray(seg))[pos - start:pos - start + len(raw)] = raw
-        placed.append((pos, len(raw)))
-        pos += len(raw)
-    for start, data in segs.items():
-        with open(os.path.join(d, f"{start:020d}"), "wb") as f:
-            f.write(data)
+    placed = []
+    try:
+        for rec in records:
+            raw = bytearray(M.encode(rec))
+            key = (rec.topic, rec.queue_id)
+            M.set_queue_offset(raw, offsets.get(key, 0))
+            offsets[key] = offsets.get(key, 0) + 1
+            placed.append((writer.append(raw), len(raw)))
+    finally:
+        writer.close()
     return placed
 
 

@@ -93,13 +93,18 @@ def verify_consume_queues(root: str, self_id: str | None, *, cq_file_size: int, 
     from consumequeue.source import CommitlogSource
     from consumequeue.verify import offline_span, verify
 
+    from broker.migrated_store import load_marker, offline_layered_source
     store_dir = resolve_store_dir(root, self_id)
     span = offline_span(store_dir)
     source = CommitlogSource(span.data_dir, segment_size=span.data_segment_size)
     cq_root = os.path.dirname(os.path.abspath(store_dir)) if os.path.basename(
         os.path.abspath(store_dir)).startswith("dledger-") else root
+    begin, end = span.begin_pos, span.committed_pos
+    marker = load_marker(store_dir)
+    if marker is not None:  # migrated from master-slave: the old commitlog comes first
+        source, begin, end = offline_layered_source(cq_root, source, marker, span)
     try:
-        return span, verify(source, span.begin_pos, span.committed_pos, root=cq_root, check_cq=True,
+        return span, verify(source, begin, end, root=cq_root, check_cq=True,
                             cq_file_size=cq_file_size, index_slot_num=index_slots, index_num=index_items)
     finally:
         source.close()

@@ -3,6 +3,10 @@
 # between a master and its slave before a migration, for plain commitlog/
 # stores and DLedger dledger-<id>/data alike) and compareCommitlog (the
 # first record where two plain stores differ).  Read-only.
+#
+# Also the `migrate` group: check (pre-flight), align, apply (upgrade in
+# place) and export (the way back); the work is done in tools/migrate/.
+import contextlib
 import json
 
 import click
@@ -50,3 +54,133 @@ def compare_commitlog_cmd(ctx, root, other, as_json):
 def register(group: click.Group) -> None:
     group.add_command(md5_commitlog_cmd)
     group.add_command(compare_commitlog_cmd)
+    group.add_command(migrate_group)
+
+
+# --- mqadmin migrate: check, align, apply, export (tools/migrate/) -----------------
+
+@contextlib.contextmanager
+def _progress(label: str, enabled: bool = True, *, counts: bool = False):
+    """A rich progress bar on stderr (bytes, or `counts` of items); yields
+    progress(done, total)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn() if counts else DownloadColumn(),
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+        yield update
+
+
+def _emit(as_json: bool, obj: dict, lines: list[str]) -> None:
+    if as_json:
+        click.echo(json.dumps(obj))
+    else:
+        for line in lines:
+            click.echo(line)
+
+
+@click.group("migrate")
+def migrate_group():
+    """Move a master-slave store onto ledgermq (check, align, apply) or back (export)."""
+
+
+_store_opt = click.option("--store", "root", required=True, metavar="ROOT", help="storePathRootDir")
+_json_opt = click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+_dry_opt = click.option("--dry-run", is_flag=True, help="report what would be done, change nothing")
+
+
+@migrate_group.command("check")
+@_store_opt
+@click.option("--replica", "replicas", multiple=True, metavar="ROOT", help="a slave's store (repeatable)")
+@click.option("--winner", metavar="ROOT", help="the copy that wins when the stores disagree")
+@click.option("--last", type=click.IntRange(min=1), default=2, show_default=True, metavar="N",
+              help="md5 of the last N commitlog files")
+@_json_opt
+@click.pass_context
+def migrate_check_cmd(ctx, root, replicas, winner, last, as_json):
+    """Pre-flight: every store sound, the replicas agreeing, and the plan to
+    align them.  Exit status 1 unless ready to apply."""
+    from tools.migrate.check import check_stores, render_text
+    report = check_stores([root, *replicas], last=last, winner=winner)
+    _emit(as_json, report.to_json(), render_text(report))
+    if not report.ok:
+        ctx.exit(EXIT_PROBLEMS)
+
+
+@migrate_group.command("align")
+@_store_opt
+@click.option("--replica", "replicas", multiple=True, metavar="ROOT", help="a slave's store (repeatable)")
+@click.option("--winner", metavar="ROOT", help="the copy that wins when the stores disagree")
+@_dry_opt
+@_json_opt
+@click.pass_context
+def migrate_align_cmd(ctx, root, replicas, winner, dry_run, as_json):
+    """Copy commitlog files (staging name, fsync, rename) so every store
+    equals the reference; refuses while the stores disagree without --winner."""
+    from tools.migrate.align import align
+    from tools.migrate.check import check_stores
+    report = check_stores([root, *replicas], winner=winner)
+    if report.problems:
+        _emit(as_json, {"done": [], "problems": report.problems},
+              [f"PROBLEM: {p}" for p in report.problems] + ["not aligning"])
+        ctx.exit(EXIT_PROBLEMS)
+    with _progress("aligning", not as_json) as bar:
+        copied = [0]
+
+        def progress(n: int) -> None:
+            copied[0] += n
+            if bar:
+                bar(copied[0], copied[0])
+        done = align(report, dry_run=dry_run, progress=progress)
+    _emit(as_json, {"done": done, "dryRun": dry_run, "plan": [a.to_json() for a in report.plan]},
+          done or ["nothing to do: the stores agree"])
+
+
+@migrate_group.command("apply")
+@_store_opt
+@click.option("--self-id", required=True, metavar="ID", help="this node's dLegerSelfId")
+@click.option("--segment-size", type=click.IntRange(min=64), metavar="BYTES",
+              help="mappedFileSizeCommitLog of the new DLedger store (default: the old segment size)")
+@_dry_opt
+@_json_opt
+def migrate_apply_cmd(root, self_id, segment_size, dry_run, as_json):
+    """Upgrade a stopped master-slave store in place: the DLedger log
+    continues the old commitlog at the divided offset (old files unchanged)."""
+    from tools.migrate.apply import apply
+    with _progress("completing consume queues", not as_json and not dry_run) as bar:
+        plan = apply(root, self_id, data_segment_size=segment_size, progress=bar, dry_run=dry_run)
+    lines = [f"{'would: ' if dry_run else ''}{a}" for a in plan.actions] + [f"warning: {w}" for w in plan.warnings]
+    if not dry_run and not plan.already:
+        lines.append(f"migrated: dividedCommitlogOffset {plan.divided}; start the broker with "
+                     f"enableDLegerCommitLog=true and dLegerSelfId={self_id}")
+    _emit(as_json, {**plan.to_json(), "dryRun": dry_run}, lines)
+
+
+@migrate_group.command("export")
+@_store_opt
+@click.option("--to", "to", required=True, metavar="DIR", help="where the plain store is written")
+@click.option("--self-id", metavar="ID", help="which dledger-<ID> store under ROOT")
+@click.option("--segment-size", type=click.IntRange(min=64), metavar="BYTES",
+              help="commitlog segment size of the plain store")
+@_dry_opt
+@_json_opt
+@click.pass_context
+def migrate_export_cmd(ctx, root, to, self_id, segment_size, dry_run, as_json):
+    """Write a plain master-slave store (commitlog, consume queues, index,
+    checkpoint, config) from a stopped broker's committed data."""
+    from tools.migrate.export import export
+    with _progress("exporting entries", not as_json and not dry_run, counts=True) as bar:
+        rep = export(root, to, self_id=self_id, segment_size=segment_size, dry_run=dry_run, progress=bar)
+    lines = [f"{'would export' if dry_run else 'exported'} {rep.records} records "
+             f"({rep.legacy_records} from the old commitlog, {rep.dledger_records} from DLedger) to {rep.to}"]
+    lines += [f"PROBLEM: {p}" for p in rep.problems]
+    _emit(as_json, rep.to_json(), lines)
+    if rep.problems:
+        ctx.exit(EXIT_PROBLEMS)
