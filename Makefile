@@ -13,7 +13,7 @@ ARGS    ?=
 $(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel
-	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q -e '.[test,spark]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -35,6 +35,8 @@ bench: setup native
 	$(VPY) -m tools.bench.store
 	$(VPY) -m tools.bench.replication
 	$(VPY) -m tools.bench.dispatch
+	$(VPY) -m tools.bench.broker
+	$(VPY) -m tools.bench.pipeline
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/_native.o

@@ -257,6 +257,18 @@ class DispatchEngine:
         self.cqs.write_pending()  # dispatched units are readable once this returns
         return self.pos - started
 
+    def apply_scanned(self, view, res) -> None:
+        """Apply a scan result made elsewhere (a Spark executor ran the same
+        native scanner over `view`) exactly as dispatch_to would: grouping,
+        CQ staging and index insertion, in log order.  The caller moves
+        pos/last_index; flush_scanned() after the last result."""
+        self._apply(view, res)
+
+    def flush_scanned(self) -> None:
+        """Hand over what apply_scanned staged; the units become readable."""
+        self._flush_stage()
+        self.cqs.write_pending()
+
     def _take_stage(self, sid: int) -> None:
         cq = self._by_id[sid]
         if not isinstance(cq, BadTopicError):  # (a bad topic's runs are never staged)

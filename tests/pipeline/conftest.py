@@ -1,0 +1,26 @@
+# One SparkSession for every pipeline test (Spark starts in 5-10 s; the
+# jobs then take a second or two each), stopped when this package's tests
+# are done so its JVM does not sit beside the rest of the suite: local[2],
+# UI off, two shuffle partitions, scratch space under pytest's tmp dir.
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def java():
+    from tools.pipeline.sparkenv import find_java
+    path = find_java()
+    if path is None:
+        pytest.skip("no Java runtime on this machine (JAVA_HOME/PATH): the Spark pipeline needs one")
+    return path
+
+
+@pytest.fixture(scope="package")
+def spark(java, tmp_path_factory):
+    from tools.pipeline.sparkenv import build_session, stop_session
+    os.environ["LEDGERMQ_SPARK_LOCAL_DIR"] = str(tmp_path_factory.mktemp("spark-local"))
+    session = build_session("local[2]", {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+                                         "spark.driver.memory": "1g"})
+    yield session
+    stop_session(session)
