@@ -36,7 +36,8 @@ def java_text(value: object) -> str:
 def coerce_fields(fields: Mapping[str, object] | None) -> dict[str, str]:
     if not fields:
         return {}
-    return {str(k): java_text(v) for k, v in fields.items() if v is not None}
+    # Text values (all of a decoded header, most of a handler's) skip the call: every command pays this.
+    return {str(k): v if type(v) is str else java_text(v) for k, v in fields.items() if v is not None}
 
 
 def _language(value: object) -> LanguageCode:
