@@ -1,158 +1,404 @@
 # Owns `make quickstart` (python -m tools.quickstart), the main job: a
-# 3-node replicated commitlog as real processes on loopback.  It elects a
-# leader, replicates 10,000 entries, kills -9 the leader while a client keeps
-# appending, shows the failover, checks that every acknowledged append is on
-# every replica (chain CRCs equal), restarts the killed node, and finally
-# verifies each node's files offline.  The broker issue will replace the log
-# client with real RocketMQ producers and consumers.
+# RocketMQ-style broker group failing over without losing a message.  On
+# 127.0.0.1 it starts a name server and three `mqbroker` processes forming
+# one DLedger group (tools/brokercluster.py), then
 #
-#   python -m tools.quickstart [--dir DIR] [--entries N] [--keep]
+#   1. waits for the master (the DLedger leader) and creates a topic on it;
+#   2. produces 10,000 messages with the Python client (sync sends, several
+#      in flight) while a push consumer group consumes them;
+#   3. produces a second batch and kill -9s the master in the middle of it;
+#      the producer refreshes its route and carries on with the new master,
+#      the consumer carries on too;
+#   4. restarts the killed broker and waits until it has caught up;
+#   5. prints a summary (sent / acknowledged / consumed / duplicates / lost,
+#      failover time, each node's role, term and committed index);
+#   6. stops the group and verifies every node's store offline (entries,
+#      message records, consume queues: `mqadmin verifyStore --cq`).
+#
+# It exits 0 only when every acknowledged message was consumed (duplicates
+# are allowed: at-least-once, and reported) at the queue offset its send
+# result named, and verification found nothing.
+#
+#   python -m tools.quickstart [--dir DIR] [--messages N] [--keep]
 import argparse
-import base64
+import json
 import os
 import sys
 import tempfile
 import time
 
+import attrs
 import trio
+from rich.console import Console
+from rich.table import Table
 
-from commitlog.scan import verify_store
+from broker.message import check_entry_body
+from broker.msgid import parse_offset_msg_id
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RemotingError
+from commitlog.scan import resolve_store_dir, verify_store
 from commitlog.watermark import Watermark
-from tools.localcluster import LocalCluster
+from tools.brokercluster import LocalBrokerCluster
+from tools.mqadmin.cq_cmds import verify_consume_queues
 
+TOPIC = "QuickstartTopic"
+QUEUES = 4
+PRODUCER_GROUP, CONSUMER_GROUP = "quickstart_pg", "quickstart_cg"
+BODY_SIZE = 1024
+SENDERS = 32  # sync sends in flight
+SEND_DEADLINE = 60.0  # seconds one message may keep being retried across a failover
+# Small segments, so that a run spans several commitlog files.
 SEGMENTS = {"mappedFileSizeCommitLog": 4 * 1024 * 1024, "mappedFileSizeForEntryIndex": 320 * 1024}
+# mqadmin verifyStore's defaults (RocketMQ's): the consume queue file size and index geometry.
+CQ_FORMAT = {"cq_file_size": 6_000_000, "index_slots": 5_000_000, "index_items": 20_000_000}
+
+# Wide enough for the tables when the output is a pipe (make, tests), where rich assumes 80.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    console.print(msg, markup=False)
 
 
-async def append_numbered(cluster: LocalCluster, acked: dict, acked_count: Watermark, stop: trio.Event,
-                          leader_box: list) -> None:
-    """A client: appends batches of numbered 1 KiB bodies to the leader,
-    follows NotLeader hints and failed connections to the new leader, and
-    publishes how many appends were acknowledged so far."""
-    seq = 0
-    while not stop.is_set():
-        bodies = [f"quickstart-{seq}-{k}".encode().ljust(1024, b".") for k in range(8)]
-        target = leader_box[0]
-        try:
-            reply = await cluster.call(target, {"op": "append",
-                                                "bodies": [base64.b64encode(b).decode() for b in bodies]}, timeout=5)
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError, ValueError):
-            leader_box[0] = await cluster.wait_leader(exclude={target})
+# --- what the demo knows about every message ------------------------------------------------
+
+@attrs.define
+class Tally:
+    """Each message carries its sequence number in its key ("qs-<seq>").  The
+    producers record where SEND_OK said it went, the consumer where it was
+    delivered; `confirmed` counts acknowledged messages that were consumed,
+    so the demo can park until it reaches len(acked)."""
+
+    attempted: set[int] = attrs.Factory(set)
+    acked: dict[int, tuple[int, int]] = attrs.Factory(dict)  # seq -> (queueId, queueOffset)
+    send_errors: int = 0  # failed send calls (each retried)
+    given_up: int = 0  # messages never acknowledged within SEND_DEADLINE
+    consumed: dict[int, set[tuple[int, int]]] = attrs.Factory(dict)  # seq -> positions delivered
+    deliveries: int = 0
+    confirmed: Watermark = attrs.Factory(lambda: Watermark(0))
+    acked_count: Watermark = attrs.Factory(lambda: Watermark(0))
+    # failover
+    old_master_addr: str | None = None
+    killed_at: float | None = None
+    first_ack_after_kill: float | None = None
+
+    def on_ack(self, seq: int, position: tuple[int, int], store_addr: str) -> None:
+        if seq in self.acked:
+            return
+        self.acked[seq] = position
+        if seq in self.consumed:
+            self.confirmed.advance(self.confirmed.value + 1)
+        self.acked_count.advance(len(self.acked))
+        if self.killed_at is not None and self.first_ack_after_kill is None and store_addr != self.old_master_addr:
+            self.first_ack_after_kill = time.perf_counter()
+
+    def on_consume(self, seq: int, position: tuple[int, int]) -> None:
+        self.deliveries += 1
+        first = seq not in self.consumed
+        self.consumed.setdefault(seq, set()).add(position)
+        if first and seq in self.acked:
+            self.confirmed.advance(self.confirmed.value + 1)
+
+    @property
+    def duplicates(self) -> int:
+        return self.deliveries - len(self.consumed)
+
+    @property
+    def lost(self) -> list[int]:
+        return sorted(seq for seq in self.acked if seq not in self.consumed)
+
+    @property
+    def misplaced(self) -> list[int]:
+        """Acknowledged messages never delivered at the position SEND_OK named."""
+        return sorted(seq for seq, pos in self.acked.items() if seq in self.consumed and pos not in self.consumed[seq])
+
+
+def seq_of(keys) -> int | None:
+    for key in keys:
+        if key.startswith("qs-") and key[3:].isdigit():
+            return int(key[3:])
+    return None
+
+
+# --- producing and consuming ------------------------------------------------------------------
+
+async def produce(client, producer, tally: Tally, seqs: range, tag: str) -> None:
+    """Sync sends of `seqs` with SENDERS in flight; a failed send is retried
+    (same message) until SEND_OK or SEND_DEADLINE."""
+    todo = iter(seqs)
+
+    async def send_one(seq: int) -> None:
+        tally.attempted.add(seq)
+        body = f"quickstart {seq}".encode().ljust(BODY_SIZE, b".")
+        msg = client.Message(TOPIC, body, tags=tag, keys=[f"qs-{seq}"])
+        deadline = trio.current_time() + SEND_DEADLINE
+        while trio.current_time() < deadline:
+            try:
+                result = await producer.send(msg)
+            except client.ClientError:
+                tally.send_errors += 1
+                continue  # the producer already waited for a new route
+            if result.status == client.SendStatus.SEND_OK:
+                host, _ = parse_offset_msg_id(result.offset_msg_id)
+                tally.on_ack(seq, (result.queue.queue_id, result.queue_offset), str(host))
+                return
+            tally.send_errors += 1
+        tally.given_up += 1
+
+    async def sender() -> None:
+        for seq in todo:
+            await send_one(seq)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(SENDERS):
+            nursery.start_soon(sender)
+
+
+def consumer_handler(client, tally: Tally):
+    async def handle(msgs) -> object:
+        for m in msgs:
+            seq = seq_of(m.keys)
+            if seq is not None:
+                tally.on_consume(seq, (m.queue_id, m.queue_offset))
+        return client.ConsumeStatus.CONSUME_SUCCESS
+    return handle
+
+
+async def wait_consumed(tally: Tally, timeout: float) -> bool:
+    """Park until every acknowledged message was consumed (or timeout)."""
+    with trio.move_on_after(timeout):
+        await tally.confirmed.wait_for(len(tally.acked))
+        return True
+    return False
+
+
+# --- the group ------------------------------------------------------------------------------------
+
+async def runtime_info(cluster: LocalBrokerCluster, node: str) -> dict:
+    resp = await cluster.remoting.invoke(cluster.addr(node),
+                                         RemotingCommand.create_request(RequestCode.GET_BROKER_RUNTIME_INFO), timeout=3)
+    if resp.code != ResponseCode.SUCCESS:
+        raise RemotingError(f"{node}: runtime info refused ({resp.code} {resp.remark})")
+    return json.loads(resp.body)["table"]
+
+
+async def node_table(cluster: LocalBrokerCluster) -> dict[str, dict]:
+    out = {}
+    for node, proc in sorted(cluster.brokers.items()):
+        if not proc.alive:
+            out[node] = {}
             continue
-        if reply.get("ok"):
-            for (index, _), body in zip(reply["entries"], bodies):
-                acked[index] = body
-            acked_count.advance(len(acked))
-            seq += 1
-        else:
-            leader_box[0] = await cluster.wait_leader(exclude={target} if reply.get("leader") != target else set())
-
-
-async def read_committed(cluster: LocalCluster, node_id: str, upto: int) -> dict[int, bytes]:
-    out, nxt = {}, 0
-    while nxt <= upto:
-        reply = await cluster.call(node_id, {"op": "read", "from": nxt, "count": 4000})
-        if not reply.get("entries"):
-            break
-        for index, _term, body in reply["entries"]:
-            out[index] = base64.b64decode(body)
-        nxt = reply["entries"][-1][0] + 1
+        try:
+            out[node] = await runtime_info(cluster, node)
+        except RemotingError:
+            out[node] = {}
     return out
 
 
-def print_status(sts: dict) -> None:
-    say(f"  {'node':5} {'role':10} {'term':>4} {'leader':6} {'ledgerEnd':>9} {'committed':>9}")
-    for nid in sorted(sts):
-        st = sts[nid]
-        say(f"  {nid:5} {st['role']:10} {st['term']:>4} {str(st['leader']):6} "
-            f"{st['ledgerEndIndex']:>9} {st['committedIndex']:>9}")
+async def wait_caught_up(cluster: LocalBrokerCluster, timeout: float) -> dict[str, dict]:
+    """Every node alive, registered, with the same committed index and its
+    consume queues dispatched up to it.  The nodes expose no event to park
+    on from outside, so this asks every 100 ms."""
+    with trio.move_on_after(timeout):
+        try:
+            await cluster.wait_master(timeout=timeout)  # all three registered under distinct ids
+        except trio.TooSlowError:
+            return await node_table(cluster)
+        while True:
+            infos = await node_table(cluster)
+            committed = {i.get("dledgerCommittedIndex") for i in infos.values()}
+            if all(infos.values()) and len(committed) == 1 and all(
+                    i.get("dispatchBehindBytes") == "0" for i in infos.values()):
+                return infos
+            await trio.sleep(0.1)
+    return await node_table(cluster)
 
 
-async def run(args) -> int:
-    cluster = LocalCluster(args.dir, extra_conf=SEGMENTS)
-    say(f"ledgermq quickstart: 3-node replicated commitlog under {args.dir}")
-    await cluster.start()
+async def create_topic(cluster: LocalBrokerCluster, master: str) -> None:
+    cmd = RemotingCommand.create_request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": TOPIC, "defaultTopic": "TBW102", "readQueueNums": QUEUES, "writeQueueNums": QUEUES,
+        "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False})
+    resp = await cluster.remoting.invoke(cluster.addr(master), cmd, timeout=10)
+    if resp.code != ResponseCode.SUCCESS:
+        raise RuntimeError(f"creating {TOPIC} on {master} failed: {resp.code} {resp.remark}")
+    # The master re-registers when its topics change; wait for the route.
+    ns = cluster.namesrv_client()
+    with trio.fail_after(15):
+        while True:
+            try:
+                if await ns.get_route(TOPIC) is not None:
+                    return
+            except RemotingError:
+                pass
+            await trio.sleep(0.05)
+
+
+def print_nodes(infos: dict[str, dict], cluster: LocalBrokerCluster) -> None:
+    table = Table(title=None, show_edge=False, pad_edge=False)
+    for col in ("node", "address", "role", "brokerId", "term", "committed", "ledgerEnd", "pid"):
+        table.add_column(col, justify="left" if col in ("node", "address", "role") else "right")
+    for node, info in infos.items():
+        proc = cluster.brokers[node]
+        table.add_row(node, proc.addr or "", info.get("brokerRole", "down"), info.get("brokerId", "-"),
+                      info.get("dledgerTerm", "-"), info.get("dledgerCommittedIndex", "-"),
+                      info.get("dledgerEndIndex", "-"), str(proc.pid) if proc.alive else "-")
+    console.print(table)
+
+
+def verify_node(root: str, node: str) -> tuple[int, int, list[str]]:
+    """(entries, messages, problems) of one node's store, offline."""
+    summary = verify_store(resolve_store_dir(os.path.join(root, node), node), check_entry_body)
+    span, report = verify_consume_queues(os.path.join(root, node), node, **CQ_FORMAT)
+    problems = [f"{p.file} at {p.offset}: {p.reason}" for p in summary.problems] + [str(p) for p in report.problems]
+    return summary.entries, report.messages, problems
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+async def run(args, client) -> int:
+    cluster = LocalBrokerCluster(args.dir, extra_conf=SEGMENTS)
+    tally = Tally()
     keep = False
-    try:
-        t0 = time.perf_counter()
-        leader = await cluster.wait_leader()
-        say(f"1. elected {leader} in {time.perf_counter() - t0:.2f} s")
-        load = await cluster.call(leader, {"op": "load", "count": args.entries, "size": 1024,
-                                           "window": 64, "batch": 16}, timeout=120)
-        say(f"2. replicated {load['appended']:,} x 1 KiB entries in {load['seconds']:.2f} s "
-            f"({load['eps']:,.0f} entries/s, committed on a quorum)")
-        print_status(await cluster.statuses())
+    say(f"ledgermq quickstart: a name server and a 3-broker DLedger group under {args.dir}")
+    from broker.remoting.client import open_remoting_client
+    async with open_remoting_client() as rc:
+        cluster.remoting = rc
+        try:
+            t0 = time.perf_counter()
+            await cluster.start()
+            master = await cluster.wait_master()
+            namesrv = cluster.namesrv_addr
+            say(f"1. name server {namesrv}; {master} ({cluster.addr(master)}) is master "
+                f"after {time.perf_counter() - t0:.2f} s")
+            await create_topic(cluster, master)
+            say(f"   created topic {TOPIC} with {QUEUES} queues on the master")
+            first, second = range(args.messages), range(args.messages, args.messages + args.second)
+            async with client.open_producer(PRODUCER_GROUP, namesrv_addr=namesrv) as producer, \
+                    client.open_push_consumer(CONSUMER_GROUP, namesrv_addr=namesrv,
+                                              subscriptions={TOPIC: "*"},
+                                              handler=consumer_handler(client, tally),
+                                              consume_from=client.ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET):
+                t1 = time.perf_counter()
+                await produce(client, producer, tally, first, "first")
+                sent_s = time.perf_counter() - t1
+                consumed_all = await wait_consumed(tally, 60)
+                say(f"2. produced {len(tally.acked):,} messages of {BODY_SIZE} bytes in {sent_s:.2f} s "
+                    f"({len(tally.acked) / sent_s:,.0f}/s, {SENDERS} sync sends in flight); the push consumer "
+                    f"{'has them all' if consumed_all else 'is still missing some'} after "
+                    f"{time.perf_counter() - t1:.2f} s")
 
-        acked: dict[int, bytes] = {}
-        acked_count = Watermark(0)
-        stop = trio.Event()
-        leader_box = [leader]
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(append_numbered, cluster, acked, acked_count, stop, leader_box)
-            await acked_count.wait_for(800)
-            say(f"3. kill -9 {leader} (pid {cluster.nodes[leader].process.pid}) while a client appends "
-                f"({len(acked)} acknowledged so far)")
-            cluster.kill(leader)
-            killed_at = time.perf_counter()
-            before = len(acked)
-            await acked_count.wait_for(before + 1)
-            failover = time.perf_counter() - killed_at
-            new_leader = leader_box[0]
-            await acked_count.wait_for(before + 800)
-            stop.set()
-        say(f"   {new_leader} took over: first acknowledged append {failover:.2f} s after the kill")
+                tally.old_master_addr = cluster.addr(master)
+                acked_before = len(tally.acked)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(produce, client, producer, tally, second, "second")
+                    await tally.acked_count.wait_for(acked_before + max(1, args.second // 3))
+                    pid = cluster.brokers[master].pid
+                    cluster.kill(master)
+                    tally.killed_at = time.perf_counter()
+                    say(f"3. kill -9 {master} (pid {pid}) in the middle of a second batch of {args.second:,} "
+                        f"({len(tally.acked) - acked_before:,} acknowledged so far)")
+                    await cluster.wait_dead(master)
+                    new_master = await cluster.wait_master(exclude={master}, settled=False)
+                    say(f"   {new_master} ({cluster.addr(new_master)}) is master after "
+                        f"{time.perf_counter() - tally.killed_at:.2f} s")
+                failover = (tally.first_ack_after_kill - tally.killed_at) if tally.first_ack_after_kill else None
+                say(f"   second batch done: {len(tally.acked) - acked_before:,} acknowledged, first "
+                    f"acknowledgement from the new master {failover:.2f} s after the kill" if failover is not None
+                    else "   second batch done, but no send was acknowledged by a new master")
 
-        await cluster.start(leader)
-        last = max(acked)
-        sts = await cluster.wait_all_committed(last)
-        say(f"4. restarted {leader}; it rejoined as {sts[leader]['role']} and caught up")
-        print_status(sts)
-        lost = 0
-        for nid in sorted(cluster.nodes):
-            log = await read_committed(cluster, nid, last)
-            lost += sum(1 for i, body in acked.items() if log.get(i) != body)
-        common = min(st["committedIndex"] for st in sts.values())
-        chains = {nid: (await cluster.call(nid, {"op": "chain", "index": common}))["chainCrc"]
-                  for nid in sorted(cluster.nodes)}
-        same = len(set(chains.values())) == 1
-        say(f"5. {len(acked):,} acknowledged appends checked on 3 replicas: {lost} missing; "
-            f"chain CRC at index {common}: {'identical' if same else 'DIFFERENT'} "
-            f"({', '.join(f'{n}={c:#010x}' for n, c in chains.items())})")
-        if args.keep:
-            keep = True
-            say("\nThe group keeps running (--keep). Admin ports, one JSON request per line:")
-            for nid, node in sorted(cluster.nodes.items()):
-                say(f"  {nid}: pid {node.process.pid}, admin 127.0.0.1:{node.admin_port}")
-            say("  e.g.  python -c \"import socket,sys; s=socket.create_connection(('127.0.0.1', PORT)); "
-                "s.sendall(b'{\\\"op\\\": \\\"status\\\"}\\n'); print(s.recv(65536).decode())\"")
-            say("  stop them with: kill " + " ".join(str(n.process.pid) for n in cluster.nodes.values()))
-            return 0 if lost == 0 and same else 1
-    finally:
-        if not keep:
-            await cluster.stop_all()
-    problems = 0
-    for nid in sorted(cluster.nodes):
-        summary = verify_store(os.path.join(args.dir, nid, f"dledger-{nid}"))
-        problems += len(summary.problems)
-        say(f"6. verifyStore {nid}: {summary.entries:,} entries, index {summary.first_index}..{summary.last_index}, "
-            f"{len(summary.problems)} problems")
-    ok = lost == 0 and same and problems == 0
-    say(f"\nsummary: leader {leader} -> {new_leader}, failover {failover:.2f} s, {len(acked):,} acknowledged, "
-        f"{lost} lost, replicas {'identical' if same else 'DIVERGED'}: {'OK' if ok else 'FAILED'}")
+                await cluster.start_broker(master)
+                infos = await wait_caught_up(cluster, 30)
+                say(f"4. restarted {master}: it rejoined as {infos.get(master, {}).get('brokerRole', '?')} "
+                    f"and caught up")
+                await wait_consumed(tally, 30)
+            print_nodes(infos, cluster)
+
+            lost, misplaced = tally.lost, tally.misplaced
+            if args.keep:
+                keep = True
+                print_summary(tally, master, new_master, failover, lost, misplaced, None)
+                print_keep(cluster)
+                return 0 if not lost and not misplaced else 1
+        finally:
+            if not keep:
+                await cluster.stop_all()
+                for proc in [*cluster.brokers.values(), *cluster.namesrvs]:
+                    if proc.alive:  # stop_all escalates to SIGKILL; this only covers an interrupted stop
+                        proc.process.kill()
+    say("5. stopped the group; verifying every node's store offline (verifyStore --cq)")
+    verification = {}
+    for node in sorted(cluster.brokers):
+        entries, messages, problems = verify_node(args.dir, node)
+        verification[node] = problems
+        say(f"   {node}: {entries:,} entries, {messages:,} messages in consume queues, {len(problems)} problems")
+        for p in problems[:5]:
+            say(f"     {p}")
+    return print_summary(tally, master, new_master, failover, lost, misplaced, verification)
+
+
+def print_summary(tally: Tally, master, new_master, failover, lost, misplaced, verification) -> int:
+    clean = verification is None or not any(verification.values())
+    ok = not lost and not misplaced and not tally.given_up and clean
+    table = Table(title="summary", show_header=False, show_edge=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("messages sent", f"{len(tally.attempted):,}"),
+        ("acknowledged (SEND_OK)", f"{len(tally.acked):,}"),
+        ("send errors (retried)", f"{tally.send_errors:,}"),
+        ("never acknowledged", f"{tally.given_up:,}"),
+        ("consumed (distinct)", f"{len(tally.consumed):,}"),
+        ("duplicates (redelivered)", f"{tally.duplicates:,}"),
+        ("lost (acknowledged, never consumed)", f"{len(lost):,}"),
+        ("consumed at another offset than acknowledged", f"{len(misplaced):,}"),
+        ("master before / after", f"{master} -> {new_master}"),
+        ("failover (kill -9 to first SEND_OK on the new master)",
+         f"{failover:.2f} s" if failover is not None else "n/a"),
+        ("store verification", "skipped (--keep)" if verification is None else
+         ("clean" if clean else f"{sum(len(p) for p in verification.values())} problems")),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
+    console.print(table)
+    if lost:
+        say(f"lost sequence numbers (first 20): {lost[:20]}")
+    say(f"result: {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
+
+
+def print_keep(cluster: LocalBrokerCluster) -> None:
+    ns = cluster.namesrv_addr
+    say("\nThe group keeps running (--keep).  To reach it:")
+    say(f"  export NAMESRV_ADDR={ns}")
+    for node, proc in sorted(cluster.brokers.items()):
+        say(f"  {node}: broker {proc.addr}, pid {proc.pid}, log {proc.log_path}")
+    say("  .venv/bin/mqadmin clusterList")
+    say(f"  .venv/bin/mqadmin topicStatus -t {TOPIC}")
+    say("  .venv/bin/mqadmin dledgerStatus")
+    say("  stop it with: kill " + " ".join(str(p.pid) for p in [*cluster.brokers.values(), *cluster.namesrvs]
+                                           if p.alive))
+
+
+def load_client():
+    try:
+        import broker.client as client
+        client.open_producer, client.open_push_consumer  # noqa: B018 - the API the demo needs
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"quickstart: the Python client library (broker.client) is not available: {e}")
+    return client
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.quickstart", description="ledgermq quickstart")
-    ap.add_argument("--dir", help="where the nodes keep their stores (default: a new temporary directory)")
-    ap.add_argument("--entries", type=int, default=10_000)
-    ap.add_argument("--keep", action="store_true", help="leave the group running and print how to connect")
+    ap.add_argument("--dir", help="where the brokers keep their stores (default: a new temporary directory)")
+    ap.add_argument("--messages", type=int, default=10_000, help="messages in the first batch")
+    ap.add_argument("--second", type=int, default=5_000, help="messages in the batch the master dies in")
+    ap.add_argument("--keep", action="store_true", help="leave the group running and print how to reach it")
     args = ap.parse_args(argv)
-    args.dir = args.dir or tempfile.mkdtemp(prefix="ledgermq-quickstart-")
-    return trio.run(run, args)
+    client = load_client()
+    args.dir = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="ledgermq-quickstart-"))
+    return trio.run(run, args, client)
 
 
 if __name__ == "__main__":
