@@ -262,6 +262,10 @@ async def serve_broker(cfg: BrokerConfig, *, extra_processors: Sequence[Register
 
     dispatcher = RequestDispatcher(default)
     broker_box: list = []
+    # Import the processor modules before the store starts Raft: importing
+    # them takes tens of ms on the event loop, long enough to delay a new
+    # leader's first heartbeats.
+    registers = default_extra_processors() if extra_processors is None else extra_processors
 
     def connection_closed(conn) -> None:
         # Clients registered over this connection leave their groups at once
@@ -282,7 +286,7 @@ async def serve_broker(cfg: BrokerConfig, *, extra_processors: Sequence[Register
         broker_box.append(broker)
         SendProcessor(cfg, bs.replica, bs.gate, bs.metadata, bs.store).register(dispatcher)
         services = []
-        for register in (default_extra_processors() if extra_processors is None else extra_processors):
+        for register in registers:
             # A register may return a service to run (consumer's ClientManager): started here, once.
             service = register(dispatcher, broker)
             if callable(getattr(service, "run", None)) and all(service is not s for s in services):
@@ -320,6 +324,7 @@ def main(argv=None) -> None:
 
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
+    from commitlog.stallwatch import instruments_from_env
 
     @click.command(name="mqbroker", context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("-c", "--config-file", required=True, type=click.Path(exists=True, dir_okay=False),
@@ -356,7 +361,7 @@ def main(argv=None) -> None:
                         break
 
         try:
-            trio.run(run)
+            trio.run(run, instruments=instruments_from_env())
         except BaseException as e:
             leaves = list(_leaves(e))
             if all(isinstance(x, KeyboardInterrupt) for x in leaves):

@@ -36,6 +36,7 @@ from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, RaftConfig
 from commitlog.replica import ReplicaNode
 from commitlog.retention import disk_used_ratio
+from commitlog.stallwatch import instruments_from_env
 from commitlog.store import SegmentedStore, StoreConfig, serve_flusher
 from commitlog.transport.tcp import serve_peer_transport
 
@@ -221,7 +222,7 @@ def main(argv=None) -> None:
     try:
         if profiler is not None:
             profiler.enable()
-        trio.run(run)
+        trio.run(run, instruments=instruments_from_env())
     except KeyboardInterrupt:
         pass
     except CommitLogError as exc:

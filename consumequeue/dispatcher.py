@@ -383,6 +383,8 @@ class DispatchEngine:
                 index_fds.append(os.dup(f.fd))
             if self.index.files:
                 dirs.append(self.index.dir)
+            # created files / the index dir itself (children before parents)
+            dirs = sorted(set(dirs) | set(self.index.take_dirty_dirs()), key=len, reverse=True)
         state = ck.DispatchState(self.pos, self.last_index, self.cqs.queue_table(),
                                  self.index.file_counts() if self.config.index_enabled else [])
         full = [f for f in self.index.files if f.is_full]

@@ -70,10 +70,13 @@ class IndexItem:
 
 class IndexFile:
     def __init__(self, path: str, slot_num: int, index_num: int, *,
-                 create_from: tuple[int, int] | None = None, readonly: bool = False):
+                 create_from: tuple[int, int] | None = None, readonly: bool = False,
+                 dirty_dirs: set[str] | None = None):
         """Open `path`, or create it when `create_from` = (endPhyOffset,
         endTimestamp) of the previous file (RocketMQ starts a new file with
-        begin = end = those values)."""
+        begin = end = those values).  Given `dirty_dirs`, the directory
+        entry of a created file is noted there for the next flush instead of
+        fsynced now (the dispatcher creates files on the event loop)."""
         self.path = path
         self.name = os.path.basename(path)
         self.slot_num = slot_num
@@ -81,8 +84,11 @@ class IndexFile:
         self.size = index_file_size(slot_num, index_num)
         if create_from is not None:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            os.ftruncate(fd, self.size)
-            fsync_dir(os.path.dirname(path))
+            os.ftruncate(fd, self.size)  # sparse: metadata only, cheap
+            if dirty_dirs is None:
+                fsync_dir(os.path.dirname(path))
+            else:
+                dirty_dirs.add(os.path.dirname(path))
         else:
             fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
             actual = os.fstat(fd).st_size
@@ -272,6 +278,15 @@ class IndexService:
         self.backend = backend or default_backend()
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.files: list[IndexFile] = []
+        # Directories whose entries changed (a created file, a created
+        # index dir) and are not yet fsynced: the dispatcher's checkpoint
+        # syncs them in its worker thread, as the consume queues' are, so
+        # that rolling to a new file does no fsync on the event loop.
+        self.dirty_dirs: set[str] = set()
+
+    def take_dirty_dirs(self) -> list[str]:
+        dirs, self.dirty_dirs = sorted(self.dirty_dirs, key=len, reverse=True), set()
+        return dirs
 
     def load(self) -> "IndexService":
         if os.path.isdir(self.dir):
@@ -285,7 +300,7 @@ class IndexService:
         return self
 
     def _new_file(self) -> IndexFile:
-        makedirs_durable(self.dir)
+        makedirs_durable(self.dir, self.dirty_dirs)
         prev = self.files[-1] if self.files else None
         ms = self.clock_ms()
         name = time_name(ms)
@@ -294,8 +309,12 @@ class IndexService:
             name = time_name(ms)
         create_from = (prev.header.end_phy_offset, prev.header.end_timestamp) if prev else (0, 0)
         if prev is not None:
-            prev.flush()
-        f = IndexFile(os.path.join(self.dir, name), self.slot_num, self.index_num, create_from=create_from)
+            # Header only: its pages are fsynced by the next checkpoint (which
+            # syncs every index file before it records anything), not here on
+            # the event loop -- a full file's fsync can take 100+ ms.
+            prev.write_header()
+        f = IndexFile(os.path.join(self.dir, name), self.slot_num, self.index_num, create_from=create_from,
+                      dirty_dirs=self.dirty_dirs)
         self.files.append(f)
         return f
 
@@ -372,6 +391,9 @@ class IndexService:
     def flush(self) -> None:
         for f in self.files:
             f.flush()
+        for d in self.take_dirty_dirs():
+            if os.path.isdir(d):
+                fsync_dir(d)
 
     def destroy(self) -> None:
         self.close()

@@ -506,3 +506,24 @@ def test_staging_across_batches_writes_what_one_put_per_run_writes(tmp_path_fact
             trees.append(_staged_build(store, root / f"{be.name}-{limit}", be, cfg, chunk=chunk))
     assert all(t == trees[0] for t in trees[1:])
     store.close()
+
+
+def test_index_file_creation_is_synced_by_the_checkpoint_not_inline(tmp_path, monkeypatch):
+    # Dispatch runs on the event loop: a new index file's directory entry is
+    # left for the checkpoint's worker-thread part, which syncs it.
+    import consumequeue.dispatcher as dispatcher_mod
+    import consumequeue.indexfile as indexfile_mod
+
+    inline = []
+    monkeypatch.setattr(indexfile_mod, "fsync_dir", inline.append)
+    store, _ = leader_store(tmp_path, 40)
+    engine, _ = service.open_engine(store, config=SMALL)
+    service.dispatch_committed(store, engine)
+    assert engine.index.files and inline == []
+    assert engine.index.dir in engine.index.dirty_dirs
+    synced = []
+    monkeypatch.setattr(dispatcher_mod, "sync_paths", lambda files, dirs: synced.extend(dirs))
+    engine.checkpoint()
+    assert engine.index.dir in synced and engine.index.dirty_dirs == set()
+    engine.close()
+    store.close()

@@ -133,3 +133,23 @@ def test_delete_expired(tmp_path):
     assert svc.delete_expired(102) == 1  # file 0 ends at 101
     assert svc.delete_expired(10**9) == 1  # never the last file
     assert len(svc.files) == 1 and isinstance(svc.files[0], IndexFile)
+
+
+def test_rolling_defers_directory_fsync_to_flush(tmp_path, monkeypatch):
+    # The dispatcher rolls index files on the event loop: creating one must
+    # note its directory for the next flush/checkpoint, not fsync it there.
+    import consumequeue.files as files_mod
+    import consumequeue.indexfile as indexfile_mod
+
+    synced = []
+    monkeypatch.setattr(indexfile_mod, "fsync_dir", synced.append)
+    monkeypatch.setattr(files_mod, "fsync_dir", synced.append)
+    svc = small(tmp_path, index_num=4)
+    for i in range(7):  # three files
+        svc.put_key("T", "k", 1000 + i, T0 + i * 5000)
+    assert len(svc.files) == 3 and synced == []
+    assert svc.dirty_dirs == {svc.dir, str(tmp_path)}
+    svc.flush()
+    assert synced == [svc.dir, str(tmp_path)] and svc.dirty_dirs == set()
+    svc.close()
+    assert [f.header.index_count for f in small(tmp_path, index_num=4).files] == [4, 4, 2]
