@@ -68,6 +68,9 @@ DEFAULT_DELAY_LEVELS_MS = (1000, 5000, 10000, 30000, 60000, 120000, 180000, 2400
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
+_TAIL = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLEN
+_I16 = struct.Struct(">h")
+_U8 = struct.Struct(">B")
 _BLANK = struct.Struct(">ii")
 
 
@@ -156,7 +159,8 @@ def properties_to_string(props: dict) -> str:
     for name, value in props.items():
         if value is None:
             continue
-        name, value = str(name), str(value)
+        if type(name) is not str or type(value) is not str:  # str() of a str is itself: skip the calls
+            name, value = str(name), str(value)
         if not name or NAME_VALUE_SEPARATOR in name or PROPERTY_SEPARATOR in name:
             raise MessageFormatError(f"bad property name {name!r}")
         if PROPERTY_SEPARATOR in value:
@@ -295,19 +299,15 @@ def encode(msg: MessageRecord) -> bytes:
     body = msg.body
     total = record_length(len(body), len(topic), len(props), sysflag=sysflag, v2=v2)
     crc = masked_crc32(body) if msg.body_crc is None else msg.body_crc
-    out = bytearray(_HEAD.pack(total, magic, crc, msg.queue_id, msg.flag, msg.queue_offset,
-                               msg.physical_offset, sysflag, msg.born_timestamp))
-    out += msg.born_host.packed
-    out += _I64.pack(msg.store_timestamp)
-    out += msg.store_host.packed
-    out += struct.pack(">iqi", msg.reconsume_times, msg.prepared_transaction_offset, len(body))
-    out += body
-    out += struct.pack(">h", len(topic)) if v2 else struct.pack(">B", len(topic))
-    out += topic
-    out += struct.pack(">h", len(props))
-    out += props
+    # One join, no growing bytearray and final copy: the broker encodes every message it takes.
+    out = b"".join((
+        _HEAD.pack(total, magic, crc, msg.queue_id, msg.flag, msg.queue_offset, msg.physical_offset, sysflag,
+                   msg.born_timestamp),
+        msg.born_host.packed, _I64.pack(msg.store_timestamp), msg.store_host.packed,
+        _TAIL.pack(msg.reconsume_times, msg.prepared_transaction_offset, len(body)), body,
+        (_I16 if v2 else _U8).pack(len(topic)), topic, _I16.pack(len(props)), props))
     assert len(out) == total
-    return bytes(out)
+    return out
 
 
 @attrs.frozen

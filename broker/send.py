@@ -65,6 +65,10 @@ V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defau
             "e": "queueId", "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties",
             "j": "reconsumeTimes", "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName"}
 _V2_SHORT = {full: short for short, full in V2_NAMES.items()}
+# The header fields in parse_send_header's order, under each code's names.
+_FULL_FIELDS = ("producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
+                "bornTimestamp", "flag", "properties", "reconsumeTimes", "maxReconsumeTimes", "batch")
+_SHORT_FIELDS = tuple(_V2_SHORT[name] for name in _FULL_FIELDS)
 AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET (+ the auto-create template topic)
 NOT_ALLOWED_SEND_TOPICS = frozenset({
@@ -110,15 +114,15 @@ def parse_send_header(request: RemotingCommand) -> SendHeader:
     (SYSTEM_ERROR, Java's wording) when a required field is missing or bad."""
     h = HeaderReader(request.ext_fields)
     # V2/BATCH carry the same fields under short names; errors name the wire name, as Java's do.
-    n = _V2_SHORT.__getitem__ if request.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE) \
-        else (lambda full: full)
+    short = request.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+    pg, tp, dt, dqn, qid, sf, bts, fl, pr, rt, mrt, bt = _SHORT_FIELDS if short else _FULL_FIELDS
     return SendHeader(
-        producer_group=h.str(n("producerGroup")), topic=h.str(n("topic")), default_topic=h.str(n("defaultTopic")),
-        default_topic_queue_nums=h.int(n("defaultTopicQueueNums")), queue_id=h.int(n("queueId")),
-        sys_flag=h.int(n("sysFlag")), born_timestamp=h.long(n("bornTimestamp")), flag=h.int(n("flag")),
-        properties=M.string_to_properties(h.str(n("properties"), "")),
-        reconsume_times=h.int(n("reconsumeTimes"), 0), max_reconsume_times=h.int(n("maxReconsumeTimes"), None),
-        batch=request.code == RequestCode.SEND_BATCH_MESSAGE or h.bool(n("batch"), False))
+        producer_group=h.str(pg), topic=h.str(tp), default_topic=h.str(dt),
+        default_topic_queue_nums=h.int(dqn), queue_id=h.int(qid),
+        sys_flag=h.int(sf), born_timestamp=h.long(bts), flag=h.int(fl),
+        properties=M.string_to_properties(h.str(pr, "")),
+        reconsume_times=h.int(rt, 0), max_reconsume_times=h.int(mrt, None),
+        batch=request.code == RequestCode.SEND_BATCH_MESSAGE or h.bool(bt, False))
 
 
 def validate_topic(topic: str) -> None:
@@ -171,7 +175,10 @@ class SendProcessor:
             header = parse_send_header(request)
             self.gate.check_writable()
             validate_topic(header.topic)
-            topic_cfg = await self._topic_config(header)
+            # The usual case (the topic exists, writable) without a coroutine; the rest in _topic_config.
+            topic_cfg = self.metadata.topic_config(header.topic)
+            if topic_cfg is None or not topic_cfg.perm & PERM_WRITE:
+                topic_cfg = await self._topic_config(header)
             queue_id = self._queue_id(header, topic_cfg)
             records, uniq = self._records(header, topic_cfg, queue_id, request.body, host_of(peer))
             placed = await self.replica.append(records)
@@ -229,13 +236,15 @@ class SendProcessor:
             raise SendError(ResponseCode.NO_PERMISSION, "transaction messages are not supported by this broker")
         if cfg.topic_filter_type == "MULTI_TAG":
             sysflag |= M.MULTI_TAGS_FLAG
-        template = M.MessageRecord(
-            topic=header.topic, queue_id=queue_id, flag=header.flag, sysflag=sysflag,
-            born_timestamp=header.born_timestamp, born_host=born_host, store_timestamp=self.clock_ms(),
-            store_host=self.cfg.store_host, reconsume_times=header.reconsume_times)
+        store_timestamp = self.clock_ms()
         if not header.batch:
             props, uniq = self._properties(header.properties)
-            rec = attrs.evolve(template, body=body, properties=props)
+            # Built once (no template + evolve): this runs per message.
+            rec = M.MessageRecord(
+                topic=header.topic, body=body, properties=props, queue_id=queue_id, flag=header.flag,
+                sysflag=sysflag, born_timestamp=header.born_timestamp, born_host=born_host,
+                store_timestamp=store_timestamp, store_host=self.cfg.store_host,
+                reconsume_times=header.reconsume_times)
             try:
                 rec = to_schedule(rec, len(self.cfg.message_delay_levels_ms))
             except DelayPropertyError as exc:
@@ -249,11 +258,17 @@ class SendProcessor:
         items = M.decode_batch(body)
         if not items:
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-        template = attrs.evolve(template, sysflag=sysflag & ~(_NO_BATCH_FLAGS | M.COMPRESSED_FLAG))
+        # Each item's record built directly (attrs.evolve of a template costs as much again per item).
+        record, topic, store_host = M.MessageRecord, header.topic, self.cfg.store_host
+        batch_sysflag = sysflag & ~(_NO_BATCH_FLAGS | M.COMPRESSED_FLAG)
+        born_ts, reconsume = header.born_timestamp, header.reconsume_times
         records = []
         for item in items:
             props, _ = self._properties(item.properties)
-            records.append(M.encode(attrs.evolve(template, body=item.body, properties=props, flag=item.flag)))
+            records.append(M.encode(record(
+                topic=topic, body=item.body, properties=props, queue_id=queue_id, flag=item.flag,
+                sysflag=batch_sysflag, born_timestamp=born_ts, born_host=born_host,
+                store_timestamp=store_timestamp, store_host=store_host, reconsume_times=reconsume)))
         return records, header.properties.get(M.PROPERTY_UNIQ_KEY)
 
     # --- replies --------------------------------------------------------------------

@@ -56,6 +56,11 @@ def _utf8(text: str, what: str) -> bytes:
 
 # --- encoding ------------------------------------------------------------------
 
+# json.dumps() with any non-default argument builds a new JSONEncoder per
+# call; one shared instance gives the same text (encode() keeps no state).
+_JSON_HEADER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_json_header(cmd: RemotingCommand) -> bytes:
     for name in ("code", "version", "opaque", "flag"):
         _check_range(name, getattr(cmd, name), I32, "a Java int")
@@ -67,7 +72,7 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
         obj["extFields"] = cmd.ext_fields
     if cmd.remark is not None:
         obj["remark"] = cmd.remark
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = _JSON_HEADER.encode(obj)
     return _utf8(text, "header")
 
 
@@ -116,6 +121,8 @@ class _HeaderError(Exception):
 
 def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) -> int:
     value = obj.get(key)
+    if type(value) is int and bounds[0] <= value <= bounds[1]:
+        return value  # the usual case, first: four of these per frame
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -155,11 +162,11 @@ def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand
     if ext is not None and not isinstance(ext, dict):
         raise _HeaderError(f"extFields is JSON {type(ext).__name__}, not an object")
     remark = obj.get("remark")
-    return RemotingCommand(
-        code=_json_int(obj, "code", 0), language=_json_language(obj.get("language")),
-        version=_json_int(obj, "version", 0), opaque=opaque, flag=_json_int(obj, "flag", 0),
-        remark=None if remark is None else coerce_fields({"r": remark})["r"],
-        ext_fields=coerce_fields(ext), body=body, serialize_type=SerializeType.JSON)
+    # Every field below is already converted: skip RemotingCommand's converters.
+    return RemotingCommand.trusted(
+        _json_int(obj, "code", 0), _json_language(obj.get("language")), _json_int(obj, "version", 0),
+        opaque, _json_int(obj, "flag", 0), None if remark is None else coerce_fields({"r": remark})["r"],
+        coerce_fields(ext), body, SerializeType.JSON)
 
 
 def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
@@ -209,9 +216,8 @@ def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingComma
         language = LanguageCode(lang)
     except ValueError:
         language = LanguageCode.OTHER
-    return RemotingCommand(code=code, language=language, version=version, opaque=opaque,
-                           flag=flag, remark=remark, ext_fields=fields, body=body,
-                           serialize_type=SerializeType.ROCKETMQ)
+    return RemotingCommand.trusted(code, language, version, opaque, flag, remark, fields, body,
+                                   SerializeType.ROCKETMQ)
 
 
 def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> RemotingCommand:

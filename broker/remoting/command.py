@@ -52,6 +52,11 @@ def _body(value: object) -> bytes:
     return b"" if value is None else bytes(value)
 
 
+_new = object.__new__
+_set = object.__setattr__
+_FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body", "serialize_type")
+
+
 @attrs.frozen
 class RemotingCommand:
     code: int
@@ -65,6 +70,21 @@ class RemotingCommand:
     body: bytes = attrs.field(default=b"", converter=_body,
                               repr=lambda b: f"<{len(b)} bytes>")
     serialize_type: SerializeType = attrs.field(default=SerializeType.JSON, converter=SerializeType)
+
+    @classmethod
+    def trusted(cls, code: int, language: LanguageCode, version: int, opaque: int, flag: int,
+                remark: str | None, ext_fields: dict[str, str], body: bytes,
+                serialize_type: SerializeType) -> "RemotingCommand":
+        """Every field already in its converted form (an int code, a
+        LanguageCode, a dict of str to str with no None, bytes, a
+        SerializeType): the converters are skipped.  Every frame goes through
+        here twice (decoded request, built response), and the converters
+        (coerce_fields above all) cost more than the rest of the object."""
+        self = _new(cls)
+        for name, value in zip(_FIELDS, (code, language, version, opaque, flag, remark, ext_fields, body,
+                                         serialize_type)):
+            _set(self, name, value)
+        return self
 
     @property
     def is_response(self) -> bool:
@@ -85,9 +105,9 @@ class RemotingCommand:
                       body: bytes = b"") -> "RemotingCommand":
         """The response to this request: same opaque, response flag, and
         the serialization the request used (client-compat #2)."""
-        return RemotingCommand(int(code), remark=remark, ext_fields=ext_fields, body=body,
-                               opaque=self.opaque, flag=RPC_TYPE_RESPONSE,
-                               serialize_type=self.serialize_type)
+        return RemotingCommand.trusted(int(code), LanguageCode.JAVA, CURRENT_VERSION, self.opaque,
+                                       RPC_TYPE_RESPONSE, remark, coerce_fields(ext_fields), _body(body),
+                                       self.serialize_type)
 
     def as_request(self, opaque: int, oneway: bool = False) -> "RemotingCommand":
         flag = self.flag & ~(RPC_TYPE_RESPONSE | RPC_ONEWAY)

@@ -49,6 +49,11 @@ class HeaderReader:
         value = self._raw(name, default)
         if not isinstance(value, str):
             return value
+        # Plain ASCII digits in range, the usual case, without the regex.
+        if value.isdigit() and value.isascii():
+            number = int(value)
+            if number <= bounds[1]:
+                return number
         if not _INT.fullmatch(value) or not bounds[0] <= int(value) <= bounds[1]:
             raise _bad(f"the custom field <{name}> is not a valid {java}: {value!r}")
         return int(value)
@@ -64,10 +69,14 @@ class HeaderReader:
         return value.lower() == "true" if isinstance(value, str) else value
 
 
+# One shared encoder: json.dumps() with these arguments would build one per call.
+_JSON_BODY = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_json(obj: object) -> bytes:
     """A body as RocketMQ's RemotingSerializable writes it, but standard
     JSON: map keys are always quoted (client-compat #3)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _JSON_BODY.encode(obj).encode("utf-8")
 
 
 def decode_json(body: bytes, what: str) -> object:

@@ -1,0 +1,136 @@
+# Tests of the send hot path's fast paths against the slow, obvious code
+# they replace: RemotingCommand.trusted (decoded requests, make_response)
+# vs the converting constructor, the shared JSON encoders vs json.dumps,
+# HeaderReader's digit fast path vs Java's parseInt rules, message encode()
+# vs a field-by-field reference, parse_send_header's name tables.  Each
+# would fail if a fast path returned different bytes or values.
+import json
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker import message as M
+from broker.remoting.codec import CommandDecoder, encode_command, encode_json_header
+from broker.remoting.codes import RPC_TYPE_RESPONSE, LanguageCode, RequestCode, SerializeType
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RequestError
+from broker.remoting.header import HeaderReader, encode_json
+from broker.send import V2_NAMES, parse_send_header
+
+FIELDS = {"a": "pg", "b": "TopicA", "c": "TBW102", "d": "8", "e": "3", "f": "0", "g": "1700000000000",
+          "h": "0", "i": "TAGS\x01t\x02KEYS\x01k\x02", "j": "0", "k": "false", "l": "16", "m": "false"}
+
+
+def _slots(cmd: RemotingCommand) -> tuple:
+    return tuple((name, type(getattr(cmd, name)), getattr(cmd, name)) for name in
+                 ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body", "serialize_type"))
+
+
+@pytest.mark.parametrize("stype", [SerializeType.JSON, SerializeType.ROCKETMQ])
+@pytest.mark.parametrize("remark", [None, "r\u00e9mark"])
+def test_decoded_command_equals_converted_one(stype, remark):
+    sent = RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=dict(FIELDS, n=7, o=True), body=b"x" * 100,
+                           opaque=42, remark=remark, serialize_type=stype)
+    dec = CommandDecoder()
+    dec.receive_data(encode_command(sent))
+    got = dec.next_command()
+    # Already what the converters would make of it (a fixed point), with the sent values.
+    assert _slots(got) == _slots(RemotingCommand(**{name: value for name, _, value in _slots(got)}))
+    assert got == sent
+    assert type(got.code) is int and all(type(v) is str for v in got.ext_fields.values())
+
+
+@pytest.mark.parametrize("stype", [SerializeType.JSON, SerializeType.ROCKETMQ])
+def test_make_response_equals_converted_one(stype):
+    req = RemotingCommand(RequestCode.SEND_MESSAGE_V2, opaque=9, serialize_type=stype)
+    fields = {"msgId": "AB", "queueId": 3, "queueOffset": 12, "transactionId": None, "TRACE_ON": True}
+    for body in (b"", b"body", bytearray(b"ba"), None):
+        got = req.make_response(5, "why", ext_fields=fields, body=body)
+        want = RemotingCommand(5, remark="why", ext_fields=fields, body=body, opaque=9, flag=RPC_TYPE_RESPONSE,
+                               serialize_type=stype)
+        assert _slots(got) == _slots(want)
+        assert got.ext_fields == {"msgId": "AB", "queueId": "3", "queueOffset": "12", "TRACE_ON": "true"}
+        assert encode_command(got) == encode_command(want)
+    assert _slots(req.make_response()) == _slots(RemotingCommand(0, opaque=9, flag=RPC_TYPE_RESPONSE,
+                                                                 serialize_type=stype))
+
+
+@given(st.dictionaries(st.text(), st.one_of(st.text(), st.integers(), st.booleans())))
+def test_shared_json_encoders_match_json_dumps(fields):
+    cmd = RemotingCommand(7, ext_fields=fields, remark="\u2603\"\\", opaque=3, language=LanguageCode.CPP)
+    obj = {"code": 7, "flag": 0, "language": "CPP", "opaque": 3, "serializeTypeCurrentRPC": "JSON",
+           "version": cmd.version, "remark": cmd.remark}
+    if cmd.ext_fields:
+        obj["extFields"] = cmd.ext_fields
+    assert encode_json_header(cmd) == json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                                                 ensure_ascii=False).encode("utf-8")
+    assert encode_json(fields) == json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                                             ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("text,value", [("0", 0), ("7", 7), ("007", 7), ("+7", 7), ("-1", -1),
+                                        ("2147483647", 2147483647), ("-2147483648", -2147483648)])
+def test_header_int_fast_path_values(text, value):
+    assert HeaderReader({"x": text}).int("x") == value
+
+
+@pytest.mark.parametrize("text", ["2147483648", "99999999999999999999", "", " 1", "1 ", "\u0663", "\u00b2",
+                                  "1.0", "0x1", "-", "-2147483649"])
+def test_header_int_fast_path_rejects_what_java_rejects(text):
+    with pytest.raises(RequestError) as e:
+        HeaderReader({"x": text}).int("x")
+    assert e.value.remark == f"the custom field <x> is not a valid int: {text!r}"
+
+
+def test_header_long_fast_path():
+    assert HeaderReader({"x": "9223372036854775807"}).long("x") == (1 << 63) - 1
+    with pytest.raises(RequestError):
+        HeaderReader({"x": "9223372036854775808"}).long("x")
+
+
+def test_parse_send_header_short_and_full_names_agree():
+    short = RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=FIELDS)
+    full = RemotingCommand(RequestCode.SEND_MESSAGE, ext_fields={V2_NAMES[k]: v for k, v in FIELDS.items()})
+    h = parse_send_header(short)
+    assert h == parse_send_header(full)
+    assert (h.producer_group, h.topic, h.queue_id, h.born_timestamp, h.max_reconsume_times, h.batch) == \
+        ("pg", "TopicA", 3, 1700000000000, 16, False)
+    assert h.properties == {"TAGS": "t", "KEYS": "k"}
+    with pytest.raises(RequestError, match="<b> is null"):
+        parse_send_header(RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields={"a": "pg"}))
+    with pytest.raises(RequestError, match="<topic> is null"):
+        parse_send_header(RemotingCommand(RequestCode.SEND_MESSAGE, ext_fields={"producerGroup": "pg"}))
+
+
+def reference_encode(m: M.MessageRecord) -> bytes:
+    """The record, field by field from the spec, the slow way."""
+    topic = m.topic.encode("utf-8")
+    props = "".join(f"{k}\x01{v}\x02" for k, v in m.properties.items()).encode("utf-8")
+    v2 = m.magic == M.MAGIC_V2
+    sysflag = m.effective_sysflag
+    parts = [struct.pack(">i", m.magic), struct.pack(">I", M.masked_crc32(m.body) if m.body_crc is None
+                                                     else m.body_crc & 0xFFFFFFFF),
+             struct.pack(">iiqqiq", m.queue_id, m.flag, m.queue_offset, m.physical_offset, sysflag,
+                         m.born_timestamp),
+             m.born_host.ip.packed, struct.pack(">i", m.born_host.port), struct.pack(">q", m.store_timestamp),
+             m.store_host.ip.packed, struct.pack(">i", m.store_host.port),
+             struct.pack(">iqi", m.reconsume_times, m.prepared_transaction_offset, len(m.body)), m.body,
+             struct.pack(">h" if v2 else ">B", len(topic)), topic, struct.pack(">h", len(props)), props]
+    rest = b"".join(parts)
+    return struct.pack(">i", 4 + len(rest)) + rest
+
+
+@pytest.mark.parametrize("magic", [M.MAGIC_V1, M.MAGIC_V2])
+@pytest.mark.parametrize("hosts", [("10.1.2.3", "127.0.0.1"), ("::1", "127.0.0.1"), ("10.0.0.1", "fe80::2")])
+def test_encode_matches_reference(magic, hosts):
+    m = M.MessageRecord(topic="T\u00e9", body=b"\x00body" * 7, properties={"TAGS": "a", "UNIQ_KEY": "U"},
+                        queue_id=5, flag=-3, queue_offset=11, physical_offset=99, sysflag=M.COMPRESSED_FLAG,
+                        born_timestamp=123, born_host=M.HostAddr(hosts[0], 4000), store_timestamp=456,
+                        store_host=M.HostAddr(hosts[1], 10911), reconsume_times=2,
+                        prepared_transaction_offset=7, magic=magic)
+    raw = M.encode(m)
+    assert type(raw) is bytes
+    assert raw == reference_encode(m)
+    assert M.encode(M.decode(raw)) == raw
