@@ -60,17 +60,11 @@ def _template() -> tuple[bytearray, int, int]:
     return raw, key_at, uniq_at
 
 
-def build_store(path: str, size_mb: int, log=print) -> None:
-    marker = os.path.join(path, "bench-complete")
-    if os.path.exists(marker):
-        with open(marker) as f:
-            if int(f.read().strip() or 0) >= size_mb:
-                return
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.makedirs(path)
-    t0 = time.perf_counter()
-    store = SegmentedStore.open(StoreConfig(path))
+
+def fill_store(store: SegmentedStore, size_mb: int, log=print) -> int:
+    """Append about size_mb MiB of 1-record entries (QUEUES queues, distinct
+    keys and unique keys) to an open store, commit them and close it;
+    returns the number of messages.  Shared with the pipeline benchmark."""
     table = QueueOffsetTable()
     store.add_append_hook(table.append_hook)
     raw, key_at, uniq_at = _template()
@@ -90,6 +84,20 @@ def build_store(path: str, size_mb: int, log=print) -> None:
             log(f"  building: {store.end_pos / total:6.1%}", end="\r")
     store.set_committed(store.end_index)
     store.close()
+    return n
+
+def build_store(path: str, size_mb: int, log=print) -> None:
+    marker = os.path.join(path, "bench-complete")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            if int(f.read().strip() or 0) >= size_mb:
+                return
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+    t0 = time.perf_counter()
+    store = SegmentedStore.open(StoreConfig(path))
+    n = fill_store(store, size_mb, log)
     with open(marker, "w") as f:
         f.write(str(size_mb))
     log(f"  built {n} messages ({store.end_pos / (1 << 20):.0f} MiB) in {time.perf_counter() - t0:.1f}s")

@@ -23,12 +23,10 @@ import statistics
 import sys
 import time
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import service
 from native import dispatch as D
-from tools.bench.dispatch import APPEND_BATCH, QUEUES, RECORD_SIZE, _template, raw_read_rate, timed_rebuild
+from tools.bench.dispatch import QUEUES, RECORD_SIZE, fill_store, raw_read_rate, timed_rebuild
 
 MB = 1 << 20
 
@@ -46,25 +44,7 @@ def build_store(path: str, size_mb: int, segment_mb: int, log) -> None:
     os.makedirs(path)
     t0 = time.perf_counter()
     store = SegmentedStore.open(StoreConfig(path, data_segment_size=segment_mb * MB))
-    table = QueueOffsetTable()
-    store.add_append_hook(table.append_hook)
-    raw, key_at, uniq_at = _template()
-    total = size_mb * MB
-    n = -(-total // (RECORD_SIZE + 48))
-    ts_at = M.store_timestamp_pos(0)
-    for first in range(0, n, APPEND_BATCH):
-        batch = []
-        for i in range(first, min(n, first + APPEND_BATCH)):
-            raw[12:16] = (i % QUEUES).to_bytes(4, "big")
-            raw[key_at:key_at + 8] = b"%08d" % i
-            raw[uniq_at:uniq_at + 16] = b"%016X" % i
-            raw[ts_at:ts_at + 8] = (1_700_000_000_000 + i).to_bytes(8, "big")
-            batch.append(bytes(raw))
-        store.append_leader(batch, term=1)
-        if first % (APPEND_BATCH * 64) == 0:
-            log(f"  building: {store.end_pos / total:6.1%}", end="\r")
-    store.set_committed(store.end_index)
-    store.close()
+    n = fill_store(store, size_mb, log)
     with open(marker, "w") as f:
         f.write(want)
     log(f"  built {n} messages ({store.end_pos / MB:.0f} MiB) in {time.perf_counter() - t0:.1f}s")
