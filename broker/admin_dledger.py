@@ -6,8 +6,11 @@
 #                                      brokerAddr, brokerId, role, term, leader,
 #                                      leaderBrokerAddr, ledgerBeginIndex,
 #                                      ledgerEndIndex, committedIndex, peers:
-#                                      {id: {matchIndex, lag, lastAckMsAgo, ...}}}
-#                                      straight from ReplicaNode.status()
+#                                      {id: {matchIndex, lag, lastAckMsAgo, ...}},
+#                                      refusedLeader, identity (what the peer
+#                                      handshake compares), links: {id:
+#                                      {connected, lastError}}}
+#                                      from ReplicaNode.status() and the transport
 #   LEDGERMQ_TRANSFER_LEADERSHIP 9101  header targetId (a dLegerSelfId); on the
 #                                      leader: hand over and answer once this
 #                                      node stepped down; elsewhere
@@ -60,11 +63,16 @@ class DLedgerAdminProcessor(AdminRequestProcessor):
         cfg = self.broker.cfg
         st = self.replica.status()
         st.pop("stats", None)
+        transport = self.broker.store.transport
+        # Why a peer is not connected (e.g. its log identity differs).
+        links = {p.peer_id: {"connected": p.connected, "lastError": p.last_error}
+                 for p in transport.stats().peers.values()}
         # The peer map knows DLedger peer addresses; operators know broker addresses.
         out = {"selfId": st.pop("node"), "group": cfg.replication.group, "brokerName": cfg.broker_name,
                "clusterName": cfg.broker_cluster_name, "brokerAddr": cfg.broker_addr,
                "brokerId": self.broker.store.gate.broker_id,
-               "writable": bool(self.broker.store.gate.writable), **st}
+               "writable": bool(self.broker.store.gate.writable), "identity": dict(transport.identity),
+               "links": links, **st}
         return out
 
     async def status(self, request: RemotingCommand) -> RemotingCommand:

@@ -69,6 +69,31 @@ class DividedLog:
                    int(o["legacySegmentSize"]), int(o.get("legacyRecords", 0)), str(o.get("importId", "")))
 
 
+def divided_offset(legacy_end: int, legacy_segment_size: int) -> int:
+    """THE divided offset of an old commitlog (used by `migrate apply`, the
+    broker's upgrade on start and `migrate check`): RocketMQ's
+    dividedCommitlogOffset, the end of the old segment holding the old write
+    position (last old file's start + the old files' own size; the rest of
+    that file is its closing BLANK).  It depends on the old files alone,
+    never on the configured mappedFileSizeCommitLog, so every copy of one
+    old store gets the same value however it is migrated.  When the old
+    data ends exactly on a segment boundary, that boundary."""
+    if legacy_segment_size <= 0:
+        raise ValueError(f"old segment size must be positive, got {legacy_segment_size}")
+    rest = legacy_end % legacy_segment_size
+    return legacy_end if rest == 0 else legacy_end - rest + legacy_segment_size
+
+
+def log_identity(marker: "DividedLog | None") -> dict[str, str]:
+    """What replicas of one group must share for the log's positions to
+    mean the same bytes, compared by the peer handshake: where the DLedger
+    log begins (0, or the divided offset of a migrated store) and, for a
+    migrated store, where its old data ends."""
+    if marker is None:
+        return {"origin": "0"}
+    return {"origin": str(marker.divided), "legacyEnd": str(marker.legacy_end)}
+
+
 def store_dir_of(root: str, self_id: str) -> str:
     return os.path.join(root, f"dledger-{self_id}")
 

@@ -46,7 +46,7 @@ from commitlog.config import FlushDiskType
 from commitlog.node import RETENTION_CHECK_SECONDS, raft_config_for, replica_on_store, retention_pass, store_config_for
 from commitlog.raft.state import RaftConfig
 from commitlog.replica import ReplicaNode
-from commitlog.store import SegmentedStore, StoreConfig, serve_flusher
+from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of, serve_flusher
 from commitlog.transport.tcp import serve_peer_transport
 from consumequeue.dispatcher import DispatchConfig
 from consumequeue.service import ConsumeQueueService, open_engine
@@ -149,6 +149,11 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
     rc = cfg.replication
     marker = upgrade_if_needed(cfg, store_config)
     store = open_store(cfg, store_config)
+    configured = (store_config or store_config_for(rc)).data_segment_size
+    if store.data_segment_size != configured:
+        log.warning("%s: the store's data segments are %d bytes (mappedFileSizeCommitLog is %d): the files win; "
+                    "every replica of the group must use %d", rc.self_id, store.data_segment_size, configured,
+                    store.data_segment_size)
     cq = gate = None
     try:
         # Consume queues first: opening them may raise the store's committed
@@ -196,14 +201,24 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
         store.close()
 
 
+def log_identity(cfg: BrokerConfig, marker: migrated_store.DividedLog | None) -> dict[str, str]:
+    """What the peer handshake compares: the log's origin (and a migrated
+    store's old end) and the data segment size its files were written with
+    (or will be: the configured one for a new store).  Replicas that differ
+    in any of these cannot hold the same bytes at the same positions."""
+    sc = store_config_for(cfg.replication)
+    return {**migrated_store.log_identity(marker), "dataSegmentSize": str(data_segment_size_of(sc))}
+
+
 async def serve_broker_store(cfg: BrokerConfig, *, listeners=None, seed: int | None = None,
                              task_status=trio.TASK_STATUS_IGNORED) -> None:
     """run_broker_store over the TCP peer transport of dLegerPeers."""
     rc = cfg.replication
+    identity = log_identity(cfg, upgrade_if_needed(cfg))
     async with trio.open_nursery() as nursery:
         transport = await nursery.start(lambda task_status: serve_peer_transport(
             rc.transport_config(), rc.self_id, rc.peer_addrs, group=rc.group, listeners=listeners,
-            rng=random.Random(seed), task_status=task_status))
+            rng=random.Random(seed), identity=identity, task_status=task_status))
         bs = await nursery.start(lambda task_status: run_broker_store(
             cfg, transport, rng=random.Random(seed), task_status=task_status))
         task_status.started(bs)

@@ -11,6 +11,15 @@
 # every few ms (DLedger's ASYNC_FLUSH).  Either way nothing a peer or a client
 # learns can run ahead of what this node has written.
 #
+# An entry this follower cannot place (its log does not continue where the
+# leader's entry says it does: another origin or segment size, a damaged
+# store) is refused: nothing is written, nothing is acknowledged, the core is
+# rebuilt from what is durable (as after a restart) and messages from that
+# leader in that term are dropped, so this node stops replicating from it with
+# the reason in status() and the log, instead of exiting.  A new term lifts the
+# fence (and refuses again if nothing changed); a restart after the operator
+# fixed the store starts clean.
+#
 # Append path cost: a caller is one slotted request parked on its own task
 # (no Event, no cancel scope); the driver releases every committed request in
 # one sweep, and the ticker fails expired ones (QuorumTimeoutError) once per
@@ -24,8 +33,8 @@ import attrs
 import trio
 
 from commitlog.entry import iter_batch
-from commitlog.errors import (CommitLogError, IndexBeyondEndError, NotLeaderError, PendingFullError, QuorumTimeoutError,
-                              TermChangedError)
+from commitlog.errors import (AppendRejectedError, CommitLogError, IndexBeyondEndError, NotLeaderError,
+                              PendingFullError, QuorumTimeoutError, TermChangedError)
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, Ready, Role, SoftState
@@ -60,6 +69,18 @@ class _AppendRequest:
     @property
     def last_index(self) -> int:
         return self.first_index + len(self.bodies) - 1
+
+
+@attrs.frozen
+class RefusedLeader:
+    """A leader whose entries this follower could not place, and why."""
+
+    leader: str
+    term: int
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"leader": self.leader, "term": self.term, "reason": self.reason}
 
 
 @attrs.define(eq=False)
@@ -97,6 +118,7 @@ class ReplicaNode:
     _outbox: list = attrs.Factory(list)
     _wrote: bool = False
     _new_commit: int | None = None
+    refused: RefusedLeader | None = None
     stats: collections.Counter = attrs.Factory(collections.Counter)
 
     def __attrs_post_init__(self) -> None:
@@ -207,6 +229,7 @@ class ReplicaNode:
             "ledgerBeginIndex": st.begin_index, "ledgerEndIndex": st.end_index,
             "uncommitted": st.uncommitted, "transferringTo": st.transferring_to,
             "pendingAppends": self._pending_entries,
+            "refusedLeader": self.refused.to_json() if self.refused else None,
             "peers": {p.peer_id: {"state": p.state, "matchIndex": p.match_index, "nextIndex": p.next_index,
                                   "lag": max(0, st.end_index - p.match_index),
                                   "inflightPushes": p.inflight_pushes,
@@ -290,17 +313,21 @@ class ReplicaNode:
             trio.lowlevel.reschedule(task)
 
     async def _driver(self) -> None:
-        core = self.core
+        # self.core, not a local: _refuse_leader may replace it.
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             while self._ticks_due:
                 self._ticks_due -= 1
-                core.tick()
+                self.core.tick()
                 self._take_ready()
             inbox, self._inbox = self._inbox, []
             for msg in inbox:
-                core.step(msg)
+                if self.refused is not None and msg.src == self.refused.leader:
+                    if msg.term <= self.refused.term:
+                        continue  # fenced: see the module comment
+                    self.refused = None
+                self.core.step(msg)
                 self._take_ready()
             commands, self._commands = self._commands, []
             for command in commands:
@@ -356,7 +383,11 @@ class ReplicaNode:
                 self._assign_positions(la.first_index, placed)
                 self._wrote = True
             if rd.follower_append is not None:
-                logw.append_follower(rd.follower_append)
+                try:
+                    logw.append_follower(rd.follower_append)
+                except AppendRejectedError as exc:
+                    self._refuse_leader(exc)
+                    return
                 self._wrote = True
             if rd.committed_index is not None:
                 self._new_commit = rd.committed_index
@@ -364,6 +395,23 @@ class ReplicaNode:
                 self._on_soft_state(rd.soft_state)
             self._outbox.extend(rd.messages)
             core.advance(rd)
+
+    def _refuse_leader(self, exc: AppendRejectedError) -> None:
+        """The store refused the leader's entries (nothing was written).
+        Drop this Ready (its messages would acknowledge them) and rebuild
+        the core from the durable state: the hard state this Ready carried
+        is already persisted, the log is as before the append, and commit is
+        what was published."""
+        old = self.core
+        self.refused = RefusedLeader(old.leader_id or "?", old.term, str(exc))
+        self.stats["refused_appends"] += 1
+        log.error("%s: cannot place entries from leader %s (term %d): %s; not replicating from it in this term "
+                  "(fix this store and restart the node)", self.node_id, self.refused.leader, old.term, exc)
+        self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
+                             hard_state=HardState(old.term, old.voted_for), committed_index=self.committed.value)
+        ss = self.core.soft_state()
+        if ss != self.soft_state:
+            self._on_soft_state(ss)
 
     def _assign_positions(self, first_index: int, placed: list[tuple[int, int]]) -> None:
         # Requests wait in index order; those of this write are at the tail.

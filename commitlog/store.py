@@ -80,6 +80,15 @@ class StoreConfig:
         return os.path.join(self.root, f"dledger-{self.self_id}")
 
 
+def data_segment_size_of(cfg: StoreConfig) -> int:
+    """The data segment size of the store `cfg` names, without opening it:
+    what its files were written with, else the configured size (a new
+    store).  An existing store always keeps its own size."""
+    data_dir = os.path.join(cfg.store_dir, "data")
+    files = list_segment_files(data_dir) if os.path.isdir(data_dir) else []
+    return infer_segment_size(files, cfg.data_segment_size)
+
+
 @attrs.define
 class _FlushJob:
     fds: list[int]  # data fds first, then index fds (dup()ed; the job closes them)

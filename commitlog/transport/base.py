@@ -136,6 +136,8 @@ class Transport(Protocol):
 
     self_id: str
     group: str
+    # What the handshake compares (tcp.py); {} where nothing is compared.
+    identity: dict[str, str]
 
     def send(self, peer_id: str, payload: bytes) -> bool:
         """Queue `payload` for `peer_id` without blocking.  True if queued

@@ -11,9 +11,13 @@
 #   REJECT   (3) either way, UTF-8 reason, sent best-effort just before close.
 #   DATA     (4) an opaque message (a Raft message encoded by raft/wire.py).
 #
-# Hello payload: three u16-length-prefixed UTF-8 strings: group, src, dst.
-# Carrying dst lets the acceptor detect a dialer whose peer table maps the
-# address to a different node (misconfiguration, or a TCP self-connect).
+# Hello payload: u16-length-prefixed UTF-8 strings: group, src, dst, and
+# optionally identity.  Carrying dst lets the acceptor detect a dialer whose
+# peer table maps the address to a different node (misconfiguration, or a
+# TCP self-connect).  identity is "key=value;key=value" (sorted keys): what
+# the replicas of one group must agree on for log positions to mean the same
+# bytes (the log's origin, the data segment size, ...).  The transport only
+# compares it (identity_mismatch); the layer above decides what goes in.
 #
 # Kind 0 is invalid on purpose so that zero-filled garbage fails at once.
 # `length` is checked against max_frame_size as soon as the header is in, so
@@ -164,15 +168,42 @@ class FrameDecoder(ByteStreamDecoder):
 
 # --- handshake payload ---------------------------------------------------------
 
+def encode_identity(identity: "dict[str, str] | None") -> str:
+    items = sorted((identity or {}).items())
+    for k, v in items:
+        if not k or any(c in k + v for c in "=;"):
+            raise ValueError(f"identity entry {k!r}={v!r} must not be empty or contain '=' or ';'")
+    return ";".join(f"{k}={v}" for k, v in items)
+
+
+def decode_identity(text: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, text.split(";")):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise FrameError(f"identity entry {part!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def identity_mismatch(me: str, mine: "dict[str, str]", peer: str, theirs: "dict[str, str]") -> str | None:
+    """None when the two identities agree on every key both carry, else the
+    reason naming both nodes and both values of each difference."""
+    diffs = [f"{k} {mine[k]} at {me}, {theirs[k]} at {peer}" for k in sorted(mine.keys() & theirs.keys())
+             if mine[k] != theirs[k]]
+    return "log identity differs: " + "; ".join(diffs) if diffs else None
+
+
 @attrs.frozen
 class Hello:
     group: str
     src: str
     dst: str
+    identity: str = ""
 
     def encode(self) -> bytes:
         out = bytearray()
-        for field in (self.group, self.src, self.dst):
+        for field in (self.group, self.src, self.dst) + ((self.identity,) if self.identity else ()):
             raw = field.encode("utf-8")
             if len(raw) > 0xFFFF:
                 raise FrameError(f"hello field of {len(raw)} bytes is too long")
@@ -183,7 +214,9 @@ class Hello:
 def decode_hello(payload: bytes) -> Hello:
     fields = []
     off = 0
-    for name in ("group", "src", "dst"):
+    for name in ("group", "src", "dst", "identity"):
+        if name == "identity" and off == len(payload):
+            break  # a peer that sends no identity
         if off + 2 > len(payload):
             raise FrameError(f"hello payload truncated before {name}")
         (n,) = _U16.unpack_from(payload, off)

@@ -174,6 +174,7 @@ class MemoryTransport:
         self.network = network
         self.self_id = self_id
         self.group = group
+        self.identity: dict[str, str] = {}  # no handshake in memory: nothing is compared
         self._nursery = nursery
         self._closed = False
         peers = [p for p in peer_ids if p != self_id]

@@ -9,10 +9,15 @@
 # believes is already connected replaces the old one (the dialer only redials
 # when it has given the old connection up, so the old one is dead or dying).
 #
-# Handshake: the dialer sends HELLO(group, src=self, dst=peer); the acceptor
-# checks it and answers HELLO_OK(group, src=self, dst=dialer) or REJECT(reason)
-# and closes.  The dialer checks HELLO_OK the same way.  Only then do DATA
-# frames flow and the peer count as connected.
+# Handshake: the dialer sends HELLO(group, src=self, dst=peer, identity); the
+# acceptor checks it and answers HELLO_OK(group, src=self, dst=dialer,
+# identity) or REJECT(reason) and closes.  The dialer checks HELLO_OK the same
+# way.  Only then do DATA frames flow and the peer count as connected.  Two
+# nodes whose identities differ (framing.identity_mismatch: another log
+# origin or segment size) never connect: the reason names both values, is
+# logged as an error on both sides and kept as the peer's last_error, and
+# the dialer keeps retrying with backoff, so the pair connects once an
+# operator fixed the store and restarted the node.
 #
 # Failure handling: a bad frame, a reset, EOF or a write error ends that one
 # connection with a logged reason; the peer's queue survives for the next
@@ -31,9 +36,9 @@ import trio
 
 from commitlog.transport.base import Counters, TransportConfig, TransportStats, backoff_delay
 from commitlog.transport.errors import FrameError, HandshakeError, UnknownPeerError
-from commitlog.transport.framing import (CLOSED, NEED_DATA, FrameDecoder, FrameKind,
-                                         Hello, decode_hello, decode_reject, encode_frame,
-                                         frame_header)
+from commitlog.transport.framing import (CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello,
+                                         decode_hello, decode_identity, decode_reject, encode_frame,
+                                         encode_identity, frame_header, identity_mismatch)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,10 @@ _CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
 
 class _PeerClosed(Exception):
     pass
+
+
+class _IdentityMismatch(HandshakeError):
+    """The peer's log identity differs from ours (logged as an error)."""
 
 
 @attrs.define(eq=False)
@@ -100,10 +109,13 @@ class PeerTransport:
     or serve_peer_transport(); see base.Transport for the API contract."""
 
     def __init__(self, cfg: TransportConfig, self_id: str, group: str,
-                 peers: Mapping[str, tuple[str, int]], rng: random.Random) -> None:
+                 peers: Mapping[str, tuple[str, int]], rng: random.Random,
+                 identity: Mapping[str, str] | None = None) -> None:
         self.cfg = cfg
         self.self_id = self_id
         self.group = group
+        self.identity = dict(identity or {})
+        self._identity_text = encode_identity(self.identity)
         self._rng = rng
         self._peers = {pid: _Peer(pid, tuple(addr), self_id < pid)
                        for pid, addr in peers.items() if pid != self_id}
@@ -315,8 +327,9 @@ class PeerTransport:
                 # Log the first failure of a streak; a peer that is down
                 # would otherwise log every backoff step.
                 if peer.counters.last_error != reason:
-                    log.info("%s: cannot connect to %s at %s:%d: %s", self.self_id,
-                             peer.peer_id, *peer.addr, reason)
+                    level = logging.ERROR if isinstance(exc, _IdentityMismatch) else logging.INFO
+                    log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.self_id,
+                            peer.peer_id, *peer.addr, reason)
                 peer.counters.last_error = reason
                 self._notify()
             else:
@@ -335,20 +348,25 @@ class PeerTransport:
             _set_nodelay(stream)
             remote = _peername(stream)
             decoder = FrameDecoder(self.cfg.max_frame_size)
-            hello = Hello(self.group, self.self_id, peer.peer_id)
+            hello = Hello(self.group, self.self_id, peer.peer_id, self._identity_text)
             await stream.send_all(encode_frame(hello.encode(), FrameKind.HELLO))
             with trio.fail_after(self.cfg.handshake_timeout):
                 frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
             if frame is CLOSED:
                 raise HandshakeError(f"{peer.peer_id} closed the connection during the handshake")
             if frame.kind == FrameKind.REJECT:
-                raise HandshakeError(f"rejected by {peer.peer_id}: {decode_reject(frame.payload)}")
+                reason = decode_reject(frame.payload)
+                error = _IdentityMismatch if reason.startswith("log identity differs") else HandshakeError
+                raise error(f"rejected by {peer.peer_id}: {reason}")
             if frame.kind != FrameKind.HELLO_OK:
                 raise HandshakeError(f"expected HELLO_OK from {peer.peer_id}, got {frame.kind.name}")
             reply = decode_hello(frame.payload)
             expected = Hello(self.group, peer.peer_id, self.self_id)
-            if reply != expected:
+            if attrs.evolve(reply, identity="") != expected:
                 raise HandshakeError(f"{host}:{port} answered as {reply}, expected {expected}")
+            mismatch = identity_mismatch(self.self_id, self.identity, peer.peer_id, decode_identity(reply.identity))
+            if mismatch is not None:
+                raise _IdentityMismatch(mismatch)
             return stream, decoder, remote
         except BaseException:
             await trio.aclose_forcefully(stream)
@@ -366,7 +384,7 @@ class PeerTransport:
         if self._peers[hello.src].dials:  # we are the lower id: we dial it, not it us
             return (f"{hello.src!r} must not dial {self.self_id!r}: "
                     f"the peer with the lower id dials")
-        return None
+        return identity_mismatch(self.self_id, self.identity, hello.src, decode_identity(hello.identity))
 
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         remote = _peername(stream)
@@ -383,8 +401,11 @@ class PeerTransport:
                     hello = decode_hello(frame.payload)
                     reason = self._check_hello(hello)
                     if reason is not None:
+                        if reason.startswith("log identity differs"):
+                            self._peers[hello.src].counters.last_error = reason
+                            raise _IdentityMismatch(reason)
                         raise HandshakeError(reason)
-                    reply = Hello(self.group, self.self_id, hello.src)
+                    reply = Hello(self.group, self.self_id, hello.src, self._identity_text)
                     await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
             except _CONN_ERRORS as exc:
                 self.rejected_connections += 1
@@ -394,8 +415,9 @@ class PeerTransport:
                     reason = f"no handshake within {self.cfg.handshake_timeout} s"
                 else:
                     reason = str(exc) or type(exc).__name__
-                log.warning("%s: rejected inbound connection from %s: %s", self.self_id,
-                            remote, reason)
+                level = logging.ERROR if isinstance(exc, _IdentityMismatch) else logging.WARNING
+                log.log(level, "%s: rejected inbound connection from %s: %s", self.self_id,
+                        remote, reason)
                 await _send_reject(stream, reason)
                 return
             await self._run_connection(self._peers[hello.src], stream, decoder, remote)
@@ -407,11 +429,13 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
                                peers: Mapping[str, tuple[str, int]], *, group: str,
                                listeners: list[trio.SocketListener] | None = None,
                                rng: random.Random | None = None,
+                               identity: Mapping[str, str] | None = None,
                                task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the transport until cancelled.  `peers` maps every member id
     (dLegerPeers) to (host, port); this node listens on its own entry's
     address unless pre-bound `listeners` are given (tests bind port 0 first,
-    then tell every node the real ports).  task_status.started() hands back
+    then tell every node the real ports).  `identity` is compared in the
+    handshake (see the module comment).  task_status.started() hands back
     the PeerTransport once it is listening and dialing."""
     if not self_id:
         raise ValueError("self_id must not be empty")
@@ -420,7 +444,7 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
             raise UnknownPeerError(self_id, tuple(peers))
         host, port = peers[self_id]
         listeners = await trio.open_tcp_listeners(port, host=host)
-    transport = PeerTransport(cfg, self_id, group, peers, rng or random.Random())
+    transport = PeerTransport(cfg, self_id, group, peers, rng or random.Random(), identity)
     transport.listen_addresses = [tuple(l.socket.getsockname()[:2]) for l in listeners]
     try:
         async with trio.open_nursery() as nursery:
@@ -441,12 +465,14 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
 async def open_peer_transport(cfg: TransportConfig, self_id: str,
                               peers: Mapping[str, tuple[str, int]], *, group: str,
                               listeners: list[trio.SocketListener] | None = None,
-                              rng: random.Random | None = None):
+                              rng: random.Random | None = None,
+                              identity: Mapping[str, str] | None = None):
     """`async with open_peer_transport(...) as transport:` -- the transport
     runs for the duration of the block and is torn down at its end."""
     async with trio.open_nursery() as nursery:
         transport = await nursery.start(functools.partial(
-            serve_peer_transport, cfg, self_id, peers, group=group, listeners=listeners, rng=rng))
+            serve_peer_transport, cfg, self_id, peers, group=group, listeners=listeners, rng=rng,
+            identity=identity))
         try:
             yield transport
         finally:

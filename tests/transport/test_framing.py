@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from commitlog.transport.errors import FrameError
 from commitlog.transport.framing import (CLOSED, HEADER_SIZE, MAGIC, NEED_DATA, VERSION, Frame,
-                                         FrameDecoder, FrameKind, Hello, decode_hello,
-                                         decode_reject, encode_frame)
+                                         FrameDecoder, FrameKind, Hello, decode_hello, decode_identity,
+                                         decode_reject, encode_frame, encode_identity, identity_mismatch)
 
 
 def drain(dec: FrameDecoder) -> list:
@@ -106,8 +106,22 @@ def test_hello_round_trip_and_malformed():
         decode_hello(raw[:1])
     with pytest.raises(FrameError, match="runs past"):
         decode_hello(raw[:-1])
-    with pytest.raises(FrameError, match="trailing"):
+    with pytest.raises(FrameError, match="truncated before identity"):
         decode_hello(raw + b"x")
+    with_id = Hello("RaftNode00", "n0", "n1", encode_identity({"origin": "196608", "dataSegmentSize": "65536"}))
+    assert with_id.identity == "dataSegmentSize=65536;origin=196608"
+    assert decode_hello(with_id.encode()) == with_id
+    assert decode_identity(with_id.identity) == {"origin": "196608", "dataSegmentSize": "65536"}
+    with pytest.raises(FrameError, match="trailing"):
+        decode_hello(with_id.encode() + b"x")
+    with pytest.raises(FrameError, match="not key=value"):
+        decode_identity("origin")
+    with pytest.raises(ValueError, match="must not"):
+        encode_identity({"a;b": "1"})
+    assert identity_mismatch("n0", {"origin": "0", "x": "1"}, "n1", {"origin": "0", "y": "2"}) is None
+    assert identity_mismatch("n0", {"origin": "0", "dataSegmentSize": "1"}, "n1",
+                             {"origin": "8", "dataSegmentSize": "2"}) == (
+        "log identity differs: dataSegmentSize 1 at n0, 2 at n1; origin 0 at n0, 8 at n1")
     with pytest.raises(FrameError, match="not UTF-8"):
         decode_hello(b"\x00\x01\xff" + raw[2 + len("RaftNode00"):])
     assert decode_reject(b"bad \xff") == "bad \ufffd"

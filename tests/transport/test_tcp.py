@@ -37,8 +37,9 @@ async def bind(n: int):
 class Node:
     """A transport that a test can stop and restart on the same port."""
 
-    def __init__(self, nursery, node_id, peers, cfg=FAST, group=GROUP):
+    def __init__(self, nursery, node_id, peers, cfg=FAST, group=GROUP, identity=None):
         self.nursery, self.id, self.peers, self.cfg, self.group = nursery, node_id, peers, cfg, group
+        self.identity = identity
         self.t = None
 
     async def start(self, listeners=None):
@@ -49,7 +50,7 @@ class Node:
                 with self.scope:
                     await serve_peer_transport(self.cfg, self.id, self.peers, group=self.group,
                                                listeners=listeners, rng=random.Random(self.id),
-                                               task_status=task_status)
+                                               identity=self.identity, task_status=task_status)
             finally:
                 self.done.set()
         self.t = await self.nursery.start(runner)
@@ -221,6 +222,44 @@ async def test_wrong_group_rejected(nursery, caplog):
     assert any("wrong group" in r.message and r.levelno == logging.WARNING for r in caplog.records)
 
 
+@deadline
+async def test_log_identity_mismatch_refused_naming_both_values(nursery, caplog):
+    # n2's log begins elsewhere (another divided offset): neither side
+    # connects to it, the reason names both values, n0 and n1 go on; n2
+    # restarted with the same identity connects.
+    caplog.set_level(logging.INFO, logger="commitlog.transport")
+    listeners, ports = await bind(3)
+    peers = {i: (HOST, p) for i, p in zip(IDS, ports)}
+    same = {"origin": "196608", "dataSegmentSize": "65536"}
+    n0 = await Node(nursery, "n0", peers, identity=same).start(listeners[0])
+    n1 = await Node(nursery, "n1", peers, identity=same).start(listeners[1])
+    bad = Node(nursery, "n2", peers, identity={"origin": "1073741824", "dataSegmentSize": "65536"})
+    n2 = await bad.start(listeners[2])
+    for t in (n0, n1):
+        st = await t.wait_state(lambda s: "identity" in (s.peers["n2"].last_error or ""))
+        assert st.peers["n2"].last_error == (
+            f"rejected by n2: log identity differs: origin 1073741824 at n2, 196608 at {t.self_id}")
+    await n0.wait_connected(["n1"])
+    assert n2.connected_peers() == set() and n2.stats().rejected_connections >= 2
+    assert "log identity differs: origin 1073741824 at n2, 196608 at n0" in n2.stats().peers["n0"].last_error
+    assert any("identity differs" in r.message and r.levelno == logging.ERROR for r in caplog.records)
+    assert n0.send("n1", b"still here") and await n1.receive() == ("n0", b"still here")
+    await bad.stop()
+    bad.identity = dict(same)
+    n2 = await bad.start(await trio.open_tcp_listeners(ports[2], host=HOST))
+    await n2.wait_connected()
+
+
+@deadline
+async def test_identity_keys_only_one_side_has_are_not_compared(nursery):
+    listeners, ports = await bind(3)
+    peers = {i: (HOST, p) for i, p in zip(IDS, ports)}
+    ts = [await Node(nursery, i, peers, identity=ident).start(ls) for i, ident, ls in
+          zip(IDS, ({"origin": "0"}, None, {"origin": "0", "dataSegmentSize": "4096"}), listeners)]
+    for t in ts:
+        await t.wait_connected()
+
+
 @pytest.mark.parametrize("hello, reason", [
     (Hello(GROUP, "n9", "n1"), "unknown peer 'n9'"),
     (Hello(GROUP, "n2", "n1"), "'n2' must not dial 'n1': the peer with the lower id dials"),
@@ -349,7 +388,7 @@ def test_backoff_is_capped_exponential_with_jitter():
 
 @pytest.mark.parametrize("reply, error", [
     (encode_frame(Hello(GROUP, "n5", "n0").encode(), FrameKind.HELLO_OK),
-     "answered as Hello(group='RaftNode00', src='n5', dst='n0')"),
+     "answered as Hello(group='RaftNode00', src='n5', dst='n0'"),
     (encode_frame(b"data first", FrameKind.DATA), "expected HELLO_OK from n1, got DATA"),
     (b"", "n1 closed the connection during the handshake"),
     (b"SSH-2.0-OpenSSH_9.6\r\n", "bad magic"),

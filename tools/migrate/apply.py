@@ -12,9 +12,12 @@
 #      through the log) and move those files, unchanged, to
 #      migration-backup/config/: left in config/ they would be each node's
 #      own unreplicated metadata base
-#   4. create the DLedger store empty, continuing at the divided offset:
-#      RocketMQ's dividedCommitlogOffset = last old segment's start + its
-#      size, the first DLedger data file named with it (SegmentedStore.reset_to)
+#   4. create the DLedger store empty, continuing at the divided offset
+#      (broker.migrated_store.divided_offset: RocketMQ's
+#      dividedCommitlogOffset, from the old files alone); its first data
+#      file is named by that offset rounded down to the DLedger segment size
+#      (mappedFileSizeCommitLog), as DLedger's rebuildWithPos names it
+#      (SegmentedStore.reset_to)
 #   5. write the marker (broker.migrated_store) -- last, atomically
 #
 # The old commitlog segments are never written (RocketMQ writes a BLANK at
@@ -28,13 +31,18 @@ import os
 import attrs
 
 from broker.legacy_store import LegacyStore
-from broker.migrated_store import (IMPORT_FILE, DividedLog, load_marker, store_dir_of, write_import,
-                                   write_marker)
+from broker.migrated_store import (IMPORT_FILE, DividedLog, divided_offset, load_marker, store_dir_of,
+                                   write_import, write_marker)
 from commitlog.segments import fsync_dir
+from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue.checkpoint import StoreCheckpoint
 from tools.migrate.plainlog import dispatch_plain, dispatched_end, plain_engine
 
 BACKUP_DIR = "migration-backup"
+# The DLedger data segment size when none is given: the broker's default
+# mappedFileSizeCommitLog, so that `migrate apply` on one node and the
+# broker's upgrade on start on another agree unless configured otherwise.
+DEFAULT_DATA_SEGMENT_SIZE = StoreConfig.__attrs_attrs__.data_segment_size.default
 IMPORTED_CONFIGS = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json")
 
 
@@ -66,16 +74,6 @@ class ApplyPlan:
                 "dividedOffset": self.divided, "dataSegmentSize": self.data_segment_size,
                 "cqResume": self.cq_resume, "configs": self.configs, "alreadyApplied": self.already,
                 "warnings": self.warnings, "actions": self.actions}
-
-
-def divided_offset(end: int, legacy_segment_size: int, data_segment_size: int) -> int:
-    """RocketMQ's dividedCommitlogOffset: the end of the segment holding the
-    old write position (the last old file is closed by a BLANK), raised to a
-    DLedger segment boundary when the two segment sizes differ."""
-    d = end if end % legacy_segment_size == 0 else end - end % legacy_segment_size + legacy_segment_size
-    if d % data_segment_size:
-        d += data_segment_size - d % data_segment_size
-    return d
 
 
 def _import_data(configs: dict) -> dict:
@@ -133,11 +131,17 @@ def plan_apply(root: str, self_id: str, *, data_segment_size: int | None = None)
             plan.warnings.append("the old broker did not shut down cleanly (abort file); "
                                  "its consume queues are completed from the commitlog")
         plan.configs = sorted(n + ".json" for n in old.configs())
-    seg = data_segment_size or plan.legacy_segment_size
+    seg = data_segment_size or DEFAULT_DATA_SEGMENT_SIZE
     plan.data_segment_size = seg
-    plan.divided = divided_offset(plan.legacy_end, plan.legacy_segment_size, seg)
+    plan.divided = divided_offset(plan.legacy_end, plan.legacy_segment_size)
+    if seg != plan.legacy_segment_size:
+        plan.warnings.append(f"mappedFileSizeCommitLog {seg} differs from the old files' segment size "
+                             f"{plan.legacy_segment_size}: the old part keeps its {plan.legacy_segment_size}-byte "
+                             f"segments (the divided offset {plan.divided} comes from them), the DLedger data "
+                             f"uses {seg}-byte segments, and every replica of the group must use {seg} too")
     data_dir = os.path.join(store_dir, "data")
-    if os.path.isdir(data_dir) and any(n != f"{plan.divided:020d}" for n in os.listdir(data_dir)):
+    first_file = f"{plan.divided - plan.divided % seg:020d}"
+    if os.path.isdir(data_dir) and any(n != first_file for n in os.listdir(data_dir)):
         raise MigrationError(f"{data_dir} already holds DLedger data that does not start at {plan.divided}")
     engine = plain_engine(root, segment_size=plan.legacy_segment_size)
     try:
@@ -238,7 +242,6 @@ def _capture_configs(plan: ApplyPlan, store_dir: str) -> None:
 
 
 def _create_dledger_store(plan: ApplyPlan, index_segment_size: int | None) -> None:
-    from commitlog.store import SegmentedStore, StoreConfig
     kw = {"index_segment_size": index_segment_size} if index_segment_size else {}
     store = SegmentedStore.open(StoreConfig(plan.root, self_id=plan.self_id,
                                             data_segment_size=plan.data_segment_size, **kw))

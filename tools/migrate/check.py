@@ -13,6 +13,13 @@
 # on: a split brain; needs --winner) | damaged (a torn or corrupt tail) |
 # config-differs (same commitlog, other topics/groups/consumer offsets: a
 # slave syncs them from its master only every few seconds).
+#
+# Every store's divided offset (where its DLedger log begins) is derived by
+# broker.migrated_store.divided_offset, the one rule apply and the broker's
+# upgrade use.  Stores already migrated (a dledger-<id>/ledgermq-divided.json
+# under the root) report the marker's value and their DLedger segment size;
+# markers that disagree with each other or with the old files are problems:
+# such replicas cannot form one group.
 import hashlib
 import json
 import os
@@ -20,6 +27,8 @@ import os
 import attrs
 
 from broker.legacy_store import LegacyStore, compare_commitlogs, md5_files
+from broker.migrated_store import MARKER_FILE, divided_offset, load_marker
+from commitlog.store import StoreConfig, data_segment_size_of
 
 
 @attrs.define
@@ -38,10 +47,13 @@ class StoreStatus:
     explanation: str = ""
     error: str = ""
     config_tables: dict = attrs.Factory(dict)  # topics / groups / offsets as parsed
+    divided: int = 0  # the divided offset these old files give
+    migrated: list = attrs.Factory(list)  # [{selfId, dividedOffset, dataSegmentSize}] of existing markers
 
     def to_json(self) -> dict:
         return {"root": self.root, "begin": self.begin, "end": self.end, "records": self.records,
-                "segmentSize": self.segment_size, "recovery": self.recovery, "reason": self.reason,
+                "segmentSize": self.segment_size, "dividedOffset": self.divided, "migrated": self.migrated,
+                "recovery": self.recovery, "reason": self.reason,
                 "md5": self.md5, "relation": self.relation, "firstDifference": self.first_difference,
                 "explanation": self.explanation, "error": self.error}
 
@@ -83,6 +95,8 @@ def _status(root: str, last: int) -> StoreStatus:
             rec = s.recover()
             st.begin, st.end, st.records, st.segment_size = rec.begin, rec.end, rec.records, s.segment_size
             st.recovery, st.reason = rec.stop, rec.reason
+            st.divided = divided_offset(rec.end, s.segment_size)
+            st.migrated = _markers(st.root)
             st.files = [os.path.basename(p) for _, p, _ in s.files]
             st.md5 = [{"name": d.name, "size": d.size, "md5": d.md5} for d in md5_files(s.commitlog_dir, last)]
             cfg = s.configs()
@@ -100,6 +114,34 @@ def _status(root: str, last: int) -> StoreStatus:
     return st
 
 
+def _markers(root: str) -> list[dict]:
+    out = []
+    for name in sorted(os.listdir(root)):
+        if name.startswith("dledger-") and os.path.exists(os.path.join(root, name, MARKER_FILE)):
+            self_id = name[len("dledger-"):]
+            marker = load_marker(os.path.join(root, name))
+            out.append({"selfId": self_id, "dividedOffset": marker.divided,
+                        "dataSegmentSize": data_segment_size_of(StoreConfig(root, self_id=self_id))})
+    return out
+
+
+def _migration_problems(stores: list[StoreStatus]) -> list[str]:
+    """Migrated copies of one group must share the divided offset (the one
+    their old files give) and the DLedger segment size."""
+    problems = []
+    marked = [(s, m) for s in stores for m in s.migrated]
+    for s, m in marked:
+        if m["dividedOffset"] != s.divided:
+            problems.append(f"{s.root}: dledger-{m['selfId']} continues at divided offset {m['dividedOffset']}, "
+                            f"but its old files end at {s.end} in {s.segment_size}-byte segments, which gives "
+                            f"{s.divided}")
+    for key, what in (("dividedOffset", "divided offsets"), ("dataSegmentSize", "DLedger segment sizes")):
+        if len({m[key] for _, m in marked}) > 1:
+            problems.append(f"migrated {what} differ: "
+                            + ", ".join(f"{m[key]} at {s.root} (dledger-{m['selfId']})" for s, m in marked))
+    return problems
+
+
 def check_stores(roots: list[str], *, last: int = 2, winner: str | None = None) -> CheckReport:
     """Check the stores (the first is the master) and plan their alignment."""
     stores = [_status(r, last) for r in roots]
@@ -111,6 +153,7 @@ def check_stores(roots: list[str], *, last: int = 2, winner: str | None = None) 
             if stores[-1].error:
                 problems.append(f"{winner}: {stores[-1].error}")
     good = [s for s in stores if not s.error]
+    problems += _migration_problems(good)
     if len({s.segment_size for s in good}) > 1:
         problems.append("commitlog segment sizes differ: " + ", ".join(f"{s.root}={s.segment_size}" for s in good))
         return CheckReport(stores, None, [], problems)
@@ -195,8 +238,11 @@ def render_text(report: CheckReport) -> list[str]:
         if s.error:
             out.append(f"{s.root}: ERROR {s.error}")
             continue
-        out.append(f"{s.root}: {s.relation}  [{s.begin}, {s.end}) {s.records} records, recovery {s.recovery}"
-                   + (f" -- {s.explanation}" if s.explanation else ""))
+        out.append(f"{s.root}: {s.relation}  [{s.begin}, {s.end}) {s.records} records, recovery {s.recovery}, "
+                   f"divided offset {s.divided}" + (f" -- {s.explanation}" if s.explanation else ""))
+        for m in s.migrated:
+            out.append(f"    migrated: dledger-{m['selfId']} continues at {m['dividedOffset']} "
+                       f"in {m['dataSegmentSize']}-byte segments")
         for d in s.md5:
             out.append(f"    {d['md5']}  {d['name']}  {d['size']}")
     for a in report.plan:

@@ -61,7 +61,32 @@ def _node_json(addr: str, st: dict) -> dict:
             "leader": st.get("leader"), "ledgerBeginIndex": st.get("ledgerBeginIndex"),
             "ledgerEndIndex": st.get("ledgerEndIndex"), "committedIndex": st.get("committedIndex"),
             "uncommitted": st.get("uncommitted"), "writable": st.get("writable"),
-            "transferringTo": st.get("transferringTo"), "peers": st.get("peers") or {}}
+            "transferringTo": st.get("transferringTo"), "peers": st.get("peers") or {},
+            "identity": st.get("identity") or {}, "links": st.get("links") or {},
+            "refusedLeader": st.get("refusedLeader"), "problem": _problem(st)}
+
+
+def _problem(st: dict) -> str | None:
+    """Why this node is not replicating, if it says so: a leader whose
+    entries it refused, or peers its handshake refused (identity)."""
+    refused = st.get("refusedLeader")
+    if refused:
+        return f"refused entries of leader {refused['leader']} (term {refused['term']}): {refused['reason']}"
+    errors = [v["lastError"] for v in (st.get("links") or {}).values()
+              if not v.get("connected") and "identity differs" in (v.get("lastError") or "")]
+    return "; ".join(errors) or None
+
+
+def identity_mismatches(live: dict[str, dict]) -> list[str]:
+    """Each identity key on which the answering replicas disagree, naming
+    every replica's value (e.g. a migrated node with another divided offset)."""
+    keys = sorted({k for s in live.values() for k in (s.get("identity") or {})})
+    out = []
+    for k in keys:
+        values = {s["selfId"]: (s.get("identity") or {}).get(k) for s in live.values()}
+        if len({v for v in values.values() if v is not None}) > 1:
+            out.append(f"{k} differs: " + ", ".join(f"{v} at {n}" for n, v in sorted(values.items())))
+    return out
 
 
 @click.command("dledgerStatus", epilog="""\b
@@ -73,8 +98,10 @@ Examples:
 @click.option("-c", "--clusterName", "cluster", metavar="CLUSTER", help="every node of the cluster")
 @online
 async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
-    """Per node: role, term, leader, ledger begin/end and committed index;
-    per peer (from the leader): match index, lag and last heartbeat ack."""
+    """Per node: role, term, leader, ledger begin/end, committed index and
+    log origin; per peer (from the leader): match index, lag and last
+    heartbeat ack; and why a node does not replicate (refused entries, a
+    peer whose log identity differs)."""
     if target and cluster:
         raise click.UsageError("give either -b or -c, not both")
     statuses = await _statuses(admin, await _group_nodes(admin, target, cluster))
@@ -84,10 +111,14 @@ async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
         out.json({"nodes": nodes, "unreachable": failed})
     else:
         out.table(["#Group", "#SelfId", "#Addr", "#BID", "#Role", "#Term", "#Leader", "#Begin", "#End",
-                   "#Committed", "#Uncommitted"],
+                   "#Committed", "#Uncommitted", "#Origin"],
                   [[n["group"], n["selfId"], n["brokerAddr"], n["brokerId"], n["role"], n["term"], n["leader"],
-                    n["ledgerBeginIndex"], n["ledgerEndIndex"], n["committedIndex"], n["uncommitted"]]
+                    n["ledgerBeginIndex"], n["ledgerEndIndex"], n["committedIndex"], n["uncommitted"],
+                    n["identity"].get("origin")]
                    for n in nodes])
+        for n in nodes:
+            if n["problem"]:
+                out.line(f"{n['group']}/{n['selfId']}: NOT REPLICATING: {n['problem']}")
         peers = [[n["group"], n["selfId"], p, v.get("matchIndex"), v.get("lag"), v.get("lastAckMsAgo"),
                   v.get("state")] for n in nodes if n["role"] == "leader" for p, v in sorted(n["peers"].items())]
         if peers:
@@ -134,15 +165,16 @@ async def leadership_transfer(admin: MQAdmin, out: Output, group, target):
 
 
 @click.command("compareReplicas", epilog="""\b
-Exit status 1 when a replica diverges.
+Exit status 1 when a replica diverges or the log identities differ.
 Examples:
   mqadmin compareReplicas -c broker-a
   mqadmin compareReplicas -c broker-a --json""")
 @click.option("-c", "--group", "group", required=True, metavar="GROUP", help="the broker group (brokerName)")
 @online
 async def compare_replicas(admin: MQAdmin, out: Output, group):
-    """Compare the chain CRC at the common committed index on every replica;
-    on a mismatch, binary-search the first divergent index."""
+    """Compare the replicas' log identities (origin, segment size) and the
+    chain CRC at the common committed index; on a CRC mismatch,
+    binary-search the first divergent index."""
     statuses = await _statuses(admin, await _group_nodes(admin, group, None))
     live = {a: s for a, s in statuses.items() if isinstance(s, dict)}
     if len(live) < 2:
@@ -169,8 +201,10 @@ async def compare_replicas(admin: MQAdmin, out: Output, group):
                              "committedIndex": st["committedIndex"], "chainCrc": crcs.get(addr),
                              "firstDivergentIndex": first})
     diverged = [r for r in replicas if r["firstDivergentIndex"] is not None]
+    mismatches = identity_mismatches(live)
     result = {"group": group, "comparedIndex": common, "commonBeginIndex": begin,
-              "reference": live[reference]["selfId"], "consistent": not diverged, "replicas": replicas,
+              "reference": live[reference]["selfId"], "consistent": not diverged and not mismatches,
+              "identityMismatches": mismatches, "replicas": replicas,
               "unreachable": {a: str(s) for a, s in statuses.items() if not isinstance(s, dict)}}
     if out.as_json:
         out.json(result)
@@ -179,11 +213,13 @@ async def compare_replicas(admin: MQAdmin, out: Output, group):
                   [[r["selfId"], r["brokerAddr"], r["role"], r["committedIndex"],
                     f"{r['chainCrc']:08x}" if r["chainCrc"] is not None else None, r["firstDivergentIndex"]]
                    for r in replicas])
+        for m in mismatches:
+            out.line(f"IDENTITY MISMATCH: {m}")
         out.line("replicas are consistent up to index %d" % common if not diverged else
                  "DIVERGENCE: " + ", ".join(f"{r['selfId']} from index {r['firstDivergentIndex']}" for r in diverged))
     for addr, err in result["unreachable"].items():
         out.note(f"mqadmin: {addr}: {err}")
-    return EXIT_PROBLEMS if diverged else 0
+    return EXIT_PROBLEMS if diverged or mismatches else 0
 
 
 def register(group: click.Group) -> None:

@@ -143,23 +143,45 @@ def migrate_align_cmd(ctx, root, replicas, winner, dry_run, as_json):
           done or ["nothing to do: the stores agree"])
 
 
-@migrate_group.command("apply")
-@_store_opt
-@click.option("--self-id", required=True, metavar="ID", help="this node's dLegerSelfId")
+@migrate_group.command("apply", epilog="""\b
+The divided offset (where the DLedger log continues) comes from the old
+files alone: the end of the old segment holding the last record.  The
+DLedger data segment size is mappedFileSizeCommitLog: from -c broker.conf,
+--segment-size, or the broker's default (1 GiB), the same rule the broker's
+upgrade on start uses, so every replica of the group agrees.
+Examples:
+  mqadmin migrate apply -c conf/dledger/broker-n0.conf
+  mqadmin migrate apply --store /data/rocketmq --self-id n0 --segment-size 1073741824""")
+@click.option("-c", "--config", "conf", type=click.Path(exists=True, dir_okay=False), metavar="BROKER_CONF",
+              help="the broker.conf the node will run with (storePathRootDir, dLegerSelfId, "
+                   "mappedFileSizeCommitLog)")
+@click.option("--store", "root", metavar="ROOT", help="storePathRootDir (default: from -c)")
+@click.option("--self-id", metavar="ID", help="this node's dLegerSelfId (default: from -c)")
 @click.option("--segment-size", type=click.IntRange(min=64), metavar="BYTES",
-              help="mappedFileSizeCommitLog of the new DLedger store (default: the old segment size)")
+              help="mappedFileSizeCommitLog of the new DLedger store (default: from -c, else 1 GiB)")
 @_dry_opt
 @_json_opt
-def migrate_apply_cmd(root, self_id, segment_size, dry_run, as_json):
+def migrate_apply_cmd(conf, root, self_id, segment_size, dry_run, as_json):
     """Upgrade a stopped master-slave store in place: the DLedger log
     continues the old commitlog at the divided offset (old files unchanged)."""
     from tools.migrate.apply import apply
+    index_size = None
+    if conf is not None:
+        from broker.config import load_broker_config
+        rc = load_broker_config(conf)[0].replication
+        root, self_id = root or rc.store_path_root_dir, self_id or rc.self_id
+        segment_size = segment_size or rc.mapped_file_size_commitlog
+        index_size = rc.mapped_file_size_entry_index
+    if not root or not self_id:
+        raise click.UsageError("give --store and --self-id, or -c with the node's broker.conf")
     with _progress("completing consume queues", not as_json and not dry_run) as bar:
-        plan = apply(root, self_id, data_segment_size=segment_size, progress=bar, dry_run=dry_run)
+        plan = apply(root, self_id, data_segment_size=segment_size, index_segment_size=index_size,
+                     progress=bar, dry_run=dry_run)
     lines = [f"{'would: ' if dry_run else ''}{a}" for a in plan.actions] + [f"warning: {w}" for w in plan.warnings]
     if not dry_run and not plan.already:
-        lines.append(f"migrated: dividedCommitlogOffset {plan.divided}; start the broker with "
-                     f"enableDLegerCommitLog=true and dLegerSelfId={self_id}")
+        lines.append(f"migrated: dividedCommitlogOffset {plan.divided}, DLedger segments of "
+                     f"{plan.data_segment_size} bytes; start the broker with enableDLegerCommitLog=true, "
+                     f"dLegerSelfId={self_id} and mappedFileSizeCommitLog={plan.data_segment_size}")
     _emit(as_json, {**plan.to_json(), "dryRun": dry_run}, lines)
 
 
