@@ -25,7 +25,7 @@ import socket
 
 import attrs
 
-from broker.message import DEFAULT_DELAY_LEVELS_MS, HostAddr
+from consumequeue.record import DEFAULT_DELAY_LEVELS_MS, HostAddr
 from commitlog.config import (ConfigError, FlushDiskType, ReplicationConfig, iter_properties,
                               read_properties_text,
                               parse_bool as _bool, parse_int as _int, parse_nonempty as _nonempty,
@@ -197,6 +197,27 @@ class BrokerConfig:
             first_line.setdefault(key, lineno)
             props[key] = value
         return cls.from_dict(props, warnings)
+
+
+@attrs.define(eq=False)
+class LiveConfig:
+    """The broker's effective config, one object shared by every processor
+    and service (built by the composition root).  UPDATE_BROKER_CONFIG
+    replaces `current` with the hot-reloadable keys changed (brokerPermission,
+    ...), so every reader sees a change at once; listeners (the name server
+    registration) are called after each change."""
+
+    current: BrokerConfig
+    _listeners: list = attrs.Factory(list)
+
+    def update(self, cfg: BrokerConfig) -> None:
+        self.current = cfg
+        for listener in list(self._listeners):
+            listener(cfg)
+
+    def on_change(self, listener) -> None:
+        """`listener(new_config)` after every update()."""
+        self._listeners.append(listener)
 
 
 def load_broker_config(path: str | os.PathLike) -> tuple[BrokerConfig, list[str]]:

@@ -2,13 +2,15 @@
 # composes
 #
 #   serve_broker_store    the replicated commitlog, consume queues, metadata
-#                         and the role gate (broker/store_service.py)
+#                         and the role gate (broker/store/broker_store.py)
 #   serve_remoting        the RocketMQ remoting server on listenPort, with a
-#                         RequestDispatcher holding SendProcessor plus any
-#                         extra processors (`register(dispatcher, broker)`),
-#                         by default those of broker.pull / broker.consumer / broker.admin
-#                         when those modules exist; a register that returns
-#                         an object with run() (a service) has it started
+#                         RequestDispatcher holding every request processor
+#                         (broker/processors/), each built by
+#                         wire_processors with its collaborators: this is
+#                         the composition root.  Nothing is discovered: a
+#                         processor that fails to import fails the start.
+#   services              the client registry (notifications, expiry), the
+#                         delay-level schedule service, the admin TPS meter
 #   registration          REGISTER_BROKER with every name server in
 #                         namesrvAddr every registerNameServerPeriod, and at
 #                         once when the role gate's generation moves (the
@@ -33,101 +35,119 @@
 # message's STOREHOST.  The remoting port is bound first and answers
 # SYSTEM_BUSY until the store and processors are in place.
 import functools
-import importlib
 import ipaddress
 import json
 import logging
 import math
 import signal
 import sys
-from collections.abc import Callable, Sequence
 
 import attrs
 import trio
 
-from broker.config import BrokerConfig, load_broker_config
+from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
+from broker.common.values import TopicConfig
+from broker.config import BrokerConfig, LiveConfig, load_broker_config
+from broker.metadata.service import MetadataService
 from broker.namesrv.client import NamesrvClient
-from broker.namesrv.routes import BrokerRegistration, DataVersion, TopicConfig as RouteTopicConfig
+from broker.namesrv.routes import BrokerRegistration, DataVersion
+from broker.processors.admin import AdminProcessor
+from broker.processors.admin_clients import ClientsAdminProcessor
+from broker.processors.admin_dledger import DLedgerAdminProcessor
+from broker.processors.client_manager import ClientManager
+from broker.processors.clients import ClientProcessor
+from broker.processors.offsets import ConsumerOffsetProcessor
+from broker.processors.pull import PullProcessor
+from broker.processors.retry import RetryTopics, SendBackProcessor
+from broker.processors.send import AUTO_CREATE_TOPIC_KEY_TOPIC, SendProcessor
 from broker.remoting.client import RemotingClient, open_remoting_client
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import not_supported
 from broker.remoting.errors import RemotingError
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
-from broker.send import AUTO_CREATE_TOPIC_KEY_TOPIC, SendProcessor
-from broker.store_service import BrokerStore, serve_broker_store
+from broker.store.broker_store import BrokerStore, serve_broker_store
+from broker.store.gate import RoleGate
+from broker.store.schedule import ScheduleService
+from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.broker")
 
-# Modules whose `register(dispatcher, broker)` is added when they exist.
-DEFAULT_PROCESSOR_MODULES = ("broker.pull", "broker.consumer", "broker.admin", "broker.admin_clients",
-                             "broker.admin_dledger", "broker.retry", "broker.schedule")
-PERM_INHERIT, PERM_READ, PERM_WRITE = 1, 4, 2
 UNREGISTER_TIMEOUT = 3.0
 
-Register = Callable[[RequestDispatcher, "Broker"], None]
+
+@attrs.define(eq=False)
+class Processors:
+    """Every request processor and service of one broker, built with its
+    collaborators (wire_processors)."""
+
+    send: SendProcessor
+    send_back: SendBackProcessor
+    pull: PullProcessor
+    clients: ClientProcessor
+    offsets: ConsumerOffsetProcessor
+    admin: AdminProcessor
+    admin_clients: ClientsAdminProcessor
+    admin_dledger: DLedgerAdminProcessor
+    schedule: ScheduleService
+
+    def register(self, dispatcher: RequestDispatcher) -> None:
+        for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
+                  self.admin_clients, self.admin_dledger):
+            p.register(dispatcher)
 
 
-def default_extra_processors(modules: Sequence[str] = DEFAULT_PROCESSOR_MODULES) -> list[Register]:
-    """`register` of each module that exists and has one; others are skipped
-    (debug log).  A module that exists but fails to import is skipped with a
-    warning, so one broken processor module does not keep the broker down."""
-    found = []
-    for name in modules:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                log.warning("processor module %s not loaded: %s", name, e)
-            else:
-                log.debug("processor module %s not present; skipped", name)
-            continue
-        except Exception:
-            log.warning("processor module %s failed to import; skipped", name, exc_info=True)
-            continue
-        register = getattr(mod, "register", None)
-        if callable(register):
-            found.append(register)
-        else:
-            log.debug("processor module %s has no register(dispatcher, broker); skipped", name)
-    return found
+def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager) -> Processors:
+    send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
+    return Processors(
+        send=send,
+        send_back=SendBackProcessor(send, bs.cq),
+        pull=PullProcessor(config, bs, clients),
+        clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate)),
+        offsets=ConsumerOffsetProcessor(bs),
+        admin=AdminProcessor(config, bs),
+        admin_clients=ClientsAdminProcessor(config, bs, clients),
+        admin_dledger=DLedgerAdminProcessor(config, bs),
+        schedule=ScheduleService(bs, config.current),
+    )
 
 
 @attrs.define(eq=False)
 class Broker:
     """What serve_broker hands to its starter."""
 
-    cfg: BrokerConfig
+    config: LiveConfig
     store: BrokerStore
     dispatcher: RequestDispatcher
     server: RemotingServer
     remoting: RemotingClient
+    clients: ClientManager
+    processors: Processors
     namesrv: NamesrvClient | None = None
     registrations: int = 0  # completed registration rounds
     last_registered_id: int | None = None
     last_results: dict = attrs.Factory(dict)
-    client_manager: object | None = None  # set by broker.consumer's register (its ClientManager)
     _kick: trio.Event = attrs.Factory(trio.Event)
     registered: "trio.Event" = attrs.Factory(trio.Event)  # set after the first round
 
     # --- what callers read ---------------------------------------------------------
 
     @property
-    def gate(self):
+    def gate(self) -> RoleGate:
         return self.store.gate
 
     @property
-    def metadata(self):
+    def metadata(self) -> MetadataService:
         return self.store.metadata
 
     @property
-    def replica(self):
+    def replica(self) -> ReplicaNode:
         return self.store.replica
 
     @property
-    def config(self) -> BrokerConfig:
-        """The effective config (listenPort as bound); what processors read."""
-        return self.cfg
+    def cfg(self) -> BrokerConfig:
+        """The effective config (listenPort as bound, hot keys as updated)."""
+        return self.config.current
 
     @property
     def broker_addr(self) -> str:
@@ -150,18 +170,17 @@ class Broker:
 
     # --- registration ----------------------------------------------------------------
 
-    def topic_configs(self) -> dict[str, RouteTopicConfig]:
+    def topic_configs(self) -> dict[str, TopicConfig]:
         cfg = self.cfg
         restrict = not (cfg.broker_permission & PERM_WRITE and cfg.broker_permission & PERM_READ)
-        out: dict[str, RouteTopicConfig] = {}
+        out: dict[str, TopicConfig] = {}
         if cfg.auto_create_topic_enable:
-            out[AUTO_CREATE_TOPIC_KEY_TOPIC] = RouteTopicConfig(
+            out[AUTO_CREATE_TOPIC_KEY_TOPIC] = TopicConfig(
                 AUTO_CREATE_TOPIC_KEY_TOPIC, cfg.default_topic_queue_nums, cfg.default_topic_queue_nums,
                 PERM_INHERIT | PERM_READ | PERM_WRITE)
         for name, tc in self.metadata.topic_configs(include_internal=False).items():
             perm = tc.perm & cfg.broker_permission if restrict else tc.perm
-            out[name] = RouteTopicConfig(name, tc.read_queue_nums, tc.write_queue_nums, perm,
-                                         tc.topic_filter_type, tc.topic_sys_flag, tc.order)
+            out[name] = attrs.evolve(tc, perm=perm, attributes={}, extra={})  # what a route carries
         return out
 
     def registration(self) -> BrokerRegistration:
@@ -246,13 +265,12 @@ def _bind_host(cfg: BrokerConfig) -> str:
     return "::" if ipaddress.ip_address(cfg.broker_ip1).version == 6 else "0.0.0.0"
 
 
-async def serve_broker(cfg: BrokerConfig, *, extra_processors: Sequence[Register] | None = None,
-                       bind_host: str | None = None, seed: int | None = None,
+async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed: int | None = None,
                        task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the broker until cancelled.  started() gets the Broker once the
     remoting port is bound, the store runs and every processor is
     registered (registration with the name servers runs on in the
-    background).  extra_processors=None means default_extra_processors()."""
+    background)."""
     ready = False
 
     async def default(conn, cmd: RemotingCommand):
@@ -261,38 +279,26 @@ async def serve_broker(cfg: BrokerConfig, *, extra_processors: Sequence[Register
         return await not_supported(conn, cmd)
 
     dispatcher = RequestDispatcher(default)
-    broker_box: list = []
-    # Import the processor modules before the store starts Raft: importing
-    # them takes tens of ms on the event loop, long enough to delay a new
-    # leader's first heartbeats.
-    registers = default_extra_processors() if extra_processors is None else extra_processors
-
-    def connection_closed(conn) -> None:
-        # Clients registered over this connection leave their groups at once
-        # (and the rest of the group is notified), not at the next expiry scan.
-        manager = broker_box[0].client_manager if broker_box else None
-        if manager is not None:
-            manager.on_connection_closed(conn)
-
+    # One registry of connected clients: heartbeats fill it, pulls read
+    # their subscriptions from it, and a closed connection's clients leave
+    # their groups at once (the rest of the group is notified).
+    clients = ClientManager()
     async with trio.open_nursery() as nursery:
         server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
-                                                       cfg.listen_port, on_close=connection_closed))
+                                                       cfg.listen_port, on_close=clients.on_connection_closed))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)
+        config = LiveConfig(cfg)
         bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
         remoting = RemotingClient(nursery)
-        broker = Broker(cfg, bs, dispatcher, server, remoting,
+        processors = wire_processors(config, bs, clients)
+        broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
-        broker_box.append(broker)
-        SendProcessor(cfg, bs.replica, bs.gate, bs.metadata, bs.store).register(dispatcher)
-        services = []
-        for register in registers:
-            # A register may return a service to run (consumer's ClientManager): started here, once.
-            service = register(dispatcher, broker)
-            if callable(getattr(service, "run", None)) and all(service is not s for s in services):
-                services.append(service)
-        for service in services:
-            nursery.start_soon(service.run)
+        processors.register(dispatcher)
+        for service in (clients, processors.schedule, processors.admin):
+            await nursery.start(service.run)
+        # brokerPermission changes the topic permissions the name servers must see.
+        config.on_change(lambda _new: broker.kick())
         ready = True
         if broker.namesrv is not None:
             nursery.start_soon(broker.serve_registration, cfg.register_name_server_period_ms / 1000)

@@ -202,6 +202,12 @@ def format_peers(peers) -> str:
 # --- the configuration --------------------------------------------------------
 
 class FlushDiskType(enum.Enum):
+    """RocketMQ's flushDiskType, the one flush setting (StoreConfig carries
+    it to the store, whose owner acts on it).  SYNC_FLUSH: nothing is
+    acknowledged before it was fdatasync'ed -- the replica shell syncs once
+    per driver round (group commit), a standalone caller after its append.
+    ASYNC_FLUSH: the background flusher syncs every flushIntervalMs."""
+
     ASYNC_FLUSH = "ASYNC_FLUSH"
     SYNC_FLUSH = "SYNC_FLUSH"
 

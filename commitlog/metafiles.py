@@ -15,7 +15,7 @@ import os
 import attrs
 
 from commitlog.errors import CorruptStoreError
-from commitlog.segments import fsync_dir
+from commitlog.atomicfile import fsync_dir, write_atomic
 
 CURRTERM = "currterm"
 CHECKPOINT = "checkpoint"
@@ -103,18 +103,7 @@ def read_properties(path: str) -> dict[str, str] | None:
 
 def write_properties(path: str, props: dict[str, str]) -> None:
     """Replace `path` atomically (tmp, fsync, rename, fsync directory)."""
-    tmp = path + ".tmp"
-    data = format_properties(props).encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    write_atomic(path, format_properties(props).encode("utf-8"))
 
 
 def _long(props: dict[str, str], key: str, default: int, path: str) -> int:

@@ -23,19 +23,18 @@ import os
 import random
 import signal
 import sys
-import time
 
 import attrs
 import trio
 
 from commitlog import metafiles
 from commitlog.admin import serve_admin
-from commitlog.config import ConfigError, FlushDiskType, ReplicationConfig, load_replication_config
+from commitlog.config import ConfigError, ReplicationConfig, load_replication_config
 from commitlog.errors import CommitLogError
 from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, RaftConfig
 from commitlog.replica import ReplicaNode
-from commitlog.retention import disk_used_ratio
+from commitlog.retention import retention_pass, serve_retention
 from commitlog.stallwatch import instruments_from_env
 from commitlog.store import SegmentedStore, StoreConfig, serve_flusher
 from commitlog.transport.tcp import serve_peer_transport
@@ -67,10 +66,9 @@ def store_config_for(cfg: ReplicationConfig, *, repair: bool = False) -> StoreCo
         self_id=cfg.self_id,
         data_segment_size=cfg.mapped_file_size_commitlog,
         index_segment_size=cfg.mapped_file_size_entry_index,
-        # The replica shell group-commits: under SYNC_FLUSH it fdatasyncs once
-        # per driver round (off the event loop) before acks leave, so the store
-        # itself must not also flush inside every append.
-        flush_policy="async",
+        # Under SYNC_FLUSH the replica shell fdatasyncs once per driver round
+        # (off the event loop) before acks leave: group commit.
+        flush_disk_type=cfg.flush_disk_type,
         flush_interval_ms=cfg.flush_interval_ms,
         file_reserved_hours=cfg.file_reserved_hours,
         disk_max_used_ratio=cfg.disk_space_ratio,
@@ -79,7 +77,7 @@ def store_config_for(cfg: ReplicationConfig, *, repair: bool = False) -> StoreCo
 
 
 def replica_on_store(store: SegmentedStore, transport, self_id: str, peer_ids, raft_config: RaftConfig, *,
-                     rng: random.Random, sync_flush: bool = False, tick_seconds: float = TICK_MS / 1000,
+                     rng: random.Random, tick_seconds: float = TICK_MS / 1000,
                      peer_addresses: dict[str, str] | None = None, max_pending: int = 10000,
                      max_wait_ack_ms: int = 2500) -> ReplicaNode:
     """A ReplicaNode over an opened (recovered) store: term and vote come from
@@ -95,7 +93,7 @@ def replica_on_store(store: SegmentedStore, transport, self_id: str, peer_ids, r
         metafiles.write_currterm(store.store_dir, hs.term, hs.voted_for)
 
     return ReplicaNode(core, store, transport, persist_hard_state, peer_addresses=dict(peer_addresses or {}),
-                       tick_seconds=tick_seconds, sync_flush=sync_flush, max_pending=max_pending,
+                       tick_seconds=tick_seconds, max_pending=max_pending,
                        max_wait_ack_ms=max_wait_ack_ms)
 
 
@@ -107,35 +105,6 @@ class RunningNode:
     store: SegmentedStore
     transport: object
     admin_port: int | None
-
-
-RETENTION_CHECK_SECONDS = 10.0
-
-
-def retention_pass(store: SegmentedStore, delete_when: tuple[int, ...], max_used_ratio: float,
-                   now: float | None = None, used_ratio: float | None = None) -> list[str]:
-    """One retention decision, RocketMQ style: segments older than
-    fileReservedHours go only during the deleteWhen hours (local time, "04" by
-    default) so deletion I/O stays off peak; when the disk is fuller than
-    diskMaxUsedSpaceRatio, the oldest committed segments go at any hour."""
-    now = time.time() if now is None else now
-    ratio = disk_used_ratio(store.store_dir) if used_ratio is None else used_ratio
-    if time.localtime(now).tm_hour not in delete_when and ratio < max_used_ratio:
-        return []
-    deleted = store.delete_expired(int(now * 1000), ratio)
-    if deleted:
-        log.info("retention deleted %d files; ledgerBeginIndex is now %d", len(deleted), store.begin_index)
-    return deleted
-
-
-async def serve_retention(store: SegmentedStore, delete_when: tuple[int, ...], max_used_ratio: float, *,
-                          interval: float = RETENTION_CHECK_SECONDS,
-                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A timer (DLedger's CleanSpaceService): check retention every interval."""
-    task_status.started()
-    while not store.closed:
-        retention_pass(store, delete_when, max_used_ratio)
-        await trio.sleep(interval)
 
 
 async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", admin_port: int | None = None,
@@ -153,13 +122,13 @@ async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", a
                 identity={"dataSegmentSize": str(store.data_segment_size)}, task_status=task_status))
             replica = replica_on_store(store, transport, cfg.self_id, cfg.peer_ids, raft_config_for(cfg),
                                        rng=random.Random(seed),
-                                       sync_flush=cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH,
                                        peer_addresses={p.peer_id: p.address for p in cfg.peers},
                                        max_pending=cfg.max_pending_requests,
                                        max_wait_ack_ms=cfg.max_wait_ack_time_ms)
             await nursery.start(replica.run)
             nursery.start_soon(serve_flusher, store)
-            nursery.start_soon(serve_retention, store, cfg.delete_when, cfg.disk_space_ratio)
+            nursery.start_soon(lambda: serve_retention(
+                lambda: retention_pass(store, cfg.delete_when, cfg.disk_space_ratio)))
             port = admin_port if admin_port is not None else cfg.admin_port
             bound = None
             if port is not None:

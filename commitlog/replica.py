@@ -88,12 +88,11 @@ class ReplicaNode:
     """Drives one RaftCore.  Construct, then `await nursery.start(node.run)`."""
 
     core: RaftCore
-    log: object  # a commitlog.raft.logapi.RaftLog that also has flush()
+    log: object  # a commitlog.raft.logapi.RaftLog that also has flush() and sync_flush
     transport: object  # commitlog.transport.base.Transport
     persist_hard_state: Callable[[HardState], None]
     peer_addresses: dict[str, str] = attrs.Factory(dict)
     tick_seconds: float = 0.01
-    sync_flush: bool = False
     max_pending: int = 10000
     max_wait_ack_ms: int = 2500
     # Called with the new SoftState whenever role/term/leader change (the
@@ -421,7 +420,7 @@ class ReplicaNode:
             r.placed, r.offset = placed, r.first_index - first_index
 
     async def _publish(self) -> None:
-        if self._wrote and self.sync_flush:
+        if self._wrote and self.log.sync_flush:
             # fdatasync off the event loop; the driver waits, inputs queue up
             # and become the next round's group commit.
             await trio.to_thread.run_sync(self.log.flush)

@@ -10,11 +10,57 @@
 # term and chainCrc of the entry just below it, which Raft still needs) is
 # written to ledgermq-base, then the data files are deleted, then the index
 # files.  Recovery finishes an interrupted deletion from the boundary record.
+#
+# When: retention_pass applies RocketMQ's timing rule (expired segments go
+# only during the deleteWhen hours, so deletion I/O stays off peak; a disk
+# fuller than diskMaxUsedSpaceRatio is relieved at any hour), and
+# serve_retention is the one timer that runs a pass every few seconds, for
+# a log node and for a broker alike.
+import logging
 import os
+import time
+from collections.abc import Callable
 
+import trio
+
+from commitlog.atomicfile import fsync_dir
 from commitlog.entry import HEADER, INDEX_UNIT_SIZE as UNIT
 from commitlog.metafiles import StoreBase
-from commitlog.segments import fsync_dir
+
+log = logging.getLogger("ledgermq.retention")
+
+RETENTION_CHECK_SECONDS = 10.0
+
+
+def retention_due(now: float, delete_when: tuple[int, ...], used_ratio: float, max_used_ratio: float) -> bool:
+    """RocketMQ's rule: during the deleteWhen hours (local time, "04" by
+    default), or at any hour while the disk is fuller than the ratio."""
+    return time.localtime(now).tm_hour in delete_when or used_ratio >= max_used_ratio
+
+
+def retention_pass(store, delete_when: tuple[int, ...], max_used_ratio: float,
+                   now: float | None = None, used_ratio: float | None = None) -> list[str]:
+    """One retention decision for a segmented store: segments older than
+    fileReservedHours, or the oldest committed ones while the disk is too
+    full, when retention_due says so.  Returns the deleted paths."""
+    now = time.time() if now is None else now
+    ratio = disk_used_ratio(store.store_dir) if used_ratio is None else used_ratio
+    if not retention_due(now, delete_when, ratio, max_used_ratio):
+        return []
+    deleted = store.delete_expired(int(now * 1000), ratio)
+    if deleted:
+        log.info("retention deleted %d files; ledgerBeginIndex is now %d", len(deleted), store.begin_index)
+    return deleted
+
+
+async def serve_retention(run_pass: Callable[[], object], *, interval: float = RETENTION_CHECK_SECONDS,
+                          task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A timer (DLedger's CleanSpaceService), not a poll of state: one
+    run_pass() every `interval` seconds until cancelled."""
+    task_status.started()
+    while True:
+        run_pass()
+        await trio.sleep(interval)
 
 
 def disk_used_ratio(path: str) -> float:

@@ -16,21 +16,14 @@ from collections import OrderedDict
 
 import attrs
 
+from commitlog.atomicfile import fsync_dir
+
 NAME_RE = re.compile(r"^\d{20}$")
 MAX_OPEN = 64  # segments whose fd/map stay open at once (LRU beyond that)
 
 
 def segment_name(start: int) -> str:
     return f"{start:020d}"
-
-
-def fsync_dir(path: str) -> None:
-    """Make a create/rename/unlink inside `path` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_segment_files(directory: str) -> list[tuple[int, str, int]]:

@@ -35,7 +35,9 @@ from commitlog.errors import (AppendRejectedError, CommittedTruncateError, Corru
                               StoreLockedError)
 from commitlog.reads import StoreReads
 from commitlog.recovery import RecoveryReport, recover
-from commitlog.segments import SegmentList, fsync_dir, infer_segment_size, list_segment_files
+from commitlog.atomicfile import fsync_dir
+from commitlog.config import FlushDiskType
+from commitlog.segments import SegmentList, infer_segment_size, list_segment_files
 from commitlog.watermark import Watermark
 from native.entries import (F_BATCH, F_CHECK_CRC, PROBLEM, R_END, R_MAX, R_ROLL, S_CONSUMED,
                             S_CRC_MODE, S_DETAIL, S_EXPECTED, S_LAST_TERM, S_NEXT_INDEX, S_POS,
@@ -60,7 +62,8 @@ class StoreConfig:
     self_id: str = "n0"
     data_segment_size: int = attrs.field(default=1 << 30, validator=_positive)
     index_segment_size: int = attrs.field(default=32 * 5 * 1024 * 1024, validator=_positive)
-    flush_policy: str = attrs.field(default="async", validator=attrs.validators.in_(("async", "sync")))
+    flush_disk_type: FlushDiskType = attrs.field(default=FlushDiskType.ASYNC_FLUSH,
+                                                 validator=attrs.validators.instance_of(FlushDiskType))
     flush_interval_ms: int = attrs.field(default=10, validator=_positive)
     checkpoint_interval_ms: int = attrs.field(default=3000, validator=_positive)
     file_reserved_hours: float = 72
@@ -251,6 +254,12 @@ class SegmentedStore(StoreReads):
         return self.index.seg_size
 
     @property
+    def sync_flush(self) -> bool:
+        """SYNC_FLUSH: whoever acknowledges appends must flush() first
+        (appends never flush by themselves, so a shell can group-commit)."""
+        return self.cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -343,8 +352,6 @@ class SegmentedStore(StoreReads):
         self._end_chain, self._crc_mode = chain, crc_mode
         self._unflushed = True
         self._note_activity()
-        if self.cfg.flush_policy == "sync":
-            self.flush()
 
     # --- follower append -----------------------------------------------------
 

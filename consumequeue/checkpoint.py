@@ -23,7 +23,7 @@ import zlib
 
 import attrs
 
-from consumequeue.files import write_atomic
+from commitlog.atomicfile import write_atomic
 
 CHECKPOINT_FILE = "checkpoint"
 STATE_FILE = "dispatch_state.json"

@@ -30,6 +30,7 @@ from consumequeue import checkpoint as ck
 from consumequeue.cq import DEFAULT_FILE_SIZE, ConsumeQueueStore
 from consumequeue.errors import BadTopicError, DispatchError, InconsistentStateError
 from consumequeue.files import sync_paths
+from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from consumequeue.indexfile import DEFAULT_INDEX_NUM, DEFAULT_SLOT_NUM, IndexService
 from consumequeue.source import CommitlogSource
 from native.dispatch import (BAD_TEXT, ERR_TEXT, REC_BAD, STOP_BLANK, STOP_CORRUPT, STOP_END,
@@ -48,6 +49,9 @@ class DispatchConfig:
     index_num: int = DEFAULT_INDEX_NUM
     index_enabled: bool = True  # messageIndexEnable
     batch_records: int = BATCH_RECORDS
+    # messageDelayLevel: a SCHEDULE_TOPIC_XXXX unit's tags code is its
+    # delivery time by this table (the broker passes its configured one).
+    delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS
 
 
 @attrs.define
@@ -216,7 +220,7 @@ class DispatchEngine:
     def _check_last_unit(self, cq) -> None:
         """After a truncation: the queue's last unit must point at its own
         message (topic, queue id and queue offset read from the commitlog)."""
-        from broker.message import MessageFormatError, decode
+        from consumequeue.record import MessageFormatError, decode
         u = cq.get_unit(cq.max_offset - 1)
         try:
             rec = decode(self.source.read(u.phy, u.size))
@@ -294,7 +298,8 @@ class DispatchEngine:
             view = self.source.view(self.pos, stop_at)
             try:
                 res = self.backend.scan(view, self.pos, self._recs, mode=self.source.mode,
-                                        expect_index=self.last_index + 1 if self.last_index >= 0 else -1)
+                                        expect_index=self.last_index + 1 if self.last_index >= 0 else -1,
+                                        delay_levels=self.config.delay_levels_ms)
                 self._apply(view, res)
             finally:
                 view.release()

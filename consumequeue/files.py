@@ -11,7 +11,8 @@ from collections import OrderedDict
 
 # The 20-digit naming and the directory fsync are the commitlog's (spec §5.3);
 # re-exported here for the consume queue and index modules.
-from commitlog.segments import fsync_dir, segment_name
+from commitlog.atomicfile import fsync_dir
+from commitlog.segments import segment_name
 
 __all__ = ["MAX_OPEN", "FdCache", "fsync_dir", "makedirs_durable", "segment_name", "sync_paths",
            "write_atomic"]
@@ -36,19 +37,6 @@ def makedirs_durable(path: str, dirty_dirs: set[str] | None = None) -> None:
             fsync_dir(os.path.dirname(d))
         else:
             dirty_dirs.add(os.path.dirname(d))
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace `path` with `data` so a crash leaves the old or the new file."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 class FdCache:

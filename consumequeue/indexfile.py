@@ -24,7 +24,8 @@ import time
 
 import attrs
 
-from consumequeue.files import fsync_dir, makedirs_durable
+from commitlog.atomicfile import fsync_dir
+from consumequeue.files import makedirs_durable
 from native.dispatch import IndexHeader, default_backend, py_put_key
 from native.hashing import java_hash_str
 

@@ -30,7 +30,7 @@ import struct
 
 import attrs
 
-from broker.message import MAGIC_V1, MAGIC_V2, POS_PHYSICALOFFSET, decode
+from consumequeue.record import MAGIC_V1, MAGIC_V2, POS_PHYSICALOFFSET, decode
 from commitlog.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL
 from consumequeue.cq import BLANK_SIZE, CQ_UNIT_SIZE
 from consumequeue.errors import InconsistentStateError, MessageNotFoundError

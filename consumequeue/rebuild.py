@@ -3,8 +3,8 @@
 # the DLedger store (its lock keeps a running broker out; its recovery cuts
 # a torn tail), delete every consume queue, index file and dispatch
 # checkpoint, dispatch the committed log from its first entry, checkpoint.
-# A store migrated from master-slave is rebuilt by broker.migrated_store
-# (the old commitlog in plain mode first).
+# A store migrated from master-slave (consumequeue.migrated) is rebuilt in
+# two parts: the old commitlog in plain mode first, then the DLedger log.
 import os
 import time
 
@@ -14,6 +14,7 @@ from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import service
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine, DispatchStats
 from consumequeue.errors import ConsumeQueueError
+from consumequeue.migrated import DividedLog, layered_source, load_marker, redispatch_legacy
 
 
 @attrs.frozen
@@ -74,7 +75,6 @@ def rebuild_store(root: str, *, self_id: str | None = None, config: DispatchConf
     own = store is None
     store = store or open_store(root, self_id)
     try:
-        from broker.migrated_store import load_marker, rebuild_migrated
         marker = load_marker(store.store_dir)
         if marker is not None:  # migrated from master-slave: the old commitlog's queues too
             return rebuild_migrated(root, store, marker, config=config, backend=backend, progress=progress)
@@ -93,3 +93,26 @@ def rebuild_store(root: str, *, self_id: str | None = None, config: DispatchConf
     finally:
         if own:
             store.close()
+
+
+def rebuild_migrated(root: str, store, marker: DividedLog, *, config=None, backend=None, progress=None):
+    """consumequeue.rebuild.rebuild_store for a migrated store: reset, the
+    old commitlog in plain mode, then the committed DLedger log."""
+    t0 = time.perf_counter()
+    p = service.positions(store)
+    source = layered_source(store, marker)
+    engine = DispatchEngine(root, source, config=config, backend=backend)
+    begin = source.begin_pos if source.legacy_present() else p.begin_pos
+    try:
+        engine.reset(begin)
+        if source.legacy_present():
+            redispatch_legacy(engine, marker)
+        total = p.committed_pos - begin
+        cb = (lambda pos: progress(pos - begin, total)) if progress else None
+        engine.dispatch_to(p.committed_pos, progress=cb)
+        engine.checkpoint()
+        return RebuildReport(root, begin, p.committed_pos, p.committed_index, time.perf_counter() - t0,
+                             engine.stats, len(engine.cqs.queues), len(engine.index.files))
+    finally:
+        engine.close()
+        source.close()

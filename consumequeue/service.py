@@ -8,7 +8,7 @@ import os
 import attrs
 import trio
 
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
 from consumequeue.checkpoint import DispatchState
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine, Dispatcher, OpenReport

@@ -14,6 +14,7 @@ import attrs
 
 from consumequeue.cq import CQ_UNIT_SIZE, ConsumeQueueStore
 from consumequeue.indexfile import IndexService
+from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from consumequeue.source import CommitlogSource
 from native.dispatch import (BAD_TEXT, ERR_TEXT, REC_BAD, REC_CRC_BAD, REC_PHY_MISMATCH,
                              SCAN_CHECK_CRC, STOP_BLANK, STOP_CORRUPT, STOP_END, STOP_FULL,
@@ -125,7 +126,7 @@ def verify(source: CommitlogSource, begin_pos: int, end_pos: int, *, root: str |
             view = source.view(pos, min(end_pos, seg_end))
             try:
                 mode = source.mode_at(pos) if hasattr(source, "mode_at") else source.mode  # a migrated store
-                res = be.scan(view, pos, recs, mode=mode, options=SCAN_CHECK_CRC)
+                res = be.scan(view, pos, recs, mode=mode, options=SCAN_CHECK_CRC, delay_levels=DEFAULT_DELAY_LEVELS_MS)
                 _check_records(rep, res, view)
                 if cqs is not None:
                     _check_units(rep, cqs, res, view, be, expect_next)

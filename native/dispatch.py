@@ -10,6 +10,7 @@
 # touch `lib` directly.
 import struct
 import zlib
+from collections.abc import Sequence
 
 import attrs
 
@@ -50,8 +51,6 @@ UNIT_SIZE = 20
 
 _MAGIC_V1, _MAGIC_V2, _BLANK = -626843481, -626843477, -875286124
 _MIN_RECORD = 91
-_DELAY_LEVELS_MS = (1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000, 360000,
-                    420000, 480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000)
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -159,18 +158,23 @@ class Grouping:
 class Backend:
     """The interface both backends implement, with identical results:
     new_records(cap), raw_records(recs, n), record(recs, i),
-    scan(buf, base_pos, recs, mode=, options=, expect_index=, max_entries=),
+    scan(buf, base_pos, recs, mode=, options=, expect_index=, max_entries=, delay_levels=),
     group(buf, res), order_slice(g, a, b), cq_pack(res, g, a, b),
     cq_pack_groups(res, g), cq_valid_units(buf),
     new_stage(), cq_pack_stage(buf, res, g, stage, limit), stage_take(stage, id, consume),
     stage_set_bad(stage, id), stage_count(stage), stage_trim(stage),
-    index_put(mm, slot_num, index_num, header, buf, res, rec_from, key_from)."""
+    index_put(mm, slot_num, index_num, header, buf, res, rec_from, key_from).
+
+    delay_levels is the broker's messageDelayLevel in ms (level n is entry
+    n-1): a SCHEDULE_TOPIC_XXXX record's tags code becomes its delivery
+    time by it; with none given the tags code stays the TAGS hash."""
 
     name = "abstract"
 
 
 class NativeBackend(Backend):
     name = "native"
+
 
     def new_records(self, cap: int):
         return ffi.new("lmq_disp_rec[]", cap)
@@ -179,11 +183,14 @@ class NativeBackend(Backend):
         return bytes(ffi.buffer(recs, n * REC_SIZE))
 
     def scan(self, buf, base_pos: int, recs, *, mode: int = MODE_DLEDGER, options: int = 0,
-             expect_index: int = -1, max_entries: int = -1) -> ScanResult:
+             expect_index: int = -1, max_entries: int = -1, delay_levels: Sequence[int] = ()) -> ScanResult:
         st = ffi.new("lmq_scan_state *")
         cap = len(recs)
+        # The broker's messageDelayLevel (one small array per scan of a
+        # whole batch; nothing shared between threads).
+        levels = ffi.new("int64_t[]", tuple(delay_levels)) if delay_levels else ffi.NULL
         n = lib.lmq_dispatch_scan(ffi.from_buffer(buf), len(buf), base_pos, mode, options,
-                                  expect_index, recs, cap, max_entries, st)
+                                  expect_index, recs, cap, max_entries, levels, len(delay_levels), st)
         return ScanResult(self, recs, n, st.consumed, st.entries, st.last_index, st.stop,
                           st.err_code, st.err_offset, st.bad, st.first_bad)
 
@@ -318,7 +325,7 @@ def _parse_java_int(s: bytes) -> int | None:
     return v if _INT32_MIN <= v <= _INT32_MAX else None
 
 
-def _py_parse_record(buf, off: int, L: int, options: int, r: dict) -> int:
+def _py_parse_record(buf, off: int, L: int, options: int, delay_levels, r: dict) -> int:
     """Mirror of dispatch.c parse_record; fills r (field -> value)."""
     rd32 = lambda p: struct.unpack_from(">i", buf, off + p)[0]  # noqa: E731
     rd64 = lambda p: struct.unpack_from(">q", buf, off + p)[0]  # noqa: E731
@@ -392,9 +399,9 @@ def _py_parse_record(buf, off: int, L: int, options: int, r: dict) -> int:
         level = _parse_java_int(delay)
         if level is None:
             return BAD_DELAY
-        level = min(level, len(_DELAY_LEVELS_MS))
+        level = min(level, len(delay_levels))
         if level > 0:
-            r["tags_code"] = r["store_timestamp"] + _DELAY_LEVELS_MS[level - 1]
+            r["tags_code"] = r["store_timestamp"] + delay_levels[level - 1]
             r["flags"] |= REC_DELAY
     tran = sysflag & 0xC
     if tran in (0x4, 0xC):
@@ -439,7 +446,7 @@ class PythonBackend(Backend):
     _rec = record
 
     def scan(self, buf, base_pos: int, recs, *, mode: int = MODE_DLEDGER, options: int = 0,
-             expect_index: int = -1, max_entries: int = -1) -> ScanResult:
+             expect_index: int = -1, max_entries: int = -1, delay_levels: Sequence[int] = ()) -> ScanResult:
         cap = len(recs) // REC_SIZE
         n = off = entries = bad_count = 0
         last_index = first_bad = -1
@@ -476,7 +483,7 @@ class PythonBackend(Backend):
                     return done(STOP_PARTIAL, 0, off)
                 pos = base_pos + off
                 r = _new_rec(-1, pos, pos)
-                if _py_parse_record(buf, off, a, options, r):
+                if _py_parse_record(buf, off, a, options, delay_levels, r):
                     return done(STOP_CORRUPT, ERR_RECORD, off)
                 put(r)
                 n += 1
@@ -507,7 +514,7 @@ class PythonBackend(Backend):
                 mm = struct.unpack_from(">i", buf, off + 52)[0]
                 if mm in (_MAGIC_V1, _MAGIC_V2):
                     r = _new_rec(index, pos, pos + 48)
-                    bad = _py_parse_record(buf, off + 48, body_size, options, r)
+                    bad = _py_parse_record(buf, off + 48, body_size, options, delay_levels, r)
                     if bad:
                         r["flags"] |= REC_BAD | REC_NO_CQ | REC_NO_INDEX
                         r["bad_reason"] = bad

@@ -19,8 +19,8 @@ import os
 
 import attrs
 
-from broker import message as M
-from tools.migrate.plainlog import (PlainCommitlogWriter, dispatch_plain, plain_engine, write_fastjson,
+from consumequeue import record as M
+from consumequeue.plainlog import (PlainCommitlogWriter, dispatch_plain, plain_engine, write_fastjson,
                                     write_stock_checkpoint)
 
 BASE_TS = 1_700_000_000_000

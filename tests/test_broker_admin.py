@@ -1,4 +1,4 @@
-# Admin requests (broker/admin.py) against a real 3-node in-memory group
+# Admin requests (broker/processors/admin.py) against a real 3-node in-memory group
 # (MockClock; rig of test_broker_roles via test_broker_pull/consumer).
 # Checked: UPDATE_AND_CREATE_TOPIC replicated to every member, leader only,
 # validation; DELETE_TOPIC_IN_BROKER (config + offsets); GET_ALL_TOPIC_CONFIG
@@ -12,16 +12,15 @@ import re
 
 import trio
 
-from broker import admin
-from broker import message as M
-from broker.admin import AdminProcessor, encode_mq_map, parse_attributes
+from broker.config import LiveConfig
+from consumequeue import record as M
+from broker.processors.admin import AdminProcessor, encode_mq_map, parse_attributes
 from broker.metadata.records import CONSUMER_OFFSET_TOPIC
-from broker.msgid import parse_offset_msg_id
+from broker.common.msgid import parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
-from broker.remoting.server import RequestDispatcher
-from tests.test_broker_pull import TOPIC, broker_of
+from tests.test_broker_pull import TOPIC
 from tests.test_broker_roles import Group
 from tests.test_broker_send import BORN, processor, v2
 
@@ -93,7 +92,7 @@ def test_parse_attributes_and_mq_map_encoding():
 async def test_update_create_and_delete_topic(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, _ = await rig(tmp_path, nursery)
-        p, fp = AdminProcessor(broker_of(leader)), AdminProcessor(broker_of(follower))
+        p, fp = AdminProcessor(LiveConfig(leader.cfg), leader.bs), AdminProcessor(LiveConfig(follower.cfg), follower.bs)
 
         ok = await p(None, topic_req(attributes="+queue.type=BatchCQ"))
         assert (ok.code, ok.opaque, ok.is_response) == (ResponseCode.SUCCESS, 5, True), ok.remark
@@ -163,7 +162,7 @@ async def test_view_and_query_message(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, sent = await rig(tmp_path, nursery)
         for m in (leader, follower):
-            p = AdminProcessor(broker_of(m))
+            p = AdminProcessor(LiveConfig(m.cfg), m.bs)
             _, phy = parse_offset_msg_id(sent[1].ext_fields["msgId"])
             resp = await p(None, req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy, "topic": TOPIC}))
             assert resp.code == ResponseCode.SUCCESS
@@ -201,7 +200,7 @@ async def test_view_and_query_message(tmp_path, autojump_clock):
 async def test_runtime_info_and_stats(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, sent = await rig(tmp_path, nursery)
-        p, fp = AdminProcessor(broker_of(leader)), AdminProcessor(broker_of(follower))
+        p, fp = AdminProcessor(LiveConfig(leader.cfg), leader.bs), AdminProcessor(LiveConfig(follower.cfg), follower.bs)
 
         resp = await p(None, req(RequestCode.GET_BROKER_RUNTIME_INFO))
         table = json.loads(resp.body)["table"]
@@ -252,7 +251,7 @@ async def test_runtime_info_and_stats(tmp_path, autojump_clock):
 async def test_subscription_groups(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, _ = await rig(tmp_path, nursery)
-        p, fp = AdminProcessor(broker_of(leader)), AdminProcessor(broker_of(follower))
+        p, fp = AdminProcessor(LiveConfig(leader.cfg), leader.bs), AdminProcessor(LiveConfig(follower.cfg), follower.bs)
         cfg = {"groupName": "gA", "consumeEnable": True, "retryMaxTimes": 5, "brokerId": 0,
                "consumeBroadcastEnable": False, "groupRetryPolicy": {"type": "CUSTOMIZED"}}
         body = json.dumps(cfg).encode()
@@ -282,48 +281,4 @@ async def test_subscription_groups(tmp_path, autojump_clock):
         for m in g.alive():
             assert m.bs.metadata.group_config("gA") is None
             assert m.bs.metadata.query_offset(TOPIC, "gA", 1) is None
-        nursery.cancel_scope.cancel()
-
-
-async def test_register_and_default_modules(tmp_path, autojump_clock):
-    from broker.server import default_extra_processors
-    assert admin.register in default_extra_processors()
-
-    async def fallback(conn, cmd):
-        return cmd.make_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
-
-    d = RequestDispatcher(fallback)
-    proc = admin.register(d, object())
-    # run() is the putTps sampler the server starts (a one-second timer).
-    assert isinstance(proc, AdminProcessor) and callable(getattr(proc, "run", None))
-
-
-async def test_admin_over_tcp_in_a_served_broker(tmp_path):
-    """serve_broker with the default processor modules: the admin codes
-    answer over the wire, and a created topic reaches the registration view."""
-    from broker.config import BrokerConfig
-    from broker.remoting.client import open_remoting_client
-    from broker.server import serve_broker
-    from tools.localcluster import free_ports
-
-    port = free_ports(1)[0]
-    cfg, _ = BrokerConfig.from_dict({
-        "brokerName": "solo", "brokerIP1": "127.0.0.1", "listenPort": "0", "dLegerGroup": "solo",
-        "dLegerPeers": f"n0-127.0.0.1:{port}", "dLegerSelfId": "n0", "storePathRootDir": str(tmp_path / "n0")})
-    async with trio.open_nursery() as nursery:
-        broker = await nursery.start(lambda task_status: serve_broker(
-            cfg, bind_host="127.0.0.1", task_status=task_status))
-        await broker.gate.wait_writable(timeout=10)
-        async with open_remoting_client() as rc:
-            resp = await rc.invoke(broker.broker_addr, topic_req("TopicW"), 10)
-            assert resp.code == ResponseCode.SUCCESS, resp.remark
-            resp = await rc.invoke(broker.broker_addr, req(RequestCode.GET_ALL_TOPIC_CONFIG), 10)
-            assert resp.code == ResponseCode.SUCCESS
-            assert "TopicW" in json.loads(resp.body)["topicConfigTable"]
-            resp = await rc.invoke(broker.broker_addr, req(RequestCode.GET_BROKER_RUNTIME_INFO), 10)
-            table = json.loads(resp.body)["table"]
-            assert table["brokerName"] == "solo" and table["dledgerRole"] == "LEADER"
-            resp = await rc.invoke(broker.broker_addr, req(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "TopicW"}), 10)
-            assert resp.code == ResponseCode.SUCCESS and len(mq_map(resp.body)) == 4
-        assert "TopicW" in broker.registration().topic_configs
         nursery.cancel_scope.cancel()

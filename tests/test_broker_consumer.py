@@ -1,4 +1,5 @@
-# Consumer/client requests (broker/consumer.py): offsets against a real
+# Consumer offset and client requests (broker/processors/offsets.py, clients.py,
+# client_manager.py): offsets against a real
 # 3-node in-memory group (MockClock; rig of test_broker_roles), the client
 # registry with fake connections.  Checked: QUERY_CONSUMER_OFFSET's 0 vs 22
 # (client-compat #7), UPDATE_CONSUMER_OFFSET ignoring negatives, answering
@@ -14,15 +15,19 @@ import pytest
 import trio
 import trio.testing
 
-from broker import consumer
-from broker.consumer import ClientManager, ConsumeFromWhere, ConsumerProcessor, ConsumeType, MessageModel, parse_enum
-from broker.msgid import UniqKeyGenerator
+from broker.common.values import ConsumeFromWhere, ConsumeType, MessageModel
+from broker.config import LiveConfig
+from broker.processors.client_manager import ClientManager, parse_enum
+from broker.processors.clients import ClientProcessor
+from broker.processors.offsets import ConsumerOffsetProcessor
+from broker.processors.retry import RetryTopics, retry_topic
+from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import RPC_ONEWAY, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.server import RequestDispatcher
-from broker.send import SendProcessor
-from tests.test_broker_pull import TOPIC, Broker, broker_of, send
+from broker.processors.send import SendProcessor
+from tests.test_broker_pull import TOPIC, send
 from tests.test_broker_roles import Group
 from tests.test_broker_send import BORN, v2
 
@@ -86,8 +91,8 @@ async def test_query_and_update_consumer_offset(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded(tmp_path, nursery)
         follower = next(m for m in g.alive() if m is not leader)
-        p = ConsumerProcessor(broker_of(leader), ClientManager())
-        fp = ConsumerProcessor(broker_of(follower), ClientManager())
+        p = ConsumerOffsetProcessor(leader.bs)
+        fp = ConsumerOffsetProcessor(follower.bs)
         q = {"consumerGroup": "cg", "topic": TOPIC, "queueId": 1}
 
         # nothing committed, the queue starts at 0: SUCCESS 0 (quirk #7)
@@ -129,14 +134,14 @@ async def test_max_min_search_and_earliest_time(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded(tmp_path, nursery, n=0)
         times = iter([1000, 2000, 2000, 3000])
-        sp = SendProcessor(leader.cfg, leader.bs.replica, leader.bs.gate, leader.bs.metadata, leader.bs.store,
+        sp = SendProcessor(LiveConfig(leader.cfg), leader.bs.replica, leader.bs.gate, leader.bs.metadata, leader.bs.store,
                            uniq_keys=UniqKeyGenerator(ip=b"\x7f\0\0\x01", pid=7, class_loader_hash=1),
                            rng=random.Random(0), clock_ms=lambda: next(times))
         for i in range(4):
             assert (await sp.process(v2(TOPIC, f"t{i}".encode(), queue_id=1), BORN)).code == ResponseCode.SUCCESS
         await g.settle()
         for m in g.alive():
-            p = ConsumerProcessor(broker_of(m), ClientManager())
+            p = ConsumerOffsetProcessor(m.bs)
             q = {"topic": TOPIC, "queueId": 1}
 
             async def offset(code, **extra):
@@ -166,7 +171,7 @@ async def test_max_min_search_and_earliest_time(tmp_path, autojump_clock):
 async def test_heartbeat_consumer_list_unregister_and_notify():
     now = [0]
     mgr = ClientManager(clock_ms=lambda: now[0])
-    p = ConsumerProcessor(Broker(None, None), mgr)
+    p = ClientProcessor(mgr)
     c1, c2, c3 = FakeConn("c1"), FakeConn("c2"), FakeConn("c3")
 
     async def ids(group="cg"):
@@ -252,11 +257,15 @@ async def test_register_plugs_every_code(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded(tmp_path, nursery, n=1)
         d = RequestDispatcher()
-        broker = broker_of(leader)
-        mgr = consumer.register(d, broker)
-        assert set(ConsumerProcessor.CODES) <= d.codes and consumer.manager_for(broker) is mgr
+        mgr = ClientManager()
+        ConsumerOffsetProcessor(leader.bs).register(d)
+        ClientProcessor(mgr, RetryTopics(LiveConfig(leader.cfg), leader.bs.metadata, leader.bs.gate)).register(d)
+        assert set(ConsumerOffsetProcessor.CODES) | set(ClientProcessor.CODES) <= d.codes
         c = FakeConn("c")
         assert (await d(c, heartbeat("ip@9"))).code == ResponseCode.SUCCESS
+        # on the writable leader the heartbeat's group and its %RETRY% topic exist now
+        assert leader.bs.metadata.group_config("cg") is not None
+        assert leader.bs.metadata.topic_config(retry_topic("cg")) is not None
         r = await d(c, req(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cg"}))
         assert json.loads(r.body) == {"consumerIdList": ["ip@9"]}
         assert offset_of(await d(c, req(RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": 1}))) == 1
@@ -271,7 +280,7 @@ async def test_notify_over_real_connections():
 
     mgr = ClientManager()
     d = RequestDispatcher()
-    ConsumerProcessor(Broker(None, None), mgr).register(d)
+    ClientProcessor(mgr).register(d)
     got: dict[str, list] = {"a": [], "b": []}
     changed = trio.Event()
 

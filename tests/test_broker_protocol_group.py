@@ -25,8 +25,8 @@ import attrs
 import pytest
 import trio
 
-from broker import message as M
-from broker.msgid import parse_offset_msg_id
+from consumequeue import record as M
+from broker.common.msgid import parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
@@ -301,7 +301,7 @@ async def test_every_code_on_master_and_slave(tmp_path):
             got = records(found.body)
             assert [r.body for r in got[:5]] == [b"v1-0", b"v2-1", b"batch-2", b"batch-3", b"batch-4"]
             assert [r.queue_offset for r in got[:5]] == [0, 1, 2, 3, 4]
-            # Where to pull next (broker/pull.py's rule): always an id the route holds.
+            # Where to pull next (broker/processors/pull.py's rule): always an id the route holds.
             assert int(found.ext_fields["suggestWhichBrokerId"]) in ids.values()
             empty = await expect(pull(2, 0), ResponseCode.PULL_NOT_FOUND)
             assert empty.ext_fields["nextBeginOffset"] == "0"

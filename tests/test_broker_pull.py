@@ -1,4 +1,4 @@
-# PULL_MESSAGE (broker/pull.py) against a real 3-node in-memory group (the
+# PULL_MESSAGE (broker/processors/pull.py) against a real 3-node in-memory group (the
 # rig of test_broker_roles, MockClock): messages go in through the send
 # processor, pulls come out as RemotingCommands.  Checked: FOUND with a tag
 # filter (body = the stored records, unchanged), NO_NEW_MSG, OFFSET_MOVED
@@ -9,10 +9,12 @@
 import attrs
 import trio
 
-from broker import message as M
-from broker import pull
-from broker.consumer import ClientManager, manager_for
-from broker.pull import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, PullProcessor, parse_subscription
+from consumequeue import record as M
+from broker.config import LiveConfig
+from broker.processors.client_manager import ClientManager
+from broker.processors.clients import ClientProcessor
+from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, SubscriptionError, parse_subscription
+from broker.processors.pull import PullProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.server import RequestDispatcher
@@ -23,14 +25,21 @@ from tests.test_broker_send import BORN, processor, v2
 TOPIC = "TopicP"
 
 
+def pull_processor(m, clients: ClientManager | None = None, **kw) -> PullProcessor:
+    """As broker.server wires it: the member's config, its store and a client registry."""
+    return PullProcessor(LiveConfig(m.cfg), m.bs, clients or ClientManager(), **kw)
+
+
 @attrs.define(eq=False)
-class Broker:
-    store: object
-    config: object
+class FakeConn:
+    """A client connection as the registry keeps it (remoting.ClientConnection)."""
 
+    remote_address: str = "client"
+    attributes: dict = attrs.Factory(dict)
+    closed: bool = False
 
-def broker_of(m) -> Broker:
-    return Broker(m.bs, m.cfg)
+    async def send_request_oneway(self, cmd, timeout=None):
+        pass
 
 
 def pull_req(offset=0, *, topic=TOPIC, queue_id=1, sub="*", flag=FLAG_SUBSCRIPTION, suspend_ms=15000,
@@ -79,7 +88,7 @@ def test_parse_subscription():
     assert parse_subscription("||").codes == frozenset()  # Java: nothing matches
     try:
         parse_subscription("a > 1", expression_type="SQL92")
-    except pull.PullError as e:
+    except SubscriptionError as e:
         assert e.code == ResponseCode.NO_PERMISSION
     else:
         raise AssertionError("SQL92 accepted")
@@ -88,7 +97,7 @@ def test_parse_subscription():
 async def test_found_with_tag_filter_on_leader_and_follower(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery)
-        p = PullProcessor(broker_of(leader))
+        p = pull_processor(leader)
         resp = await p.process(pull_req(0, sub="TagA || TagC"))
         assert resp.code == ResponseCode.SUCCESS and resp.remark == "FOUND"
         assert (resp.opaque, resp.is_response) == (7, True)
@@ -109,7 +118,7 @@ async def test_found_with_tag_filter_on_leader_and_follower(tmp_path, autojump_c
         assert hdr(none)["nextBeginOffset"] == 4
 
         follower = next(m for m in g.alive() if m is not leader)
-        fr = await PullProcessor(broker_of(follower)).process(pull_req(0, sub="TagA || TagC"))
+        fr = await pull_processor(follower).process(pull_req(0, sub="TagA || TagC"))
         assert fr.code == ResponseCode.SUCCESS and fr.body == resp.body
         # a consumer that is not far behind is sent back to the master (id 0)
         assert hdr(fr)["suggestWhichBrokerId"] == 0
@@ -119,7 +128,7 @@ async def test_found_with_tag_filter_on_leader_and_follower(tmp_path, autojump_c
 async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery)
-        p = PullProcessor(broker_of(leader))
+        p = pull_processor(leader)
 
         at_end = await p.process(pull_req(4))
         assert (at_end.code, at_end.remark) == (ResponseCode.PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE")
@@ -135,7 +144,7 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
 
         # a follower does not correct offsets (a slave without offsetCheckInSlave)
         follower = next(m for m in g.alive() if m is not leader)
-        fr = await PullProcessor(broker_of(follower)).process(pull_req(10))
+        fr = await pull_processor(follower).process(pull_req(10))
         assert (fr.code, hdr(fr)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
 
         assert (await p.process(pull_req(0, topic="Nope"))).code == ResponseCode.TOPIC_NOT_EXIST
@@ -151,18 +160,16 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
 async def test_subscription_from_heartbeat_when_flag_missing(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery)
-        broker = broker_of(leader)
-        p = PullProcessor(broker)
+        mgr = ClientManager()
+        p = pull_processor(leader, mgr)
         r = await p.process(pull_req(0, flag=0, group="hb"))
         assert r.code == ResponseCode.SUBSCRIPTION_NOT_EXIST
-        mgr = manager_for(broker)
-        assert isinstance(mgr, ClientManager) and manager_for(broker) is mgr
         hb = RemotingCommand.create_request(RequestCode.HEART_BEAT, body=(
             b'{"clientID":"c1","consumerDataSet":[{"groupName":"hb","consumeType":1,"messageModel":1,'
             b'"consumeFromWhere":0,"subscriptionDataSet":[{"topic":"TopicP","subString":"TagB","tagsSet":["TagB"],'
             b'"codeSet":[' + str(java_hash_str("TagB")).encode() + b'],"subVersion":5,"expressionType":"TAG"}]}],'
             b'"producerDataSet":[]}'))
-        mgr.heartbeat(None, hb, __import__("json").loads(hb.body))
+        mgr.heartbeat(FakeConn(), hb, __import__("json").loads(hb.body))
         r = await p.process(pull_req(0, flag=0, group="hb"))
         assert r.code == ResponseCode.SUCCESS and [x.body for x in records(r.body)] == [b"m1"]
         r = await p.process(pull_req(0, flag=0, group="hb", subVersion=6))
@@ -174,14 +181,14 @@ async def test_commit_offset_flag_leader_only(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery)
         follower = next(m for m in g.alive() if m is not leader)
-        fr = await PullProcessor(broker_of(follower)).process(
+        fr = await pull_processor(follower).process(
             pull_req(0, flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, commit=3))
         assert fr.code == ResponseCode.SUCCESS
-        r = await PullProcessor(broker_of(leader)).process(
+        r = await pull_processor(leader).process(
             pull_req(0, flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, commit=2))
         assert r.code == ResponseCode.SUCCESS
         assert leader.bs.metadata.query_offset(TOPIC, "cg", 1) == 2  # staged at once
-        neg = await PullProcessor(broker_of(leader)).process(
+        neg = await pull_processor(leader).process(
             pull_req(0, flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, commit=-1))
         assert neg.code == ResponseCode.SUCCESS
         await trio.sleep(1)  # the coalescing window
@@ -194,7 +201,7 @@ async def test_commit_offset_flag_leader_only(tmp_path, autojump_clock):
 async def test_long_poll_woken_by_a_commit(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery)
-        p = PullProcessor(broker_of(leader))
+        p = pull_processor(leader)
         got = []
 
         async def poll():
@@ -226,7 +233,7 @@ async def test_long_poll_woken_by_a_commit(tmp_path, autojump_clock):
 async def test_long_poll_timeout_and_short_polling(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery)
-        p = PullProcessor(broker_of(leader))
+        p = pull_processor(leader)
         t0 = trio.current_time()
         resp = await p.process(pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=5000))
         assert trio.current_time() - t0 == 5.0
@@ -234,7 +241,7 @@ async def test_long_poll_timeout_and_short_polling(tmp_path, autojump_clock):
         assert hdr(resp)["nextBeginOffset"] == 4
         # long polling off: held shortPollingTimeMills (1 s)
         t0 = trio.current_time()
-        resp = await PullProcessor(broker_of(leader), long_polling_enable=False).process(
+        resp = await pull_processor(leader, long_polling_enable=False).process(
             pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND))
         assert trio.current_time() - t0 == 1.0 and resp.code == ResponseCode.PULL_NOT_FOUND
         # without SUSPEND: answered at once
@@ -262,7 +269,7 @@ async def _append(out, coro):
 async def test_uncommitted_append_is_never_pulled(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery, maxWaitAckTimeMs="100")
-        p = PullProcessor(broker_of(leader))
+        p = pull_processor(leader)
         for m in g.alive():
             if m is not leader:
                 g.net.isolate(m.nid)
@@ -284,30 +291,26 @@ async def test_uncommitted_append_is_never_pulled(tmp_path, autojump_clock):
         nursery.cancel_scope.cancel()
 
 
-async def test_register_plugs_into_a_dispatcher(tmp_path, autojump_clock):
-    """As broker.server wires it: a broker with .cfg and .client_manager;
-    pull finds the subscriptions broker.consumer's heartbeats registered."""
+async def test_pull_and_heartbeat_share_one_client_registry(tmp_path, autojump_clock):
+    """As broker.server wires it: one ClientManager given to both the client
+    processor and pull; pull finds the subscriptions heartbeats registered."""
     import json
-    import types
-
-    from broker import consumer
 
     async with trio.open_nursery() as nursery:
         g, leader = await loaded_group(tmp_path, nursery, tags=("TagA", "TagB"))
         d = RequestDispatcher()
-        broker = types.SimpleNamespace(cfg=leader.cfg, store=leader.bs, client_manager=None)
-        proc = pull.register(d, broker)
-        mgr = consumer.register(d, broker)
-        assert RequestCode.PULL_MESSAGE in d.codes and isinstance(proc, PullProcessor)
-        assert broker.client_manager is mgr
-        resp = await d(None, pull_req(0))
+        mgr = ClientManager()
+        pull_processor(leader, mgr).register(d)
+        ClientProcessor(mgr).register(d)
+        assert RequestCode.PULL_MESSAGE in d.codes and RequestCode.HEART_BEAT in d.codes
+        resp = await d(FakeConn(), pull_req(0))
         assert resp.code == ResponseCode.SUCCESS and [r.body for r in records(resp.body)] == [b"m0", b"m1"]
         hb = {"clientID": "c1", "consumerDataSet": [{"groupName": "cg", "consumeType": "CONSUME_PASSIVELY",
               "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
               "subscriptionDataSet": [{"topic": TOPIC, "subString": "TagB", "subVersion": 1}]}]}
-        r = await d(None, RemotingCommand.create_request(RequestCode.HEART_BEAT, body=json.dumps(hb).encode()))
+        r = await d(FakeConn(), RemotingCommand.create_request(RequestCode.HEART_BEAT, body=json.dumps(hb).encode()))
         assert r.code == ResponseCode.SUCCESS
-        resp = await d(None, pull_req(0, flag=0))
+        resp = await d(FakeConn(), pull_req(0, flag=0))
         assert resp.code == ResponseCode.SUCCESS and [r.body for r in records(resp.body)] == [b"m1"]
         nursery.cancel_scope.cancel()
 
@@ -322,7 +325,7 @@ async def test_long_poll_over_tcp_does_not_block_other_requests(tmp_path):
         async with trio.open_nursery() as nursery:
             g, leader = await loaded_group(tmp_path, nursery, tags=("TagA",))
             d = RequestDispatcher()
-            pull.register(d, broker_of(leader))
+            pull_processor(leader).register(d)
             server = await nursery.start(lambda task_status: serve_remoting(d, "127.0.0.1", 0,
                                                                              task_status=task_status))
             async with open_remoting_client() as client:

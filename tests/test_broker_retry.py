@@ -22,15 +22,17 @@ import json
 import pytest
 import trio
 
-from broker import message as M
-from broker.metadata.tables import SubscriptionGroupConfig, TopicConfig
-from broker.msgid import offset_msg_id, parse_offset_msg_id
+from consumequeue import record as M
+from broker.metadata.tables import SubscriptionGroupConfig
+from broker.common.values import TopicConfig
+from broker.common.msgid import offset_msg_id, parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.retry import SendBackProcessor, dlq_topic, retry_topic
-from broker.roles import NotWritableError
-from broker.schedule import ScheduleService
-from broker.send import SendProcessor
+from broker.processors.retry import SendBackProcessor, dlq_topic, retry_topic
+from broker.store.gate import NotWritableError
+from broker.store.schedule import ScheduleService
+from broker.config import LiveConfig
+from broker.processors.send import SendProcessor
 from tests.test_broker_roles import Group
 from tests.test_broker_send import BORN, processor, v2
 
@@ -59,7 +61,7 @@ async def started(tmp_path, nursery, **extra):
     g = Group(tmp_path, nursery, messageDelayLevel=LEVELS, **extra)
     await g.start()
     leader = await g.wait_leader()
-    send = SendProcessor(leader.cfg, leader.bs.replica, leader.bs.gate, leader.bs.metadata, leader.bs.store,
+    send = SendProcessor(LiveConfig(leader.cfg), leader.bs.replica, leader.bs.gate, leader.bs.metadata, leader.bs.store,
                          clock_ms=vclock)
     back = SendBackProcessor(send, leader.bs.cq)
     schedule = ScheduleService(leader.bs, leader.cfg, clock_ms=vclock)
@@ -158,7 +160,7 @@ async def test_dead_letters_and_refusals(tmp_path, autojump_clock):
 
 
 async def test_no_group_without_auto_create(tmp_path, autojump_clock):
-    from broker.retry import ensure_retry_topic
+    from broker.processors.retry import ensure_retry_topic
     async with trio.open_nursery() as nursery:
         g, leader, send, back, _ = await started(tmp_path, nursery, autoCreateSubscriptionGroup="false")
         phy = await sent(send, body=b"orphan")
@@ -201,8 +203,7 @@ async def test_followers_refuse_writes_naming_the_masters_broker_address(tmp_pat
 
 
 async def test_suggest_which_broker_id_follows_the_consumers_lag(tmp_path, autojump_clock):
-    from tests.test_broker_pull import broker_of, pull_req
-    from broker.pull import PullProcessor
+    from tests.test_broker_pull import pull_processor, pull_req
     async with trio.open_nursery() as nursery:
         g = Group(tmp_path, nursery)
         await g.start()
@@ -214,7 +215,7 @@ async def test_suggest_which_broker_id_follows_the_consumers_lag(tmp_path, autoj
         follower = next(m for m in g.alive() if m is not leader)
 
         async def suggested(m, lag_bytes, offset=0):
-            p = PullProcessor(broker_of(m), slave_read_lag_bytes=lag_bytes)
+            p = pull_processor(m, slave_read_lag_bytes=lag_bytes)
             resp = await p.process(pull_req(offset, topic="TopicP", max_nums=1))
             assert resp.code == ResponseCode.SUCCESS, resp.remark
             return int(resp.ext_fields["suggestWhichBrokerId"])

@@ -12,11 +12,11 @@ import random
 import pytest
 import trio
 
-from broker import message as M
+from consumequeue import record as M
 from broker.config import BrokerConfig
 from broker.metadata.service import MetadataConfig
-from broker.roles import NotWritableError
-from broker.store_service import run_broker_store
+from broker.store.gate import NotWritableError
+from broker.store.broker_store import run_broker_store
 from commitlog.store import StoreConfig
 from commitlog.transport.memory import MemoryNetwork
 

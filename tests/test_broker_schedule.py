@@ -1,4 +1,4 @@
-# Delay levels (broker/schedule.py): the pure rewrites, messageDelayLevel,
+# Delay levels (broker/store/schedule.py): the pure rewrites, messageDelayLevel,
 # the schedule service on a 3-node in-memory group (trio MockClock, store
 # timestamps on the virtual clock so delays are exact), the delayOffset.json
 # snapshot, and -- with real processes -- a kill -9 of the master while
@@ -12,13 +12,14 @@ import pytest
 import trio
 import trio.testing
 
-from broker import message as M
+from consumequeue import record as M
 from broker.config import BrokerConfig, parse_delay_levels
 from broker.metadata import snapshot
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.schedule import ScheduleService, deliver_at, from_schedule, to_schedule
-from broker.send import SendProcessor
+from broker.store.schedule import ScheduleService, deliver_at, from_schedule, to_schedule
+from broker.config import LiveConfig
+from broker.processors.send import SendProcessor
 from commitlog.config import ConfigError
 from tests.test_broker_roles import Group
 from tests.test_broker_send import BORN, v2
@@ -76,7 +77,7 @@ async def wait_count(m, topic, queue_id, n):
 
 
 def sender(m) -> SendProcessor:
-    return SendProcessor(m.cfg, m.bs.replica, m.bs.gate, m.bs.metadata, m.bs.store, clock_ms=vclock)
+    return SendProcessor(LiveConfig(m.cfg), m.bs.replica, m.bs.gate, m.bs.metadata, m.bs.store, clock_ms=vclock)
 
 
 async def test_delayed_send_is_delivered_when_due_and_offsets_replicate(tmp_path, autojump_clock):
@@ -98,7 +99,10 @@ async def test_delayed_send_is_delivered_when_due_and_offsets_replicate(tmp_path
         assert [p.properties["DELAY"] for p in parked] == ["2", "2"]
         cq = leader.bs.cq.engine.cqs.get(M.SCHEDULE_TOPIC, 1)
         unit = cq.read(0, 1)[0]
-        assert unit.tags_code == M.delay_tags_code("2", parked[0].store_timestamp)  # the default table's time
+        # the delivery time by the broker's own messageDelayLevel (not the default table)
+        levels = leader.cfg.message_delay_levels_ms
+        assert levels != M.DEFAULT_DELAY_LEVELS_MS[:len(levels)]
+        assert unit.tags_code == M.delay_tags_code("2", parked[0].store_timestamp, levels)
         assert records_of(leader, "DelayT", 2) == []
         await trio.sleep(1.5)
         assert records_of(leader, "DelayT", 2) == []  # not before its time

@@ -12,11 +12,12 @@ import attrs
 
 import trio
 
-from broker import message as M
-from broker.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id
+from consumequeue import record as M
+from broker.common.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.send import SendProcessor
+from broker.config import LiveConfig
+from broker.processors.send import SendProcessor
 from tests.test_broker_roles import Group
 
 BORN = "192.168.1.5:50000"
@@ -24,7 +25,7 @@ PROPS = M.properties_to_string({"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "AC
 
 
 def processor(m, **kw) -> SendProcessor:
-    return SendProcessor(kw.pop("cfg", m.cfg), m.bs.replica, m.bs.gate, m.bs.metadata, m.bs.store,
+    return SendProcessor(LiveConfig(kw.pop("cfg", m.cfg)), m.bs.replica, m.bs.gate, m.bs.metadata, m.bs.store,
                          uniq_keys=UniqKeyGenerator(ip=b"\x7f\0\0\x01", pid=7, class_loader_hash=1),
                          rng=random.Random(0), clock_ms=lambda: 1_700_000_000_123, **kw)
 

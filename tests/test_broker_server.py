@@ -21,16 +21,16 @@ import attrs
 import pytest
 import trio
 
-from broker import message as M
+from consumequeue import record as M
 from broker.config import BrokerConfig
-from broker.msgid import parse_offset_msg_id
+from broker.common.msgid import parse_offset_msg_id
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.service import NamesrvConfig, serve_namesrv
 from broker.remoting.client import open_remoting_client
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
-from broker.server import default_extra_processors, serve_broker
+from broker.server import Processors, serve_broker
 from tests.compat.stock_client import StockClientUnavailable, ensure_venv, run_script
 from tools.localcluster import free_ports
 
@@ -237,41 +237,21 @@ async def test_stock_cpp_producer_sends_to_the_group(tmp_path):
         assert sorted(s["offset"] for s in sent) == sorted(i // nq for i in range(10))
 
 
-async def test_serve_broker_in_process_with_extra_processors(tmp_path):
+async def test_serve_broker_in_process(tmp_path):
     """One-member group in this process: listenPort 0 is bound and put back
-    into the config (STOREHOST), extra processors get (dispatcher, broker),
+    into the config (STOREHOST), handlers can be added to its dispatcher,
     unknown codes are REQUEST_CODE_NOT_SUPPORTED, sends work once writable."""
     port = free_ports(1)[0]
     cfg, _ = BrokerConfig.from_dict({
         "brokerName": "solo", "brokerIP1": "127.0.0.1", "listenPort": "0", "dLegerGroup": "solo",
         "dLegerPeers": f"n0-127.0.0.1:{port}", "dLegerSelfId": "n0", "storePathRootDir": str(tmp_path / "n0")})
-    seen = []
-    service_runs = []
-
-    class Service:
-        async def run(self):
-            service_runs.append(self)
-            await trio.sleep_forever()
-
-    service = Service()
-
-    def register(dispatcher, broker):
-        seen.append(broker)
-
-        async def echo(conn, cmd):
-            return cmd.make_response(ResponseCode.SUCCESS, broker.config.broker_addr)
-        dispatcher.register(9999, echo)
-        return service  # a returned service is run by the broker, once
-
-    def register_again(dispatcher, broker):
-        return service
-
     async with trio.open_nursery() as nursery:
         broker = await nursery.start(lambda task_status: serve_broker(
-            cfg, extra_processors=[register, register_again], bind_host="127.0.0.1", task_status=task_status))
-        assert seen == [broker]
-        await trio.sleep(0)
-        assert service_runs == [service]
+            cfg, bind_host="127.0.0.1", task_status=task_status))
+
+        async def echo(conn, cmd):  # an extra handler: the dispatcher is the broker's, open to more codes
+            return cmd.make_response(ResponseCode.SUCCESS, broker.cfg.broker_addr)
+        broker.dispatcher.register(9999, echo)
         assert broker.cfg.listen_port == broker.server.port != 0
         assert broker.broker_addr == f"127.0.0.1:{broker.server.port}"
         await broker.gate.wait_writable(timeout=10)
@@ -292,6 +272,8 @@ async def test_serve_broker_in_process_with_extra_processors(tmp_path):
         nursery.cancel_scope.cancel()
 
 
-def test_default_extra_processors_skips_missing_modules():
-    assert default_extra_processors(("broker.no_such_module_xyz",)) == []
-    assert default_extra_processors(("broker.config",)) == []  # exists, no register()
+def test_every_request_code_has_one_processor():
+    """The composition root registers each processor explicitly; no two
+    claim the same code (a second registration would shadow the first)."""
+    codes = [c for f in attrs.fields(Processors) if hasattr(f.type, "CODES") for c in f.type.CODES]
+    assert len(codes) == len(set(codes)) and len(codes) > 25

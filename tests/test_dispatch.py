@@ -15,8 +15,8 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog import metafiles
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.watermark import Watermark

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker import message as M
+from consumequeue import record as M
 from commitlog.errors import QuorumTimeoutError, TermChangedError
 from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig, Role

@@ -1,5 +1,5 @@
 # Reading plain (master-slave) RocketMQ stores: fixture stores written
-# record by record with broker/message.py exactly as CommitLog.doAppend
+# record by record with consumequeue/record.py exactly as CommitLog.doAppend
 # lays them out (BLANK when record + 8 bytes do not fit, files at full
 # size), then recovery of the valid end (clean, torn tail, bad CRC),
 # record iteration, config/checkpoint/abort, md5 of the last files (plain
@@ -13,10 +13,11 @@ import struct
 import pytest
 from click.testing import CliRunner
 
-from broker import message as M
-from broker.legacy_store import LegacyStore, compare_commitlogs, md5_files
+from consumequeue import record as M
+from broker.metadata.snapshot import read_config_dir
+from consumequeue.legacy_store import LegacyStore, compare_commitlogs, md5_files
 from native import dispatch as D
-from tools.migrate.plainlog import PlainCommitlogWriter
+from consumequeue.plainlog import PlainCommitlogWriter
 from tools.mqadmin import cli
 
 SEG = 4096
@@ -33,7 +34,7 @@ def msgs(n: int, start: int = 0, tag: str = "") -> list[M.MessageRecord]:
 
 
 def write_plain_store(root, records, seg: int = SEG) -> list[tuple[int, int]]:
-    """CommitLog.doAppend for each record (tools.migrate.plainlog): QUEUEOFFSET
+    """CommitLog.doAppend for each record (consumequeue.plainlog): QUEUEOFFSET
     from a per-queue counter, PHYSICALOFFSET the position, a BLANK closing a
     segment the record (+ 8 bytes) does not fit.  Returns (position, size)
     per record.  (tests/legacy_fixtures.py builds whole stores.)"""
@@ -158,7 +159,7 @@ def test_config_checkpoint_and_abort(store):
     with open(os.path.join(root, "checkpoint"), "wb") as f:
         f.write(stock + bytes(4096 - len(stock)))
     with LegacyStore(root) as s:
-        cfg = s.configs()
+        cfg = read_config_dir(root)
         assert cfg["consumerOffset"] == {"offsetTable": {"TopicA@g": {"0": 12, "1": 7}}}
         assert cfg["topics"]["topicConfigTable"]["TopicA"]["readQueueNums"] == 4
         assert cfg["delayOffset"] is None and set(cfg) == {"consumerOffset", "topics", "delayOffset"}
@@ -171,8 +172,8 @@ def test_config_checkpoint_and_abort(store):
         assert s.abort_present
     with open(os.path.join(cdir, "subscriptionGroup.json"), "w") as f:
         f.write("{broken")
-    with LegacyStore(root) as s, pytest.raises(ValueError, match="subscriptionGroup.json"):
-        s.configs()
+    with pytest.raises(ValueError, match="subscriptionGroup.json"):
+        read_config_dir(root)
 
 
 def test_compare_master_and_slaves(tmp_path, store):

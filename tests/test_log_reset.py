@@ -13,8 +13,8 @@
 import pytest
 import trio
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
 from consumequeue import service
 from consumequeue.cq import CQ_UNIT_SIZE, PRE_BLANK_UNIT

@@ -4,8 +4,8 @@ import attrs
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from broker import message as M
-from broker.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id, parse_uniq_key
+from consumequeue import record as M
+from broker.common.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id, parse_uniq_key
 from tests.spec_vectors import MESSAGE_146, MESSAGE_146_OFFSET_MSG_ID
 
 GOLDEN = M.MessageRecord(

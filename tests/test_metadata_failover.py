@@ -13,7 +13,8 @@ import trio.testing
 
 from broker.metadata.service import MetadataConfig, MetadataService
 from broker.metadata.snapshot import load_snapshot
-from broker.metadata.tables import SubscriptionGroupConfig, TopicConfig
+from broker.metadata.tables import SubscriptionGroupConfig
+from broker.common.values import TopicConfig
 from commitlog.errors import NotLeaderError
 from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig

@@ -14,7 +14,8 @@ from broker.metadata import snapshot
 from broker.metadata.applier import MetadataApplier, MetadataGapError, find_hits
 from broker.metadata.records import TOPIC_CONFIG_TOPIC, OffsetCommit, TopicUpsert, encode_op
 from broker.metadata.service import MetadataConfig, MetadataService
-from broker.metadata.tables import InvalidMetadataError, MetadataState, SubscriptionGroupConfig, TopicConfig
+from broker.common.values import InvalidMetadataError, TopicConfig
+from broker.metadata.tables import MetadataState, SubscriptionGroupConfig
 from commitlog.errors import NotLeaderError
 from commitlog.watermark import Watermark
 from native.dispatch import NATIVE, PYTHON

@@ -6,7 +6,7 @@ import os
 
 import trio
 
-from broker.message import MessageRecord, encode
+from consumequeue.record import MessageRecord, encode
 from broker.metadata.applier import MetadataApplier
 from broker.metadata.records import TOPIC_CONFIG_TOPIC
 from commitlog.entry import MAGIC_NOOP

@@ -16,10 +16,11 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from broker import message as M
+from consumequeue import record as M
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.legacy_store import LegacyStore
+from broker.metadata.snapshot import read_config_dir
+from consumequeue.legacy_store import LegacyStore
 from tests.legacy_fixtures import build_master_slave_store, file_digests
 from tools.brokercluster import open_broker_cluster
 from tools.mqadmin import cli
@@ -162,7 +163,7 @@ async def test_migrate_three_copies_and_serve_across_the_boundary(tmp_path):
     assert res.exit_code == 0 and rep["problems"] == [], res.output
     assert rep["legacyRecords"] == total and rep["dledgerRecords"] >= 6
     with LegacyStore(out) as s:
-        cfg = s.configs()
+        cfg = read_config_dir(out)
         assert cfg["consumerOffset"]["offsetTable"]["TopicA@GroupA"]["1"] == 23
         assert set(cfg["topics"]["topicConfigTable"]) >= {"TopicA", "TopicB"}
         q1 = [r.queue_offset for view, res in s.batches() for r in map(res.record, range(res.n))

@@ -13,10 +13,11 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from broker import message as M
-from broker.legacy_store import LegacyStore
-from broker.migrated_store import (ImportingMetadata, legacy_floor, legacy_retention_pass,
-                                   load_import, load_marker, open_migrated_engine)
+from consumequeue import record as M
+from broker.metadata.snapshot import read_config_dir
+from consumequeue.legacy_store import LegacyStore
+from consumequeue.migrated import legacy_floor, legacy_retention_pass, load_marker, open_migrated_engine
+from broker.store.migrated import MigrationImport, load_import
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue.reader import GetMessageStatus, message_at, query_by_key, read_messages
 from consumequeue.service import positions
@@ -52,7 +53,7 @@ def test_fixture_store_is_a_plain_store(trio_of_stores):
     with LegacyStore(master.root) as s:
         rec = s.recover()
         assert (rec.end, rec.records, rec.clean) == (master.end, len(master.messages), True)
-        assert s.configs()["consumerOffset"]["offsetTable"]["TopicA@GroupA"]["3"] == 10
+        assert read_config_dir(master.root)["consumerOffset"]["offsetTable"]["TopicA@GroupA"]["3"] == 10
     from tools.migrate.export import verify_plain_store
     assert verify_plain_store(master.root, expect_records=160) == []
 
@@ -139,7 +140,7 @@ def test_apply_dry_run_then_apply_reads_across_the_boundary(tmp_path):
     engine, report = open_migrated_engine(store, marker)
     try:
         assert report.action == "resumed" and engine.pos == divided
-        from broker.queue_offsets import QueueOffsetTable
+        from consumequeue.queue_offsets import QueueOffsetTable
         table = QueueOffsetTable()
         table.rebuild_from_consume_queues(engine.cqs, engine.source, engine.pos, store.end_pos)
         store.add_append_hook(table.append_hook)
@@ -220,7 +221,7 @@ def test_export_writes_a_plain_store_that_reads_back(tmp_path):
     assert run("migrate", "apply", "--store", fx.root, "--self-id", "n0").exit_code == 0
     store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=SEG))
     engine, _ = open_migrated_engine(store, load_marker(store.store_dir))
-    from broker.queue_offsets import QueueOffsetTable
+    from consumequeue.queue_offsets import QueueOffsetTable
     table = QueueOffsetTable()
     table.rebuild_from_consume_queues(engine.cqs, engine.source, engine.pos, store.end_pos)
     store.add_append_hook(table.append_hook)
@@ -250,14 +251,14 @@ def test_export_writes_a_plain_store_that_reads_back(tmp_path):
     assert res.exit_code == 3 and "not empty" in res.output
 
 
-def test_importing_metadata_imports_once(tmp_path):
-    """The leader-side import (ImportingMetadata) against a fake metadata
-    service: one batch of ops ending with the mark; a later leader sees the
-    mark and imports nothing; attributes pass through to the service."""
+def test_migration_import_imports_once(tmp_path):
+    """The leader-side import (MigrationImport, the gate's before_open hook)
+    against a fake metadata service: one batch of ops ending with the mark;
+    a later leader sees the mark and imports nothing."""
     import trio
     from broker.metadata.records import GroupUpsert, OffsetReset, TopicUpsert
     from broker.metadata.tables import MetadataState
-    from broker.migrated_store import IMPORT_MARK_GROUP, IMPORT_MARK_TOPIC, write_import
+    from broker.store.migrated import IMPORT_MARK_GROUP, IMPORT_MARK_TOPIC, write_import
 
     class FakeMeta:
         write_gate = None
@@ -280,15 +281,13 @@ def test_importing_metadata_imports_once(tmp_path):
                              "groups": {"G": {}}, "offsets": {"T@G": {"0": 5, "1": 7}}, "importId": "x"})
     meta = FakeMeta()
     marker = type("M", (), {"divided": 4096})()
-    wrapped = ImportingMetadata(meta, store_dir, marker)
-    wrapped.write_gate = "gate"
-    assert meta.write_gate == "gate" and wrapped.state is meta.state
-    trio.run(wrapped.leader_barrier)
+    hook = MigrationImport(meta, store_dir, marker)
+    trio.run(hook)
     [ops] = meta.batches
     assert [type(op) for op in ops] == [TopicUpsert, GroupUpsert, OffsetReset, OffsetReset]
     assert meta.state.offsets.table_of("T", "G") == {0: 5, 1: 7}
     assert meta.state.offsets.query(IMPORT_MARK_TOPIC, IMPORT_MARK_GROUP, 0) == 4096
-    trio.run(wrapped.leader_barrier)
+    assert trio.run(hook) is None
     assert len(meta.batches) == 1  # imported once
 
 
@@ -307,8 +306,8 @@ def test_check_sees_config_differences_and_align_copies_them(tmp_path):
 
 
 def test_apply_completes_lagging_queues_and_resumes_after_an_interruption(tmp_path):
-    from tools.migrate.apply import apply
-    from tools.migrate.plainlog import dispatch_plain, plain_engine
+    from broker.store.upgrade import apply
+    from consumequeue.plainlog import dispatch_plain, plain_engine
     fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG, with_cq=False)
     engine = plain_engine(fx.root, segment_size=SEG)
     dispatch_plain(engine, 0, fx.messages[40].phy)  # the stock broker's reput lagged its commitlog
@@ -346,7 +345,7 @@ def test_offline_tools_on_a_migrated_store(tmp_path):
     assert run("migrate", "apply", "--store", fx.root, "--self-id", "n0").exit_code == 0
     store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=SEG))
     engine, _ = open_migrated_engine(store, load_marker(store.store_dir))
-    from broker.queue_offsets import QueueOffsetTable
+    from consumequeue.queue_offsets import QueueOffsetTable
     table = QueueOffsetTable()
     table.rebuild_from_consume_queues(engine.cqs, engine.source, engine.pos, store.end_pos)
     store.add_append_hook(table.append_hook)
@@ -373,7 +372,7 @@ def test_broker_store_retention_pass_on_a_migrated_store(tmp_path):
     all of them), consume queue files behind them dropped; DLedger segments
     kept by the floor until then."""
     from broker.config import BrokerConfig
-    from broker.store_service import BrokerStore
+    from broker.store.broker_store import BrokerStore
     from commitlog.watermark import Watermark
     from consumequeue.service import ConsumeQueueService
     fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG, mtime=1_000_000)

@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.queue_offsets import QueueOffsetTable
 from tests.test_dispatch import SMALL, clean_build, leader_store, open_store, tree
 from tools.mqadmin import cli
 
@@ -86,7 +86,7 @@ def test_verify_store_checks_the_message_inside_each_entry(tmp_path):
     # The message check is verifyStore's own default (no other command module
     # patches it in); an empty --body-check turns it off.
     from tools.mqadmin import store_cmds
-    assert store_cmds.DEFAULT_BODY_CHECK == "broker.message:check_entry_body"
+    assert store_cmds.DEFAULT_BODY_CHECK == "consumequeue.record:check_entry_body"
     assert run("verifyStore", "--store", str(tmp_path), "--body-check", "").exit_code == 0
 
 

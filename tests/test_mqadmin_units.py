@@ -1,5 +1,5 @@
 # mqadmin's pure parts and its error paths that need no cluster: the
-# MessageQueue-keyed map parser against broker.admin's encoder, the
+# MessageQueue-keyed map parser against broker.processors.admin's encoder, the
 # first-divergence binary search of compareReplicas, timestamps, the TPS
 # meter, the broker config rendering, aligned table output, and the
 # one-line errors / exit codes for bad flags and an unreachable name server.
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from broker.admin import TpsMeter, encode_mq_map
-from broker.admin_clients import broker_config_properties, properties_text
+from broker.processors.admin import TpsMeter, encode_mq_map
+from broker.processors.admin_clients import broker_config_properties, properties_text
 from broker.config import BrokerConfig
 from commitlog.config import iter_properties
 from tools.mqadmin.adminapi import decode_records, parse_mq_map
@@ -75,7 +75,7 @@ def test_broker_config_properties_round_trip():
 
 
 def test_decode_records_stops_at_garbage():
-    from broker import message as M
+    from consumequeue import record as M
     recs = [M.MessageRecord("T", f"b{i}".encode(), {"KEYS": f"k{i}"}, queue_offset=i) for i in range(3)]
     body = b"".join(M.encode(r) for r in recs)
     out = decode_records(body + b"\x00\x00")

@@ -6,7 +6,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from broker import message as M
+from consumequeue import record as M
 from commitlog import entry as E
 from native import dispatch as D
 from native.hashing import java_hash_str
@@ -84,6 +84,7 @@ def dledger_buffers(draw, max_entries=12):
 
 
 def scan_both(buf, base, cap=64, **kw):
+    kw.setdefault("delay_levels", M.DEFAULT_DELAY_LEVELS_MS)
     return [be.scan(buf, base, be.new_records(cap), **kw) for be in BACKENDS]
 
 
@@ -285,6 +286,16 @@ def test_record_flags_for_transactions_delay_and_bad():
     capped = one(M.MessageRecord(topic="SCHEDULE_TOPIC_XXXX", properties={"DELAY": "99"},
                                  store_timestamp=0)).record(0)
     assert capped.tags_code == 7_200_000  # clamped to the last level (2h)
+    # The table is the broker's messageDelayLevel, passed in; without one
+    # the tags code stays the TAGS hash (the DELAY value is still checked).
+    raw = bytearray(M.encode(M.MessageRecord(topic="SCHEDULE_TOPIC_XXXX", store_timestamp=10_000,
+                                             properties={"DELAY": "2", "TAGS": "a"})))
+    M.set_physical_offset(raw, 48)
+    entry = E.make_entry(bytes(raw), index=0, term=1, pos=0, prev_chain_crc=0).encode()
+    custom = same(scan_both(entry, 0, delay_levels=(7, 70, 700))).record(0)
+    assert (custom.flags, custom.tags_code) == (D.REC_DELAY, 10_000 + 70)
+    plain = same(scan_both(entry, 0, delay_levels=())).record(0)
+    assert (plain.flags, plain.tags_code) == (0, M.tags_code("a"))
     bad_delay = one(M.MessageRecord(topic="SCHEDULE_TOPIC_XXXX", properties={"DELAY": "x"}))
     assert bad_delay.bad == 1 and bad_delay.record(0).bad_reason == D.BAD_DELAY
     r = one(base, lambda raw: struct.pack_into(">i", raw, 0, len(raw) - 1))

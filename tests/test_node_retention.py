@@ -3,7 +3,7 @@
 import os
 import time
 
-from commitlog.node import retention_pass
+from commitlog.retention import retention_pass
 from commitlog.store import SegmentedStore, StoreConfig
 
 

@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
 from consumequeue import service
 from consumequeue.errors import InconsistentStateError, MessageNotFoundError

@@ -20,6 +20,7 @@ MAX_BATCH = 40
 
 CHILD = r"""
 import os, random, signal, sys
+from commitlog.config import FlushDiskType
 from commitlog.store import SegmentedStore, StoreConfig
 from tests.test_store_support import body
 root, policy, term, seed, tear = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "tear"
@@ -40,12 +41,14 @@ if tear:
 
     os.pwrite, os.pwritev = torn, torn
 store = SegmentedStore.open(StoreConfig(root=root, data_segment_size=4096, index_segment_size=32 * 64,
-                                        flush_policy=policy))
+                                        flush_disk_type=FlushDiskType[policy]))
 print("open", store.end_index, flush=True)
 while True:
     first = store.end_index + 1
     n = rng.randrange(1, %d)
     store.append_leader([body(i) for i in range(first, first + n)], term)
+    if store.sync_flush:
+        store.flush()
     print("acked", store.end_index, flush=True)
 """ % (MAX_BATCH + 1)
 
@@ -59,7 +62,7 @@ def test_kill_9_mid_append_many_times(tmp_path):
     rng = random.Random(1234)
     acked, cuts, rebuilt = -1, 0, 0
     for it in range(ITERATIONS):
-        policy = "sync" if it % 2 else "async"
+        policy = "SYNC_FLUSH" if it % 2 else "ASYNC_FLUSH"
         tear = it % 4 >= 2
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), policy, str(it + 1), str(it),
                                   "tear" if tear else "kill"],

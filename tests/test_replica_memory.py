@@ -10,7 +10,7 @@ import trio.testing
 from commitlog.errors import NotLeaderError, PendingFullError, QuorumTimeoutError
 from commitlog.raft.core import RaftCore
 from commitlog.raft.memlog import MemLog
-from commitlog.raft.state import HardState, RaftConfig, Role
+from commitlog.raft.state import HardState, RaftConfig
 from commitlog.replica import ReplicaNode
 from commitlog.transport.memory import MemoryNetwork
 

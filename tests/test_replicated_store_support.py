@@ -14,6 +14,7 @@ import trio
 from commitlog import metafiles
 from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig
+from commitlog.config import FlushDiskType
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.transport.memory import MemoryNetwork
 
@@ -54,8 +55,9 @@ class Member:
         return os.path.join(self.root, f"dledger-{self.node_id}")
 
     def store_config(self) -> StoreConfig:
+        c = self.cluster
         return StoreConfig(root=self.root, self_id=self.node_id, data_segment_size=DATA_SEG,
-                           index_segment_size=INDEX_SEG, flush_policy="async", **self.cluster.store_kw)
+                           index_segment_size=INDEX_SEG, flush_disk_type=c.flush_disk_type, **c.store_kw)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         c = self.cluster
@@ -73,7 +75,7 @@ class Member:
                     self.transport = transport
                     self.node = replica_on_store(
                         store, transport, self.node_id, IDS, c.raft_config,
-                        rng=random.Random(f"{self.seed}/{self.starts}"), sync_flush=c.sync_flush,
+                        rng=random.Random(f"{self.seed}/{self.starts}"),
                         peer_addresses={i: f"addr-{i}" for i in IDS}, max_wait_ack_ms=c.max_wait_ack_ms)
                     async with trio.open_nursery() as nursery:
                         await nursery.start(self.node.run)
@@ -98,7 +100,7 @@ class Cluster:
         self.root = str(root)
         self.nursery = nursery
         self.net = MemoryNetwork(seed=seed)
-        self.sync_flush = sync_flush
+        self.flush_disk_type = FlushDiskType.SYNC_FLUSH if sync_flush else FlushDiskType.ASYNC_FLUSH
         self.raft_config = raft_config
         self.max_wait_ack_ms = max_wait_ack_ms
         self.wrap_transport = wrap_transport

@@ -28,8 +28,8 @@ def test_config_layout_and_defaults(tmp_path):
     assert c.store_dir == os.path.join(str(tmp_path), "dledger-n0")
     with pytest.raises(ValueError):
         StoreConfig(root=str(tmp_path), index_segment_size=100)
-    with pytest.raises(ValueError):
-        StoreConfig(root=str(tmp_path), flush_policy="sometimes")
+    with pytest.raises(TypeError):
+        StoreConfig(root=str(tmp_path), flush_disk_type="sometimes")
     with SegmentedStore.open(cfg(tmp_path)) as s:
         assert (s.begin_index, s.end_index, s.end_term, s.end_pos, s.committed_index) == (-1, -1, -1, 0, -1)
         s.append_leader([b"x"], term=1)

@@ -4,16 +4,24 @@ import trio
 import trio.testing
 
 from commitlog import metafiles
+from commitlog.config import FlushDiskType
 from commitlog.store import SegmentedStore, serve_flusher
 from tests.test_store_support import cfg, fill
 
 
-def test_sync_policy_flushes_before_returning(tmp_path):
-    with SegmentedStore.open(cfg(tmp_path, flush_policy="sync")) as s:
+def test_sync_flush_is_the_owners_flush_before_acknowledging(tmp_path):
+    # SYNC_FLUSH: appends never flush by themselves (the replica shell
+    # group-commits one flush per round); the owner flushes before it acks.
+    with SegmentedStore.open(cfg(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH)) as s:
+        assert s.sync_flush
         for n in range(1, 6):
             fill(s, 3)
+            assert s.has_unflushed and s.flush_count == n - 1
+            s.flush()
             assert not s.has_unflushed and s.flushed_index == s.end_index == 3 * n - 1
             assert s.flush_count == n
+    with SegmentedStore.open(cfg(tmp_path)) as s:
+        assert not s.sync_flush
 
 
 def test_async_policy_leaves_flushing_to_the_caller(tmp_path):

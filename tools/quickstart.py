@@ -32,8 +32,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from broker.message import check_entry_body
-from broker.msgid import parse_offset_msg_id
+from consumequeue.record import check_entry_body
+from broker.common.msgid import parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError

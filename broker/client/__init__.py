@@ -5,7 +5,8 @@ from broker.client.errors import (BrokerBusyError, BrokerError, BrokerUnavailabl
                                   ClientError, ConnectionFailedError, InvalidArgumentError, InvalidMessageError,
                                   MessageIllegalError, NoRouteError, NotSupportedError, RequestTimeoutError,
                                   SendFailedError, TopicNotExistError)
-from broker.client.model import (ConsumeFromWhere, ConsumeStatus, Message, MessageExt, MessageQueue, PullResult,
+from broker.common.values import ConsumeFromWhere
+from broker.client.model import (ConsumeStatus, Message, MessageExt, MessageQueue, PullResult,
                                  PullStatus, SendResult, SendStatus)
 from broker.client.producer import Producer, open_producer
 from broker.client.pull_consumer import PullConsumer, open_pull_consumer

@@ -16,7 +16,7 @@ from broker.client.errors import BrokerError, BrokerUnavailableError, Connection
 from broker.client.instance import ClientInstance, TopicRoute
 from broker.client.model import (MessageQueue, PullResult, PullStatus, decode_records, filter_by_tags,
                                  subscription)
-from broker.pull import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, Subscription
+from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, Subscription
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.header import decode_json

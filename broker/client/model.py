@@ -3,7 +3,7 @@
 # it came from), MessageQueue, SendResult/SendStatus, PullResult/PullStatus,
 # ConsumeStatus, ConsumeFromWhere, and the tag filter both consumers apply.
 #
-# Records are decoded by broker/message.py (the same codec the broker
+# Records are decoded by consumequeue/record.py (the same codec the broker
 # stores with); MessageExt wraps the decoded record instead of copying its
 # fields, so the per-message work on the consume path is one decode.
 import enum
@@ -11,11 +11,11 @@ import zlib
 
 import attrs
 
-from broker import message as M
+from consumequeue import record as M
 from broker.client.errors import InvalidArgumentError, InvalidMessageError
-from broker.metadata.tables import InvalidMetadataError, check_topic_name
-from broker.msgid import offset_msg_id
-from broker.pull import PullError, Subscription, parse_subscription
+from broker.common.values import InvalidMetadataError, check_topic_name
+from broker.common.msgid import offset_msg_id
+from broker.common.subscription import Subscription, SubscriptionError, parse_subscription
 
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
@@ -220,15 +220,6 @@ class ConsumeStatus(enum.Enum):
     RECONSUME_LATER = "RECONSUME_LATER"
 
 
-class ConsumeFromWhere(enum.Enum):
-    """Where a consumer group with no committed offset starts (the names
-    and the HEART_BEAT spelling are Java's)."""
-
-    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
-    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
-
-
 class PullStatus(enum.Enum):
     FOUND = "FOUND"
     NO_NEW_MSG = "NO_NEW_MSG"
@@ -251,7 +242,7 @@ def subscription(expression: str | None) -> Subscription:
     String.hashCode tag codes); InvalidMessageError for what it refuses."""
     try:
         return parse_subscription(expression)
-    except PullError as e:
+    except SubscriptionError as e:
         raise InvalidArgumentError(f"subscription {expression!r}: {e.remark}") from None
 
 

@@ -15,7 +15,8 @@ from contextlib import asynccontextmanager
 from broker.client.consumer_api import ConsumerApi
 from broker.client.errors import BrokerUnavailableError, ClientClosedError, ConnectionFailedError
 from broker.client.instance import ClientInstance, open_client_instance
-from broker.client.model import ConsumeFromWhere, MessageQueue, PullResult, subscription
+from broker.client.model import MessageQueue, PullResult, subscription
+from broker.common.values import ConsumeFromWhere
 
 
 class PullConsumer:
@@ -27,7 +28,7 @@ class PullConsumer:
 
     def consumer_data(self) -> dict:
         return {"groupName": self.group, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
-                "consumeFromWhere": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET.value, "subscriptionDataSet": [],
+                "consumeFromWhere": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET.name, "subscriptionDataSet": [],
                 "unitMode": False}
 
     def _check(self) -> None:

@@ -42,7 +42,8 @@ from broker.client.consumer_api import ConsumerApi, parse_subscriptions, subscri
 from broker.client.errors import (BrokerUnavailableError, ClientError, ConnectionFailedError, InvalidArgumentError,
                                   NoRouteError)
 from broker.client.instance import ClientInstance, open_client_instance
-from broker.client.model import (ConsumeFromWhere, ConsumeStatus, MessageExt, MessageQueue, PullStatus,
+from broker.common.values import ConsumeFromWhere
+from broker.client.model import (ConsumeStatus, MessageExt, MessageQueue, PullStatus,
                                  retry_topic, subscription)
 from broker.client.rebalance import ProcessQueue, allocate_averagely
 
@@ -53,9 +54,9 @@ Handler = Callable[[list[MessageExt]], Awaitable[ConsumeStatus]]
 
 def _consume_from(value) -> ConsumeFromWhere:
     try:
-        return value if isinstance(value, ConsumeFromWhere) else ConsumeFromWhere(str(value))
-    except ValueError:
-        choices = ", ".join(c.value for c in ConsumeFromWhere)
+        return value if isinstance(value, ConsumeFromWhere) else ConsumeFromWhere[str(value)]
+    except KeyError:
+        choices = ", ".join(c.name for c in ConsumeFromWhere)
         raise InvalidArgumentError(f"consume_from {value!r} is not one of {choices}") from None
 
 
@@ -132,7 +133,7 @@ class PushConsumer:
 
     def consumer_data(self) -> dict:
         return {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
-                "consumeFromWhere": self.options.consume_from.value, "unitMode": False,
+                "consumeFromWhere": self.options.consume_from.name, "unitMode": False,
                 "subscriptionDataSet": [subscription_data(t, s) for t, s in sorted(self.subscriptions.items())]}
 
     async def commit_offsets(self) -> None:

@@ -6,11 +6,9 @@ from broker.metadata.records import (CONSUMER_OFFSET_TOPIC, INTERNAL_TOPICS, SUB
                                      TOPIC_CONFIG_TOPIC, MetadataRecordError, is_internal_topic)
 from broker.metadata.service import FlushAbortedError, MetadataConfig, MetadataService, OffsetCommitRequest
 from broker.metadata.snapshot import LoadedSnapshot, load_snapshot
-from broker.metadata.tables import (PERM_INHERIT, PERM_PRIORITY, PERM_READ, PERM_WRITE, InvalidMetadataError,
-                                    MetadataState, SubscriptionGroupConfig, TopicConfig)
+from broker.metadata.tables import MetadataState, SubscriptionGroupConfig
 
 __all__ = ["MetadataApplier", "MetadataApplyError", "MetadataGapError", "CONSUMER_OFFSET_TOPIC",
            "INTERNAL_TOPICS", "SUBSCRIPTION_GROUP_TOPIC", "TOPIC_CONFIG_TOPIC", "MetadataRecordError",
            "is_internal_topic", "FlushAbortedError", "MetadataConfig", "MetadataService", "OffsetCommitRequest",
-           "LoadedSnapshot", "load_snapshot", "PERM_INHERIT", "PERM_PRIORITY", "PERM_READ", "PERM_WRITE",
-           "InvalidMetadataError", "MetadataState", "SubscriptionGroupConfig", "TopicConfig"]
+           "LoadedSnapshot", "load_snapshot", "MetadataState", "SubscriptionGroupConfig"]

@@ -29,7 +29,7 @@ import struct
 import attrs
 import trio
 
-from broker.message import MessageFormatError, decode
+from consumequeue.record import MessageFormatError, decode
 from broker.metadata.records import INTERNAL_TOPICS, MetadataRecordError, parse_op
 from broker.metadata.tables import MetadataState
 from commitlog.entry import OFF_POS

@@ -11,7 +11,7 @@
 #   rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP  group.upsert, group.delete
 #   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete, delay.offset
 #
-# Each op is one ordinary v1 message record (broker/message.py), queue 0,
+# Each op is one ordinary v1 message record (consumequeue/record.py), queue 0,
 # TAGS = the op name, KEYS = the topic or group it is about (so mqadmin's
 # key query finds a topic's config history), body = UTF-8 JSON:
 #
@@ -32,10 +32,9 @@ import json
 
 import attrs
 
-from broker.message import LOCALHOST, PROPERTY_KEYS, PROPERTY_TAGS, HostAddr, MessageRecord, encode
-from broker.metadata.tables import (InvalidMetadataError, MetadataState,
-                                    SubscriptionGroupConfig, TopicConfig, check_group_name, check_topic_name,
-                                    split_offset_key)
+from consumequeue.record import LOCALHOST, PROPERTY_KEYS, PROPERTY_TAGS, HostAddr, MessageRecord, encode
+from broker.common.values import InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
+from broker.metadata.tables import MetadataState, SubscriptionGroupConfig, split_offset_key
 
 TOPIC_CONFIG_TOPIC = "rmq_sys_LEDGERMQ_TOPIC_CONFIG"
 SUBSCRIPTION_GROUP_TOPIC = "rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP"

@@ -35,14 +35,14 @@ import time
 import attrs
 import trio
 
-from broker.message import LOCALHOST, HostAddr
+from consumequeue.record import LOCALHOST, HostAddr
 from broker.metadata import snapshot
 from broker.metadata.applier import MetadataApplier, MetadataGapError
 from broker.metadata.records import (BrokerAnnounce, DelayOffsetCommit, GroupDelete, GroupUpsert, OffsetCommit,
                                      OffsetDelete, OffsetReset, TopicDelete, TopicUpsert, encode_op, is_internal_topic,
                                      merge_offsets)
-from broker.metadata.tables import (InvalidMetadataError, MetadataState, SubscriptionGroupConfig, TopicConfig,
-                                    check_group_name, check_topic_name, offset_key)
+from broker.common.values import InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
+from broker.metadata.tables import MetadataState, SubscriptionGroupConfig, offset_key
 
 log = logging.getLogger("ledgermq.metadata")
 

@@ -37,11 +37,9 @@ import os
 import attrs
 
 from broker.metadata import fastjson
-from broker.metadata.tables import (ConsumerOffsetTable, DataVersion, DelayOffsetTable, InvalidMetadataError,
-                                    MetadataState,
-                                    SubscriptionGroupConfig, SubscriptionGroupTable, TopicConfig,
-                                    TopicConfigTable, split_offset_key)
-from commitlog.segments import fsync_dir
+from broker.metadata.tables import (ConsumerOffsetTable, DelayOffsetTable, MetadataState, SubscriptionGroupConfig, SubscriptionGroupTable, TopicConfigTable, split_offset_key)
+from broker.common.values import DataVersion, InvalidMetadataError, TopicConfig
+from commitlog.atomicfile import fsync_dir, write_tmp
 
 CONFIG_DIR = "config"
 TOPICS_FILE = "topics.json"
@@ -88,19 +86,6 @@ def render(state: MetadataState) -> dict[str, bytes]:
 
 # --- writing (blocking; run it in a worker thread) -------------------------
 
-def _write_tmp(path: str, data: bytes) -> str:
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return tmp
-
-
 def write_files(root: str, files: dict[str, bytes]) -> None:
     """Replace each file atomically; returns once the renames are durable."""
     directory = config_dir(root)
@@ -109,7 +94,7 @@ def write_files(root: str, files: dict[str, bytes]) -> None:
         fsync_dir(os.path.dirname(os.path.abspath(directory)))
     for name, data in files.items():
         path = os.path.join(directory, name)
-        os.replace(_write_tmp(path, data), path)
+        os.replace(write_tmp(path, data), path)
     fsync_dir(directory)
 
 
@@ -218,6 +203,27 @@ def load_snapshot(root: str) -> LoadedSnapshot:
     state.applied_index = min(-1 if i is None else i for n, i in indexes.items()
                               if not (n in _OPTIONAL and i is None and n not in bad))
     return LoadedSnapshot(state, indexes, tuple(problems))
+
+
+def read_config_dir(root: str) -> dict[str, object]:
+    """Every ${root}/config/*.json by name (a stock store's, as fastjson
+    wrote them: unquoted integer map keys read as strings), for migration;
+    *.bak files are skipped, an empty file is None.  ValueError names the
+    file that does not parse."""
+    out: dict[str, object] = {}
+    cdir = config_dir(root)
+    if not os.path.isdir(cdir):
+        return out
+    for name in sorted(os.listdir(cdir)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(cdir, name), "rb") as f:
+            raw = f.read()
+        try:
+            out[name[:-len(".json")]] = fastjson.loads(raw) if raw.strip() else None
+        except ValueError as exc:
+            raise ValueError(f"{os.path.join(cdir, name)}: {exc}") from None
+    return out
 
 
 def dumps_state(state: MetadataState) -> dict:

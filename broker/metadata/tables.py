@@ -1,8 +1,8 @@
 # Owns the broker's metadata tables as pure, deterministic state machines:
 # TopicConfigTable (RocketMQ's TopicConfigManager), SubscriptionGroupTable
 # (SubscriptionGroupManager) and ConsumerOffsetTable (ConsumerOffsetManager),
-# plus the TopicConfig / SubscriptionGroupConfig values and their RocketMQ
-# JSON shapes (camelCase field names as fastjson writes them).
+# plus SubscriptionGroupConfig (TopicConfig and DataVersion are shared with
+# the name server and the client: broker.common.values).
 #
 # Tables change only through apply(op, index, timestamp) with an op decoded
 # from a committed log record (broker/metadata/records.py).  Every op is a
@@ -15,135 +15,13 @@
 #
 # Offsets never move backward through a commit; only an explicit reset op
 # (resetOffsetByTime, mqadmin resetOffset) can lower them.
-import re
-
 import attrs
 
+from broker.common.values import (DataVersion, InvalidMetadataError, TopicConfig, _bool, _extra, _int32, _nonneg32,
+                                  _str_map, check_group_name, from_camel_json, to_camel_json)
+
 PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
-FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 TOPIC_GROUP_SEPARATOR = "@"
-_VALID_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")  # TopicValidator.VALID_PATTERN_STR
-TOPIC_MAX_LENGTH = 127
-RETRY_DLQ_TOPIC_MAX_LENGTH = 255
-GROUP_MAX_LENGTH = 255
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-
-
-class InvalidMetadataError(ValueError):
-    """A topic config, group config or offset that the tables refuse."""
-
-
-def check_topic_name(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidMetadataError("topic name is empty")
-    limit = RETRY_DLQ_TOPIC_MAX_LENGTH if name.startswith(("%RETRY%", "%DLQ%")) else TOPIC_MAX_LENGTH
-    if len(name) > limit:
-        raise InvalidMetadataError(f"topic name longer than {limit} characters: {name[:40]!r}...")
-    if not _VALID_NAME.match(name):
-        raise InvalidMetadataError(f"topic name {name!r} has characters outside [%|a-zA-Z0-9_-]")
-    return name
-
-
-def check_group_name(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidMetadataError("group name is empty")
-    if len(name) > GROUP_MAX_LENGTH:
-        raise InvalidMetadataError(f"group name longer than {GROUP_MAX_LENGTH} characters")
-    if not _VALID_NAME.match(name):
-        raise InvalidMetadataError(f"group name {name!r} has characters outside [%|a-zA-Z0-9_-]")
-    return name
-
-
-def _int32(_inst, attr, value):
-    if isinstance(value, bool) or not isinstance(value, int) or not _INT32[0] <= value <= _INT32[1]:
-        raise InvalidMetadataError(f"{attr.name} must be a 32-bit int, got {value!r}")
-
-
-def _nonneg32(inst, attr, value):
-    _int32(inst, attr, value)
-    if value < 0:
-        raise InvalidMetadataError(f"{attr.name} must not be negative, got {value}")
-
-
-def _bool(_inst, attr, value):
-    if not isinstance(value, bool):
-        raise InvalidMetadataError(f"{attr.name} must be a boolean, got {value!r}")
-
-
-def _str_map(value) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise InvalidMetadataError(f"attributes must map strings to strings, got {value!r}")
-    return dict(sorted(value.items()))
-
-
-def _extra(value) -> dict:
-    return dict(sorted((value or {}).items()))
-
-
-def _from_json(cls, fields: dict[str, str], obj: dict):
-    """Build cls from a JSON object: known camelCase fields by name, the rest
-    kept in `extra` (so fields of newer RocketMQ versions survive a
-    round trip through ledgermq)."""
-    if not isinstance(obj, dict):
-        raise InvalidMetadataError(f"expected a JSON object, got {type(obj).__name__}")
-    kw, extra = {}, {}
-    for key, value in obj.items():
-        if key in fields:
-            kw[fields[key]] = value
-        else:
-            extra[key] = value
-    try:
-        return cls(**kw, extra=extra)
-    except TypeError as exc:
-        raise InvalidMetadataError(str(exc)) from None
-
-
-def _to_json(inst, fields: dict[str, str]) -> dict:
-    out = dict(inst.extra)
-    for json_name, py_name in fields.items():
-        out[json_name] = getattr(inst, py_name)
-    return out
-
-
-# The values hold dicts (attributes, extra): they compare by value but are
-# not hashable.
-@attrs.frozen
-class TopicConfig:
-    """org.apache.rocketmq.common.TopicConfig."""
-
-    topic_name: str = attrs.field(validator=lambda i, a, v: check_topic_name(v))
-    read_queue_nums: int = attrs.field(default=16, validator=_nonneg32)
-    write_queue_nums: int = attrs.field(default=16, validator=_nonneg32)
-    perm: int = attrs.field(default=PERM_READ | PERM_WRITE)
-    topic_filter_type: str = attrs.field(default="SINGLE_TAG")
-    topic_sys_flag: int = attrs.field(default=0, validator=_int32)
-    order: bool = attrs.field(default=False, validator=_bool)
-    attributes: dict = attrs.field(factory=dict, converter=_str_map)
-    extra: dict = attrs.field(factory=dict, converter=_extra, repr=False)
-
-    @perm.validator
-    def _perm(self, _attr, value):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 15:
-            raise InvalidMetadataError(f"perm must be a combination of PRIORITY 8 | READ 4 | WRITE 2 | "
-                                       f"INHERIT 1, got {value!r}")
-
-    @topic_filter_type.validator
-    def _filter(self, _attr, value):
-        if value not in FILTER_TYPES:
-            raise InvalidMetadataError(f"topicFilterType must be one of {FILTER_TYPES}, got {value!r}")
-
-    _FIELDS = {"topicName": "topic_name", "readQueueNums": "read_queue_nums",
-               "writeQueueNums": "write_queue_nums", "perm": "perm", "topicFilterType": "topic_filter_type",
-               "topicSysFlag": "topic_sys_flag", "order": "order", "attributes": "attributes"}
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "TopicConfig":
-        return _from_json(cls, cls._FIELDS, obj)
-
-    def to_json(self) -> dict:
-        return _to_json(self, self._FIELDS)
 
 
 @attrs.frozen
@@ -178,28 +56,10 @@ class SubscriptionGroupConfig:
 
     @classmethod
     def from_json(cls, obj: dict) -> "SubscriptionGroupConfig":
-        return _from_json(cls, cls._FIELDS, obj)
+        return from_camel_json(cls, cls._FIELDS, obj)
 
     def to_json(self) -> dict:
-        return _to_json(self, self._FIELDS)
-
-
-@attrs.frozen
-class DataVersion:
-    """RocketMQ's DataVersion.  counter = log index of the last change."""
-
-    counter: int = 0
-    state_version: int = 0
-    timestamp: int = 0
-
-    def to_json(self) -> dict:
-        return {"counter": self.counter, "stateVersion": self.state_version, "timestamp": self.timestamp}
-
-    @classmethod
-    def from_json(cls, obj) -> "DataVersion":
-        if not isinstance(obj, dict):
-            return cls()
-        return cls(int(obj.get("counter", 0)), int(obj.get("stateVersion", 0)), int(obj.get("timestamp", 0)))
+        return to_camel_json(self, self._FIELDS)
 
 
 def offset_key(topic: str, group: str) -> str:

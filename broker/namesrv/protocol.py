@@ -6,7 +6,8 @@
 # Compressed registration bodies (compressedRegister=true) use a custom
 # deflated format that the spec does not document; they are refused with a
 # clear error instead of being guessed at.
-from broker.namesrv.routes import BrokerRegistration, DataVersion, RouteDataError, TopicConfig
+from broker.common.values import DataVersion, InvalidMetadataError, TopicConfig
+from broker.namesrv.routes import BrokerRegistration, RouteDataError
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -42,7 +43,10 @@ def parse_register_body(body: bytes) -> tuple[dict[str, TopicConfig], DataVersio
         table = wrapper.get("topicConfigTable") or {}
         if not isinstance(table, dict):
             raise RouteDataError("topicConfigTable is not a JSON object")
-        configs = {name: TopicConfig.from_json(name, tc) for name, tc in table.items()}
+        try:
+            configs = {name: TopicConfig.from_json(tc, name) for name, tc in table.items()}
+        except InvalidMetadataError as e:
+            raise RouteDataError(f"topicConfigTable: {e}") from None
         version = DataVersion.from_json(wrapper.get("dataVersion") or {})
         servers = obj.get("filterServerList") or []
         if not isinstance(servers, list):

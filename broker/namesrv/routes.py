@@ -1,6 +1,7 @@
 # Owns the name server's route tables (RocketMQ's RouteInfoManager) and the
-# route values with their JSON forms: TopicConfig, DataVersion, QueueData,
-# BrokerData, TopicRouteData.  Sans-IO: the caller passes the time, so
+# route values with their JSON forms: QueueData, BrokerData, TopicRouteData
+# (TopicConfig and DataVersion are broker.common.values, shared with the
+# broker that registers them).  Sans-IO: the caller passes the time, so
 # expiry is tested without clocks or sockets.
 #
 # Tables:
@@ -25,11 +26,12 @@ from collections.abc import Mapping
 
 import attrs
 
+from broker.common.values import DataVersion, TopicConfig
+
 log = logging.getLogger(__name__)
 
 MASTER_ID = 0
 DEFAULT_BROKER_TIMEOUT = 120.0  # seconds; BROKER_CHANNEL_EXPIRED_TIME
-PERM_READ, PERM_WRITE = 4, 2
 
 
 class RouteDataError(ValueError):
@@ -51,49 +53,6 @@ def _obj(value: object, what: str) -> Mapping:
     if not isinstance(value, Mapping):
         raise RouteDataError(f"{what} is not a JSON object")
     return value
-
-
-@attrs.frozen
-class DataVersion:
-    counter: int = 0
-    state_version: int = 0
-    timestamp: int = 0
-
-    def to_json(self) -> dict:
-        return {"counter": self.counter, "stateVersion": self.state_version, "timestamp": self.timestamp}
-
-    @classmethod
-    def from_json(cls, obj: object) -> "DataVersion":
-        obj = _obj(obj, "dataVersion")
-        return cls(*(_get(obj, k, int, 0, "dataVersion") for k in ("counter", "stateVersion", "timestamp")))
-
-
-@attrs.frozen
-class TopicConfig:
-    topic_name: str
-    read_queue_nums: int = 16
-    write_queue_nums: int = 16
-    perm: int = PERM_READ | PERM_WRITE
-    topic_filter_type: str = "SINGLE_TAG"
-    topic_sys_flag: int = 0
-    order: bool = False
-
-    def to_json(self) -> dict:
-        return {"order": self.order, "perm": self.perm, "readQueueNums": self.read_queue_nums,
-                "topicFilterType": self.topic_filter_type, "topicName": self.topic_name,
-                "topicSysFlag": self.topic_sys_flag, "writeQueueNums": self.write_queue_nums}
-
-    @classmethod
-    def from_json(cls, name: str, obj: object) -> "TopicConfig":
-        what = f"topicConfigTable[{name!r}]"
-        obj = _obj(obj, what)
-        return cls(topic_name=_get(obj, "topicName", str, name, what),
-                   read_queue_nums=_get(obj, "readQueueNums", int, 16, what),
-                   write_queue_nums=_get(obj, "writeQueueNums", int, 16, what),
-                   perm=_get(obj, "perm", int, PERM_READ | PERM_WRITE, what),
-                   topic_filter_type=_get(obj, "topicFilterType", str, "SINGLE_TAG", what),
-                   topic_sys_flag=_get(obj, "topicSysFlag", int, 0, what),
-                   order=_get(obj, "order", bool, False, what))
 
 
 @attrs.frozen

@@ -115,7 +115,7 @@ class RequestCode(enum.IntEnum):
     RESET_CONSUMER_CLIENT_OFFSET = 220
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     # ledgermq's own codes (9100..9199: unused by RocketMQ 4.x/5.x), for
-    # mqadmin's replication commands (broker/admin_dledger.py):
+    # mqadmin's replication commands (broker/processors/admin_dledger.py):
     #   LEDGERMQ_DLEDGER_STATUS      body: JSON of ReplicaNode.status() + the broker's id/addr
     #   LEDGERMQ_TRANSFER_LEADERSHIP header targetId (a dLegerSelfId); sent to the leader
     #   LEDGERMQ_CHAIN_CRC           header index; answer fields chainCrc, committedIndex

@@ -21,6 +21,7 @@ import itertools
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import attrs
 import trio
@@ -34,6 +35,20 @@ from broker.remoting.errors import (LocalProtocolError, RemoteProtocolError, Rem
 log = logging.getLogger(__name__)
 
 RequestHandler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+class ClientConnection(Protocol):
+    """What the broker keeps of a client's connection (its registry, offset
+    reset pushes): Connection is one; tests pass small fakes."""
+
+    remote_address: object
+    attributes: dict[str, object]
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def send_request_oneway(self, cmd: RemotingCommand, timeout: float | None = None) -> None: ...
+
 
 DEFAULT_MAX_IN_FLIGHT = 1024
 RECV_CHUNK = 64 * 1024

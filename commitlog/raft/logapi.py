@@ -25,6 +25,10 @@ class RaftLog(Protocol):
     Retention may only delete committed entries.
     """
 
+    # SYNC_FLUSH: the shell flush()es once per round before anything is
+    # acknowledged (commitlog.config.FlushDiskType).
+    sync_flush: bool
+
     @property
     def begin_index(self) -> int: ...
 

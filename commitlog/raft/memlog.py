@@ -25,6 +25,8 @@ _I64 = struct.Struct(">q")
 
 
 class MemLog:
+    sync_flush = False  # nothing to fdatasync in memory
+
     def __init__(self) -> None:
         self._data = bytearray()
         self._offsets = array("q", [0])     # entry i starts at _offsets[i - begin]; last = len(_data)

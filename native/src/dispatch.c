@@ -47,10 +47,6 @@
 #define BLANK_MAGIC ((int32_t)0xCBD43194)
 #define MIN_RECORD 91 /* v1, IPv4 hosts, empty body/topic/properties */
 
-static const int64_t DELAY_LEVELS_MS[] = {1000, 5000, 10000, 30000, 60000, 120000, 180000,
-                                          240000, 300000, 360000, 420000, 480000, 540000,
-                                          600000, 1200000, 1800000, 3600000, 7200000};
-#define N_DELAY_LEVELS 18
 
 static inline int32_t rd32(const uint8_t *p) {
     uint32_t v;
@@ -93,7 +89,7 @@ static int parse_java_int(const uint8_t *s, size_t n, int64_t *out) {
 /* Parse the record at buf+off of exactly L bytes (L = TOTALSIZE as found).
  * Returns 0 or an LMQ_BAD_* reason; fills r either way as far as it got. */
 static int parse_record(const uint8_t *buf, size_t off, int64_t L, int32_t options,
-                        lmq_disp_rec *r) {
+                        const int64_t *delay_levels, int32_t n_delay_levels, lmq_disp_rec *r) {
     const uint8_t *m = buf + off;
     int32_t total = rd32(m), magic = rd32(m + 4);
     r->size = total;
@@ -156,12 +152,14 @@ static int parse_record(const uint8_t *buf, size_t off, int64_t L, int32_t optio
         ps = q + 1;
     }
     r->tags_code = tags ? (int64_t)(int32_t)lmq_java_hash_utf8_from(0, tags, tags_n) : 0;
+    /* The delay level table is the broker's messageDelayLevel, passed in
+     * (none: the tags code stays the TAGS hash). */
     if (delay && topic_len == 19 && memcmp(buf + r->topic_off, "SCHEDULE_TOPIC_XXXX", 19) == 0) {
         int64_t level;
         if (!parse_java_int(delay, delay_n, &level)) return LMQ_BAD_DELAY;
-        if (level > N_DELAY_LEVELS) level = N_DELAY_LEVELS;
+        if (level > n_delay_levels) level = n_delay_levels;
         if (level > 0) {
-            r->tags_code = r->store_timestamp + DELAY_LEVELS_MS[level - 1];
+            r->tags_code = r->store_timestamp + delay_levels[level - 1];
             r->flags |= LMQ_REC_DELAY;
         }
     }
@@ -187,7 +185,8 @@ static int64_t stop(lmq_scan_state *st, int32_t why, int32_t code, int64_t at, i
 
 int64_t lmq_dispatch_scan(const uint8_t *buf, size_t len, int64_t base_pos, int32_t mode,
                           int32_t options, int64_t expect_index, lmq_disp_rec *out, int64_t cap,
-                          int64_t max_entries, lmq_scan_state *st) {
+                          int64_t max_entries, const int64_t *delay_levels, int32_t n_delay_levels,
+                          lmq_scan_state *st) {
     int64_t n = 0;
     size_t off = 0;
     st->consumed = 0;
@@ -215,7 +214,7 @@ int64_t lmq_dispatch_scan(const uint8_t *buf, size_t len, int64_t base_pos, int3
             lmq_disp_rec *r = &out[n];
             int64_t pos = base_pos + (int64_t)off;
             rec_init(r, -1, pos, pos);
-            int bad = parse_record(buf, off, a, options, r);
+            int bad = parse_record(buf, off, a, options, delay_levels, n_delay_levels, r);
             if (bad) return stop(st, LMQ_STOP_CORRUPT, LMQ_ERR_RECORD, (int64_t)off, n);
             n++;
             st->entries++;
@@ -245,7 +244,7 @@ int64_t lmq_dispatch_scan(const uint8_t *buf, size_t len, int64_t base_pos, int3
             if (mm == MAGIC_V1 || mm == MAGIC_V2) {
                 lmq_disp_rec *r = &out[n];
                 rec_init(r, index, pos, pos + 48);
-                int bad = parse_record(buf, off + 48, body_size, options, r);
+                int bad = parse_record(buf, off + 48, body_size, options, delay_levels, n_delay_levels, r);
                 if (bad) {
                     r->flags |= LMQ_REC_BAD | LMQ_REC_NO_CQ | LMQ_REC_NO_INDEX;
                     r->bad_reason = bad;

@@ -76,7 +76,8 @@ typedef struct {
 
 int64_t lmq_dispatch_scan(const uint8_t *buf, size_t len, int64_t base_pos, int32_t mode,
                           int32_t options, int64_t expect_index, lmq_disp_rec *out, int64_t cap,
-                          int64_t max_entries, lmq_scan_state *st);
+                          int64_t max_entries, const int64_t *delay_levels, int32_t n_delay_levels,
+                          lmq_scan_state *st);
 int64_t lmq_dispatch_group(const uint8_t *buf, const lmq_disp_rec *recs, int64_t n,
                            int32_t *order, int32_t *group_starts, int64_t *ngroups);
 int64_t lmq_cq_pack(const lmq_disp_rec *recs, const int32_t *order, int64_t from, int64_t to,

@@ -8,7 +8,7 @@ import zlib
 import pytest
 import trio
 
-from broker import message as M
+from consumequeue import record as M
 from broker.client import (BrokerUnavailableError, ClientError, ConnectionFailedError, InvalidArgumentError,
                            InvalidMessageError, Message, MessageIllegalError, MessageQueue, NoRouteError,
                            SendFailedError, TopicNotExistError, allocate_averagely, open_producer, open_push_consumer)

@@ -24,7 +24,7 @@ import signal
 import pytest
 import trio
 
-from broker import message as M
+from consumequeue import record as M
 from broker.namesrv.client import NamesrvClient
 from broker.remoting.client import open_remoting_client
 from broker.remoting.codes import RequestCode, ResponseCode

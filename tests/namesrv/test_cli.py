@@ -12,7 +12,8 @@ import pytest
 import trio
 
 from broker.namesrv.client import NamesrvClient
-from broker.namesrv.routes import BrokerRegistration, TopicConfig
+from broker.namesrv.routes import BrokerRegistration
+from broker.common.values import TopicConfig
 from broker.remoting.client import open_remoting_client
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import hashlib
 import os
 import zlib
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.scan import walk_store
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import service

@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from broker import message as M
-from broker.msgid import offset_msg_id
+from consumequeue import record as M
+from broker.common.msgid import offset_msg_id
 from tests.pipeline.stores import SMALL_ARGS, build_store, committed_messages, digests, dispatcher_output
 from tools.pipeline import audit, export, jobcommon as J, rebuild, stats
 from tools.pipeline.segscan import NativeMissingError

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from broker import message as M
-from broker.legacy_store import LegacyStore
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.legacy_store import LegacyStore
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue.service import positions
 from tests.legacy_fixtures import build_master_slave_store
@@ -29,7 +29,7 @@ def opts(*roots, **kw):
 def plain_reference(fx_root, out, end, config=SMALL) -> None:
     """The dispatch engine in plain mode over [0, end) of the old commitlog
     (what the migration and the fixtures use as RocketMQ's reput)."""
-    from tools.migrate.plainlog import dispatch_plain, plain_engine
+    from consumequeue.plainlog import dispatch_plain, plain_engine
     engine = plain_engine(str(out), os.path.join(str(fx_root), "commitlog"), segment_size=SEG, config=config)
     try:
         dispatch_plain(engine, 0, end)
@@ -82,8 +82,8 @@ def migrated(tmp_path):
     messages appended by the DLedger leader continuing the old queues (two
     4 KiB segments and more), 85 of them committed and dispatched by the
     migrated broker's engine."""
-    from broker.migrated_store import load_marker, open_migrated_engine
-    from tools.migrate.apply import apply
+    from consumequeue.migrated import load_marker, open_migrated_engine
+    from broker.store.upgrade import apply
     fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG)
     apply(fx.root, "n0", data_segment_size=4096)
     store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=4096))

@@ -28,7 +28,7 @@ import time
 
 import trio
 
-from broker import message as M
+from consumequeue import record as M
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster

@@ -28,8 +28,8 @@ import time
 
 import attrs
 
-from broker import message as M
-from broker.queue_offsets import QueueOffsetTable
+from consumequeue import record as M
+from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import service
 from consumequeue.dispatcher import DispatchEngine

@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import native
+from commitlog.config import FlushDiskType
 from commitlog.store import SegmentedStore, StoreConfig
 
 ENTRY_OVERHEAD = 48
@@ -35,7 +36,8 @@ class _StoreRun:
     """Appends through SegmentedStore (async: flush every flush_ms)."""
 
     def __init__(self, directory: str, policy: str, bodies: list[bytes], flush_ms: int):
-        self.store = SegmentedStore.open(StoreConfig(root=directory, flush_policy=policy, flush_interval_ms=flush_ms))
+        flush = FlushDiskType.SYNC_FLUSH if policy == "sync" else FlushDiskType.ASYNC_FLUSH
+        self.store = SegmentedStore.open(StoreConfig(root=directory, flush_disk_type=flush, flush_interval_ms=flush_ms))
         self.policy, self.bodies, self.flush_s = policy, bodies, flush_ms / 1000
         self.entries, self.elapsed, self.next_flush = 0, 0.0, 0.0
 
@@ -45,6 +47,8 @@ class _StoreRun:
         self.next_flush = max(self.next_flush, start)
         while now - start < seconds:
             store.append_leader(bodies, 1)
+            if store.sync_flush:
+                store.flush()  # SYNC_FLUSH: durable before the append counts
             self.entries += len(bodies)
             now = time.perf_counter()
             if self.policy == "async" and now >= self.next_flush:

@@ -14,10 +14,10 @@
 import hashlib
 import os
 
-from commitlog.segments import fsync_dir
+from commitlog.atomicfile import fsync_dir
 from consumequeue.cq import ConsumeQueueStore
 from consumequeue.indexfile import IndexService
-from tools.migrate.apply import IMPORTED_CONFIGS
+from broker.store.upgrade import IMPORTED_CONFIGS
 from tools.migrate.check import CheckReport
 
 CHUNK = 1 << 20

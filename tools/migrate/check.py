@@ -26,8 +26,9 @@ import os
 
 import attrs
 
-from broker.legacy_store import LegacyStore, compare_commitlogs, md5_files
-from broker.migrated_store import MARKER_FILE, divided_offset, load_marker
+from consumequeue.legacy_store import LegacyStore, compare_commitlogs, md5_files
+from broker.metadata.snapshot import read_config_dir
+from consumequeue.migrated import MARKER_FILE, divided_offset, load_marker
 from commitlog.store import StoreConfig, data_segment_size_of
 
 
@@ -99,7 +100,7 @@ def _status(root: str, last: int) -> StoreStatus:
             st.migrated = _markers(st.root)
             st.files = [os.path.basename(p) for _, p, _ in s.files]
             st.md5 = [{"name": d.name, "size": d.size, "md5": d.md5} for d in md5_files(s.commitlog_dir, last)]
-            cfg = s.configs()
+            cfg = read_config_dir(root)
             st.config_tables = {"topics": (cfg.get("topics") or {}).get("topicConfigTable"),
                                 "groups": (cfg.get("subscriptionGroup") or {}).get("subscriptionGroupTable"),
                                 "offsets": (cfg.get("consumerOffset") or {}).get("offsetTable")}

@@ -18,21 +18,22 @@
 # The metadata records themselves (internal rmq_sys_LEDGERMQ_* topics) and
 # NOOP entries are not exported.  The store is written under DIR.partial
 # and renamed to DIR when complete; an interrupted export is started over.
-# The result is read back (broker.legacy_store recovery + the consume queue
+# The result is read back (consumequeue.legacy_store recovery + the consume queue
 # verifier) before export() returns.
 import os
 import shutil
 
 import attrs
 
-from broker import message as M
-from broker.legacy_store import LegacyStore
+from consumequeue import record as M
+from consumequeue.legacy_store import LegacyStore
 from broker.metadata import snapshot as meta_snapshot
 from broker.metadata.records import INTERNAL_TOPICS, parse_op
-from broker.migrated_store import IMPORT_MARK_GROUP, load_marker
+from consumequeue.migrated import load_marker
+from broker.store.migrated import IMPORT_MARK_GROUP
 from commitlog.entry import MAGIC_NORMAL
-from commitlog.segments import fsync_dir
-from tools.migrate.plainlog import (PlainCommitlogWriter, dispatch_plain, plain_engine, write_fastjson,
+from commitlog.atomicfile import fsync_dir
+from consumequeue.plainlog import (PlainCommitlogWriter, dispatch_plain, plain_engine, write_fastjson,
                                     write_stock_checkpoint)
 
 READ_BATCH = 256

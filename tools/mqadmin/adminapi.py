@@ -20,7 +20,7 @@ import re
 
 import attrs
 
-from broker import message as M
+from consumequeue import record as M
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerData, TopicRouteData
 from broker.remoting.client import RemotingClient
@@ -87,7 +87,7 @@ class BrokerAddr:
 
 def parse_mq_map(body: bytes, field: str = "offsetTable") -> dict[tuple[str, str, int], object]:
     """{(topic, brokerName, queueId): value} of a fastjson map whose keys are
-    MessageQueue objects (broker.admin.encode_mq_map's output)."""
+    MessageQueue objects (broker.processors.admin.encode_mq_map's output)."""
     text = body.decode("utf-8")
     m = re.search(r'"%s"\s*:\s*\{' % re.escape(field), text)
     if m is None:
@@ -121,7 +121,7 @@ def decode_records(body: bytes) -> list[M.MessageRecord]:
 def message_json(r: M.MessageRecord, body: bytes | None = None) -> dict:
     """A stored record for people and scripts; `body` overrides the
     record's (the client library's decompressed body)."""
-    from broker.msgid import offset_msg_id
+    from broker.common.msgid import offset_msg_id
     body = r.body if body is None else body
     try:
         body_text = body.decode("utf-8")

@@ -11,7 +11,7 @@ import json
 
 import click
 
-from broker.legacy_store import commitlog_dir_of, compare_commitlogs, md5_files
+from consumequeue.legacy_store import commitlog_dir_of, compare_commitlogs, md5_files
 from tools.mqadmin import EXIT_PROBLEMS
 
 
@@ -164,7 +164,7 @@ Examples:
 def migrate_apply_cmd(conf, root, self_id, segment_size, dry_run, as_json):
     """Upgrade a stopped master-slave store in place: the DLedger log
     continues the old commitlog at the divided offset (old files unchanged)."""
-    from tools.migrate.apply import apply
+    from broker.store.upgrade import apply
     index_size = None
     if conf is not None:
         from broker.config import load_broker_config

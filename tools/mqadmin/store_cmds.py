@@ -20,7 +20,7 @@ from tools.mqadmin.cq_cmds import format_options, verify_consume_queues
 # "module:function" of the checker verifyStore runs on every NORMAL entry
 # body when --body-check is not given: a body carrying a message magic must
 # be exactly one good RocketMQ record at entry pos + 48.
-DEFAULT_BODY_CHECK = "broker.message:check_entry_body"
+DEFAULT_BODY_CHECK = "consumequeue.record:check_entry_body"
 
 
 def _store_dir(root: str, self_id: str | None) -> str:

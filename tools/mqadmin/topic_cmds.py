@@ -4,11 +4,11 @@
 # DLedger leader); routes and the topic list come from the name server.
 import click
 
+from broker.common.permissions import perm_text
 from tools.mqadmin.adminapi import MQAdmin, NotFoundError
 from tools.mqadmin.online import fmt_ms, online
 from tools.mqadmin.render import Output
 
-PERM_NAMES = {2: "W", 4: "R", 6: "RW", 7: "RW+INHERIT", 1: "INHERIT", 0: "-"}
 
 
 def _bool_text(ctx, param, value):
@@ -68,7 +68,7 @@ async def update_topic(admin: MQAdmin, out: Output, broker_addr, cluster, topic,
         for addr in targets:
             out.line(f"create topic to {addr} success.")
         out.line(f"TopicConfig [topicName={topic}, readQueueNums={read}, writeQueueNums={write}, perm="
-                 f"{PERM_NAMES.get(int(perm), perm)}, order={str(order).lower()}]")
+                 f"{perm_text(int(perm))}, order={str(order).lower()}]")
 
 
 @click.command("deleteTopic", epilog="""\b
@@ -111,7 +111,7 @@ async def topic_route(admin: MQAdmin, out: Output, topic):
     out.table(["#ClusterName", "#BrokerName", "#BrokerId", "#Addr"], rows)
     out.line()
     out.table(["#BrokerName", "#ReadQueueNums", "#WriteQueueNums", "#Perm"],
-              [[q.broker_name, q.read_queue_nums, q.write_queue_nums, PERM_NAMES.get(q.perm, q.perm)]
+              [[q.broker_name, q.read_queue_nums, q.write_queue_nums, perm_text(q.perm)]
                for q in route.queue_datas])
 
 

@@ -1,7 +1,7 @@
 # Owns the `export` job: every committed message of one or more stores to
 # Parquet, partitioned by topic and by the UTC date of its store timestamp
 # (DIR/topic=<topic>/date=<yyyy-MM-dd>/part-*.parquet).  One Spark task per
-# segment: the native scanner finds the records, broker/message.py decodes
+# segment: the native scanner finds the records, consumequeue/record.py decodes
 # each one; bodies stored compressed (sysFlag COMPRESSED) are decompressed.
 # Only committed entries are read (splits.py), and malformed records that
 # the dispatcher would skip are skipped here too.
@@ -55,8 +55,8 @@ def utc_date(ms: int) -> str:
 
 def message_row(store: str, view, at: int, rec, entry_index) -> tuple:
     """One export row from the record at view[at:] (rec: its dispatch record)."""
-    from broker import message as M
-    from broker.msgid import offset_msg_id
+    from consumequeue import record as M
+    from broker.common.msgid import offset_msg_id
     m = M.decode(view, at, limit=rec.size)
     body, kind, done = segscan.decompress_body(m.body, m.sysflag)
     props = m.properties

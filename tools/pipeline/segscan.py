@@ -9,7 +9,7 @@
 #                    the driver can replay them through the dispatcher's own
 #                    code (rebuild) without ever seeing the segment;
 #   plain summaries  how a plain commitlog segment ends (splits.plain_end);
-#   message rows     full records decoded by broker/message.py (export, stats).
+#   message rows     full records decoded by consumequeue/record.py (export, stats).
 #
 # The native module is imported inside the executor.  A worker without it
 # (the wheel not installed there, or LEDGERMQ_NO_NATIVE=1) fails the task
@@ -23,6 +23,7 @@ import zlib
 
 import attrs
 
+from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from tools.pipeline.splits import PlainSummary, Split
 
 BATCH_RECORDS = 8192
@@ -121,7 +122,7 @@ def scan_split(split: Split, backend, *, options: int = 0, batch_records: int = 
         while True:
             sub = view[off:]
             res = backend.scan(sub, split.start + off, recs, mode=split.mode, options=options,
-                               expect_index=expect)
+                               expect_index=expect, delay_levels=DEFAULT_DELAY_LEVELS_MS)
             if res.entries and res.last_index >= 0:  # (plain records carry no entry index)
                 if end.first_index < 0:
                     end.first_index = res.last_index - res.entries + 1

@@ -15,12 +15,12 @@
 # mismatch).  Finding it needs a scan, so plain splits start out covering
 # their whole file and plain_end() turns the per-segment scan summaries a
 # Spark job brings back (segscan.plain_summary) into the end, as
-# broker.legacy_store.LegacyStore.recover does sequentially.
+# consumequeue.legacy_store.LegacyStore.recover does sequentially.
 import os
 
 import attrs
 
-from broker.legacy_store import COMMITLOG_DIR
+from consumequeue.legacy_store import COMMITLOG_DIR
 from commitlog.entry import HEADER, HEADER_SIZE, INDEX_UNIT, INDEX_UNIT_SIZE
 from commitlog.errors import CommitLogError
 from commitlog.metafiles import read_checkpoint
@@ -242,10 +242,10 @@ def plan_store(root: str, self_id: str | None = None) -> StorePlan:
 
 
 def _migration_marker(store_dir: str):
-    """The marker broker/migrated_store.py keeps in a migrated store (None
+    """The marker consumequeue/migrated.py keeps in a migrated store (None
     without one; then the old part's end is found by scanning)."""
     try:
-        from broker.migrated_store import load_marker
+        from consumequeue.migrated import load_marker
     except ImportError:  # the migration code is optional here: the scan finds the same end
         return None
     return load_marker(store_dir)

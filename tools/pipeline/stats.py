@@ -3,7 +3,7 @@
 # TOTALSIZE, as the consume queue counts them), queue offset and time
 # ranges (store and born timestamps), a size histogram, and the number of
 # distinct tags and keys.  One Spark task per segment scans and decodes its
-# records (segscan + broker/message.py); the aggregation is Spark SQL.
+# records (segscan + consumequeue/record.py); the aggregation is Spark SQL.
 # Printed as a table (or JSON); with --out also written as stats.json and
 # Parquet (queues.parquet, topics.parquet).
 # Usage: spark-submit tools/pipeline/stats.py --store ROOT [--out DIR]
@@ -32,7 +32,7 @@ def size_bucket(size: int) -> str:
 
 
 def _rows(splits, allow_fallback):
-    from broker import message as M
+    from consumequeue import record as M
     for split in splits:
         for view, at, rec in segscan.records_in(split, allow_fallback):
             m = M.decode(view, at, limit=rec.size)

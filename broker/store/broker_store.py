@@ -25,9 +25,9 @@
 # On the way out (cancellation) metadata writes its snapshot, dispatch
 # checkpoints, and the store is flushed, checkpointed and closed.
 #
-# A store migrated from master-slave (broker/migrated_store.py) is opened
+# A store migrated from master-slave (consumequeue/migrated.py) is opened
 # with its old commitlog layered below the DLedger log; a root that still
-# holds only an old commitlog is upgraded in place first (tools.migrate.apply,
+# holds only an old commitlog is upgraded in place first (broker.store.upgrade,
 # as RocketMQ does when enableDLegerCommitLog finds no DLedger store).  Its
 # retention expires the old segments first and keeps the DLedger ones while
 # any old one exists; its first leader imports the old config tables.
@@ -38,18 +38,21 @@ import random
 import attrs
 import trio
 
-from broker import migrated_store
 from broker.config import BrokerConfig
 from broker.metadata.service import MetadataConfig, MetadataService
-from broker.roles import RoleGate
-from commitlog.config import FlushDiskType
-from commitlog.node import RETENTION_CHECK_SECONDS, raft_config_for, replica_on_store, retention_pass, store_config_for
+from broker.store.gate import RoleGate
+from broker.store.migrated import MigrationImport, needs_upgrade
+from broker.store.migrated import log_identity as migrated_identity
+from broker.store.upgrade import apply as apply_upgrade
+from commitlog.node import raft_config_for, replica_on_store, store_config_for
+from commitlog.retention import RETENTION_CHECK_SECONDS, retention_pass, serve_retention
 from commitlog.raft.state import RaftConfig
 from commitlog.replica import ReplicaNode
 from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of, serve_flusher
 from commitlog.transport.tcp import serve_peer_transport
 from consumequeue.dispatcher import DispatchConfig
-from consumequeue.service import ConsumeQueueService, open_engine
+from consumequeue.migrated import DividedLog, legacy_floor, legacy_retention_pass, load_marker, open_migrated_engine
+from consumequeue.service import ConsumeQueueService, begin_position, open_engine
 
 log = logging.getLogger("ledgermq.broker.store")
 
@@ -65,7 +68,7 @@ class BrokerStore:
     metadata: MetadataService
     gate: RoleGate
     transport: object
-    migrated: migrated_store.DividedLog | None = None  # the store continues an old master-slave commitlog
+    migrated: DividedLog | None = None  # the store continues an old master-slave commitlog
 
     @property
     def writable(self) -> bool:
@@ -76,7 +79,7 @@ class BrokerStore:
         return self.gate.broker_id
 
     def retention_pass(self, now: float | None = None, used_ratio: float | None = None) -> list[str]:
-        """One retention decision (commitlog.node.retention_pass) honouring
+        """One retention decision (commitlog.retention.retention_pass) honouring
         the floors, then consume queue / index cleanup behind it."""
         if self.migrated is not None and self.cq.engine.source.legacy_present():
             return self._legacy_retention_pass(now, used_ratio)
@@ -92,47 +95,35 @@ class BrokerStore:
         """While old segments exist only they expire (the DLedger store's
         floor keeps its own segments), so the boundary is never split."""
         source = self.cq.engine.source
-        deleted = migrated_store.legacy_retention_pass(
+        deleted = legacy_retention_pass(
             source, file_reserved_hours=self.cfg.file_reserved_time_hours, delete_when=self.cfg.delete_when,
             max_used_ratio=self.cfg.replication.disk_space_ratio, now=now, used_ratio=used_ratio)
         if deleted:
-            begin = source.begin_pos if source.legacy_present() else migrated_store_begin(self.store)
+            begin = source.begin_pos if source.legacy_present() else begin_position(self.store)
             cq_files, index_files = self.cq.engine.delete_expired(begin)
             log.info("retention: %d old commitlog files, %d consume queue files, %d index files deleted",
                      len(deleted), cq_files, index_files)
         return deleted
-
-    async def serve_retention(self, *, interval: float = RETENTION_CHECK_SECONDS) -> None:
-        """A timer (DLedger's CleanSpaceService), not a poll of state."""
-        while not self.store.closed:
-            self.retention_pass()
-            await trio.sleep(interval)
 
 
 def open_store(cfg: BrokerConfig, store_config: StoreConfig | None = None) -> SegmentedStore:
     return SegmentedStore.open(store_config or store_config_for(cfg.replication))
 
 
-def migrated_store_begin(store) -> int:
-    from consumequeue.service import begin_position
-    return begin_position(store)
-
-
 def upgrade_if_needed(cfg: BrokerConfig, store_config: StoreConfig | None = None):
     """The automatic upgrade: an old master-slave commitlog under the store
     root and no migrated DLedger store yet -> migrate in place (see
-    tools/migrate/apply.py).  Returns the migration marker (None for a
+    broker/store/upgrade.py).  Returns the migration marker (None for a
     store that never was master-slave)."""
     sc = store_config or store_config_for(cfg.replication)
-    if migrated_store.needs_upgrade(sc.root, sc.self_id):
-        from tools.migrate.apply import apply
-        plan = apply(sc.root, sc.self_id, data_segment_size=sc.data_segment_size,
+    if needs_upgrade(sc.root, sc.self_id):
+        plan = apply_upgrade(sc.root, sc.self_id, data_segment_size=sc.data_segment_size,
                      index_segment_size=sc.index_segment_size)
         for w in plan.warnings:
             log.warning("%s: migration: %s", sc.self_id, w)
         log.info("%s: upgraded the master-slave store in place; DLedger log continues at %d",
                  sc.self_id, plan.divided)
-    return migrated_store.load_marker(sc.store_dir)
+    return load_marker(sc.store_dir)
 
 
 async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreConfig | None = None,
@@ -148,6 +139,7 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
     transport) until cancelled.  started() gets the BrokerStore."""
     rc = cfg.replication
     marker = upgrade_if_needed(cfg, store_config)
+    dispatch_config = dispatch_config or DispatchConfig(delay_levels_ms=cfg.message_delay_levels_ms)
     store = open_store(cfg, store_config)
     configured = (store_config or store_config_for(rc)).data_segment_size
     if store.data_segment_size != configured:
@@ -159,13 +151,13 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
         # Consume queues first: opening them may raise the store's committed
         # index to what was already dispatched before a crash.
         if marker is not None:
-            engine, report = migrated_store.open_migrated_engine(store, marker, config=dispatch_config)
+            engine, report = open_migrated_engine(store, marker, config=dispatch_config)
         else:
             engine, report = open_engine(store, config=dispatch_config)
         log.info("%s: consume queues %s at %d %s", rc.self_id, report.action, report.position, report.reason)
         replica = replica_on_store(
             store, transport, rc.self_id, rc.peer_ids, raft_config or raft_config_for(rc),
-            rng=rng or random.Random(), sync_flush=rc.flush_disk_type is FlushDiskType.SYNC_FLUSH,
+            rng=rng or random.Random(),
             peer_addresses=peer_addresses if peer_addresses is not None else {p.peer_id: p.address for p in rc.peers},
             max_pending=rc.max_pending_requests, max_wait_ack_ms=rc.max_wait_ack_time_ms)
         cq = ConsumeQueueService(store, engine, replica.committed)
@@ -173,14 +165,14 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
             cq.dispatcher.checkpoint_interval = checkpoint_interval
         meta_cfg = metadata_config or MetadataConfig(store_host=cfg.store_host)
         metadata = MetadataService.open(replica, store, rc.store_path_root_dir, meta_cfg)
-        gate = RoleGate(replica, cq, metadata if marker is None else
-                        migrated_store.ImportingMetadata(metadata, store.store_dir, marker), peer_ids=rc.peer_ids)
+        gate = RoleGate(replica, cq, metadata, peer_ids=rc.peer_ids,
+                        before_open=None if marker is None else MigrationImport(metadata, store.store_dir, marker))
         replica.on_role_change = gate.on_role_change
         replica.on_log_reset = cq.on_log_reset
         store.add_retention_floor(metadata.min_retained_index)
         store.add_retention_floor(lambda: cq.dispatcher.dispatched.value + 1)
         if marker is not None:
-            store.add_retention_floor(migrated_store.legacy_floor(engine.source))
+            store.add_retention_floor(legacy_floor(engine.source))
         bs = BrokerStore(cfg, store, replica, cq, metadata, gate, transport, marker)
         async with trio.open_nursery() as nursery:
             await nursery.start(cq.run)
@@ -190,7 +182,7 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
             if run_flusher:  # off in MockClock tests: its worker threads let the clock jump
                 nursery.start_soon(serve_flusher, store)
             if retention_interval is not None:
-                nursery.start_soon(lambda: bs.serve_retention(interval=retention_interval))
+                nursery.start_soon(lambda: serve_retention(bs.retention_pass, interval=retention_interval))
             task_status.started(bs)
             await trio.sleep(math.inf)
     finally:
@@ -201,13 +193,13 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
         store.close()
 
 
-def log_identity(cfg: BrokerConfig, marker: migrated_store.DividedLog | None) -> dict[str, str]:
+def log_identity(cfg: BrokerConfig, marker: DividedLog | None) -> dict[str, str]:
     """What the peer handshake compares: the log's origin (and a migrated
     store's old end) and the data segment size its files were written with
     (or will be: the configured one for a new store).  Replicas that differ
     in any of these cannot hold the same bytes at the same positions."""
     sc = store_config_for(cfg.replication)
-    return {**migrated_store.log_identity(marker), "dataSegmentSize": str(data_segment_size_of(sc))}
+    return {**migrated_identity(marker), "dataSegmentSize": str(data_segment_size_of(sc))}
 
 
 async def serve_broker_store(cfg: BrokerConfig, *, listeners=None, seed: int | None = None,

@@ -28,7 +28,10 @@ import logging
 import attrs
 import trio
 
-from broker.admin import AdminRequestProcessor
+from broker.config import LiveConfig
+from broker.processors.base import RequestProcessor
+from broker.store.broker_store import BrokerStore
+from commitlog.replica import ReplicaNode
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -41,16 +44,17 @@ TRANSFER_TIMEOUT_S = 5.0
 
 
 @attrs.define(eq=False)
-class DLedgerAdminProcessor(AdminRequestProcessor):
-    broker: object  # broker.server.Broker: .store (BrokerStore), .cfg
+class DLedgerAdminProcessor(RequestProcessor):
+    config: LiveConfig
+    store: BrokerStore
 
     CODES = (RequestCode.LEDGERMQ_DLEDGER_STATUS, RequestCode.LEDGERMQ_TRANSFER_LEADERSHIP,
              RequestCode.LEDGERMQ_CHAIN_CRC)
     commitlog_error_code = ResponseCode.SYSTEM_ERROR  # e.g. an index this node does not hold
 
     @property
-    def replica(self):
-        return self.broker.store.replica
+    def replica(self) -> ReplicaNode:
+        return self.store.replica
 
     def handlers(self) -> dict:
         return {
@@ -60,18 +64,18 @@ class DLedgerAdminProcessor(AdminRequestProcessor):
         }
 
     def status_dict(self) -> dict:
-        cfg = self.broker.cfg
+        cfg = self.config.current
         st = self.replica.status()
         st.pop("stats", None)
-        transport = self.broker.store.transport
+        transport = self.store.transport
         # Why a peer is not connected (e.g. its log identity differs).
         links = {p.peer_id: {"connected": p.connected, "lastError": p.last_error}
                  for p in transport.stats().peers.values()}
         # The peer map knows DLedger peer addresses; operators know broker addresses.
         out = {"selfId": st.pop("node"), "group": cfg.replication.group, "brokerName": cfg.broker_name,
                "clusterName": cfg.broker_cluster_name, "brokerAddr": cfg.broker_addr,
-               "brokerId": self.broker.store.gate.broker_id,
-               "writable": bool(self.broker.store.gate.writable), "identity": dict(transport.identity),
+               "brokerId": self.store.gate.broker_id,
+               "writable": bool(self.store.gate.writable), "identity": dict(transport.identity),
                "links": links, **st}
         return out
 
@@ -86,10 +90,10 @@ class DLedgerAdminProcessor(AdminRequestProcessor):
             if replica.is_leader:
                 return request.make_response(ResponseCode.SUCCESS, f"{target} is already the leader")
             raise replica.leader_error()
-        if target not in replica.peer_addresses and target not in self.broker.cfg.replication.peer_ids:
+        if target not in replica.peer_addresses and target not in self.config.current.replication.peer_ids:
             raise RequestError(ResponseCode.INVALID_PARAMETER,
-                               f"{target!r} is not a peer of group {self.broker.cfg.replication.group} "
-                               f"(peers: {', '.join(self.broker.cfg.replication.peer_ids)})")
+                               f"{target!r} is not a peer of group {self.config.current.replication.group} "
+                               f"(peers: {', '.join(self.config.current.replication.peer_ids)})")
         try:
             await replica.transfer_leadership(target, timeout=TRANSFER_TIMEOUT_S)
         except LeadershipTransferError as e:
@@ -112,9 +116,3 @@ class DLedgerAdminProcessor(AdminRequestProcessor):
         except (IndexBeyondEndError, IndexBelowBeginError) as e:
             return request.make_response(ResponseCode.INVALID_PARAMETER, str(e), fields)
         return request.make_response(ResponseCode.SUCCESS, None, {**fields, "chainCrc": crc, "index": index})
-
-
-def register(dispatcher, broker) -> DLedgerAdminProcessor:
-    processor = DLedgerAdminProcessor(broker)
-    processor.register(dispatcher)
-    return processor

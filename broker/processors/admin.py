@@ -42,15 +42,17 @@ import time
 import attrs
 import trio
 
-from broker.message import MessageFormatError
+from consumequeue.record import MessageFormatError
+from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
-from broker.metadata.tables import (FILTER_TYPES, InvalidMetadataError, SubscriptionGroupConfig, TopicConfig,
-                                    check_group_name, check_topic_name)
+from broker.processors.base import RequestProcessor
+from broker.store.broker_store import BrokerStore
+from broker.common.values import (FILTER_TYPES, InvalidMetadataError, TopicConfig, check_group_name, check_topic_name)
+from broker.metadata.tables import SubscriptionGroupConfig
 from broker.remoting.codes import CURRENT_VERSION, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, decode_json, encode_json
-from commitlog.errors import CommitLogError, NotLeaderError
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import MAX_QUERY_NUM, message_at, query_by_key
 
@@ -110,41 +112,6 @@ def parse_attributes(text: str | None, current: dict | None = None) -> dict:
     return out
 
 
-class AdminRequestProcessor:
-    """Base of the admin processors: routes each request code to a method
-    (`handlers()`), and is their one translation point from broker errors to
-    response codes.  Subclasses set CODES and may adjust the two settings."""
-
-    CODES: tuple = ()
-    # What a follower's refusal says before the leader hint (None: the hint alone).
-    not_leader_remark: str | None = None
-    # Storage errors: the node cannot serve it now (SERVICE_NOT_AVAILABLE)
-    # or the request itself failed (SYSTEM_ERROR).
-    commitlog_error_code: int = ResponseCode.SERVICE_NOT_AVAILABLE
-
-    def handlers(self) -> dict:
-        raise NotImplementedError
-
-    def register(self, dispatcher) -> None:
-        for code in self.CODES:
-            dispatcher.register(code, self)
-
-    async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand | None:
-        handler = self.handlers()[request.code]
-        try:
-            response = await handler(request)
-        except RequestError as e:
-            response = request.make_response(e.code, e.remark)
-        except NotLeaderError as e:
-            remark = f"{self.not_leader_remark}: {e}" if self.not_leader_remark else str(e)
-            response = request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, remark)
-        except InvalidMetadataError as e:
-            response = request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
-        except CommitLogError as e:
-            response = request.make_response(self.commitlog_error_code, str(e))
-        return None if request.is_oneway else response
-
-
 @attrs.define(eq=False)
 class TpsMeter:
     """Samples of a growing counter, one per tick; rates over windows."""
@@ -172,8 +139,9 @@ def disk_ratio(path: str) -> float:
 
 
 @attrs.define(eq=False)
-class AdminProcessor(AdminRequestProcessor):
-    broker: object  # .store (BrokerStore), .config (BrokerConfig)
+class AdminProcessor(RequestProcessor):
+    config: LiveConfig
+    store: BrokerStore
     started_ms: int = attrs.Factory(lambda: int(time.time() * 1000))
     put_tps: TpsMeter = attrs.Factory(TpsMeter)
 
@@ -181,7 +149,7 @@ class AdminProcessor(AdminRequestProcessor):
         """Sample the dispatched-message counter once a second (a timer)."""
         task_status.started(self)
         while True:
-            self.put_tps.sample(time.monotonic(), self.bs.cq.engine.stats.messages)
+            self.put_tps.sample(time.monotonic(), self.store.cq.engine.stats.messages)
             await trio.sleep(1.0)
 
     CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
@@ -191,13 +159,8 @@ class AdminProcessor(AdminRequestProcessor):
     not_leader_remark = "metadata is written on the DLedger leader (master)"
 
     @property
-    def bs(self):
-        return self.broker.store
-
-    @property
-    def cfg(self):
-        cfg = getattr(self.broker, "config", None)
-        return cfg if cfg is not None else self.broker.cfg
+    def cfg(self) -> BrokerConfig:
+        return self.config.current
 
     def handlers(self) -> dict:
         return {
@@ -216,10 +179,10 @@ class AdminProcessor(AdminRequestProcessor):
     # --- helpers -------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        self.bs.gate.check_writable()  # NotWritableError is a NotLeaderError
+        self.store.gate.check_writable()  # NotWritableError is a NotLeaderError
 
     def _cq(self, topic: str, queue_id: int):
-        return self.bs.cq.engine.cqs.get(topic, queue_id)
+        return self.store.cq.engine.cqs.get(topic, queue_id)
 
     def _min_max(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self._cq(topic, queue_id)
@@ -234,7 +197,7 @@ class AdminProcessor(AdminRequestProcessor):
         unit = cq.get_unit(offset)
         if unit.is_blank:
             return 0
-        ts = self.bs.cq.engine.store_timestamp_of(unit.phy, unit.size)
+        ts = self.store.cq.engine.store_timestamp_of(unit.phy, unit.size)
         return 0 if ts is None else ts
 
     # --- topics --------------------------------------------------------------------
@@ -264,7 +227,7 @@ class AdminProcessor(AdminRequestProcessor):
         if filter_type not in FILTER_TYPES:
             return request.make_response(ResponseCode.INVALID_PARAMETER,
                                          f"topicFilterType must be one of {FILTER_TYPES}, got {filter_type!r}")
-        current = self.bs.metadata.topic_config(topic)
+        current = self.store.metadata.topic_config(topic)
         attributes = parse_attributes(h.str("attributes", None), current.attributes if current else None)
         try:
             cfg = TopicConfig(topic, read_n, write_n, perm, filter_type, sys_flag, order, attributes,
@@ -274,7 +237,7 @@ class AdminProcessor(AdminRequestProcessor):
         self._check_writable()
         if current == cfg:
             return request.make_response(ResponseCode.SUCCESS)  # nothing changes
-        await self.bs.metadata.update_topic(cfg)
+        await self.store.metadata.update_topic(cfg)
         log.info("topic %s created/updated: %s", topic, cfg)
         return request.make_response(ResponseCode.SUCCESS)
 
@@ -286,17 +249,17 @@ class AdminProcessor(AdminRequestProcessor):
             return request.make_response(ResponseCode.SYSTEM_ERROR,
                                          f"The topic[{topic}] is conflict with system topic.")
         self._check_writable()
-        metadata = self.bs.metadata
+        metadata = self.store.metadata
         if metadata.topic_config(topic) is not None or metadata.state.offsets.groups_of_topic(topic):
             await metadata.delete_topic(topic, clean_offsets=True)
             log.info("topic %s deleted", topic)
         return request.make_response(ResponseCode.SUCCESS)
 
     async def get_all_topic_config(self, request: RemotingCommand) -> RemotingCommand:
-        table = self.bs.metadata.state.topics
+        table = self.store.metadata.state.topics
         body = {"topicConfigTable": {n: c.to_json() for n, c in
-                                     self.bs.metadata.topic_configs(include_internal=False).items()},
-                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.bs.gate.term}}
+                                     self.store.metadata.topic_configs(include_internal=False).items()},
+                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.store.gate.term}}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
 
     # --- messages ------------------------------------------------------------------
@@ -304,7 +267,7 @@ class AdminProcessor(AdminRequestProcessor):
     async def view_message_by_id(self, request: RemotingCommand) -> RemotingCommand:
         phy = HeaderReader(request.ext_fields).long("offset")
         try:
-            record = message_at(self.bs.cq, phy)
+            record = message_at(self.store.cq, phy)
         except (MessageNotFoundError, MessageFormatError) as e:
             return request.make_response(ResponseCode.SYSTEM_ERROR,
                                          f"can not find message by the offset, {phy}: {e}")
@@ -318,7 +281,7 @@ class AdminProcessor(AdminRequestProcessor):
         if h.bool("_UNIQUE_KEY_QUERY", False):
             max_num = DEFAULT_QUERY_MAX_NUM
         max_num = min(max(max_num, 0), MAX_QUERY_NUM)
-        res = query_by_key(self.bs.cq, topic, key, max_num, begin, end)
+        res = query_by_key(self.store.cq, topic, key, max_num, begin, end)
         fields = {"indexLastUpdateTimestamp": res.index_last_update_timestamp,
                   "indexLastUpdatePhyoffset": res.index_last_update_phy_offset}
         if not res.phy_offsets:
@@ -329,13 +292,13 @@ class AdminProcessor(AdminRequestProcessor):
     # --- stats ---------------------------------------------------------------------
 
     def runtime_info(self) -> dict[str, str]:
-        bs, cfg = self.bs, self.cfg
+        bs, cfg = self.store, self.cfg
         from consumequeue.service import positions
         pos = positions(bs.store)
         engine = bs.cq.engine
         stats = engine.stats
         st = bs.replica.status()
-        topics = self.bs.metadata.topic_configs(include_internal=False)
+        topics = self.store.metadata.topic_configs(include_internal=False)
         table = {
             "brokerVersionDesc": VERSION_DESC,  # MQVersion.getVersionDesc, what tools compare
             "brokerVersion": str(CURRENT_VERSION),
@@ -357,9 +320,9 @@ class AdminProcessor(AdminRequestProcessor):
             "commitLogMaxOffset": str(bs.store.end_pos),
             "commitLogCommittedOffset": str(pos.committed_pos),
             "topicCount": str(len(topics)),
-            "subscriptionGroupCount": str(len(self.bs.metadata.state.groups.groups)),
+            "subscriptionGroupCount": str(len(self.store.metadata.state.groups.groups)),
             "consumeQueueCount": str(len(engine.cqs.queues)),
-            "metadataAppliedIndex": str(self.bs.metadata.applied_index),
+            "metadataAppliedIndex": str(self.store.metadata.applied_index),
             "dledgerRole": str(st.get("role", "")).upper(),
             "dledgerTerm": str(st.get("term", bs.gate.term)),
             "dledgerLeaderId": str(st.get("leader") or ""),
@@ -377,7 +340,7 @@ class AdminProcessor(AdminRequestProcessor):
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json({"table": self.runtime_info()}))
 
     def topic_stats(self, topic: str) -> dict:
-        tc = self.bs.metadata.topic_config(topic)
+        tc = self.store.metadata.topic_config(topic)
         out = {}
         for qid in range(tc.write_queue_nums):
             lo, hi = self._min_max(topic, qid)
@@ -388,7 +351,7 @@ class AdminProcessor(AdminRequestProcessor):
 
     async def get_topic_stats_info(self, request: RemotingCommand) -> RemotingCommand:
         topic = HeaderReader(request.ext_fields).str("topic")
-        if self.bs.metadata.topic_config(topic) is None:
+        if self.store.metadata.topic_config(topic) is None:
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_mq_map(self.topic_stats(topic)))
 
@@ -396,7 +359,7 @@ class AdminProcessor(AdminRequestProcessor):
         """{(topic, brokerName, queueId): OffsetWrapper}; each wrapper also
         carries the lag (brokerOffset - consumerOffset) under "lag" for
         Python callers (not sent: Java computes it)."""
-        metadata = self.bs.metadata
+        metadata = self.store.metadata
         topics = [topic] if topic else metadata.state.offsets.topics_of_group(group)
         out = {}
         for t in topics:
@@ -418,7 +381,7 @@ class AdminProcessor(AdminRequestProcessor):
         group, topic = h.str("consumerGroup"), h.str("topic", None)
         if topic is not None and not topic.strip():
             topic = None
-        if topic is not None and self.bs.metadata.topic_config(topic) is None:
+        if topic is not None and self.store.metadata.topic_config(topic) is None:
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         stats = self.consume_stats(group, topic)
         wire = {k: {f: v for f, v in w.items() if f != "lag"} for k, w in stats.items()}
@@ -436,8 +399,8 @@ class AdminProcessor(AdminRequestProcessor):
         except InvalidMetadataError as e:
             return request.make_response(ResponseCode.SYSTEM_ERROR, f"invalid subscription group config: {e}")
         self._check_writable()
-        if self.bs.metadata.group_config(cfg.group_name) != cfg:
-            await self.bs.metadata.update_group(cfg)
+        if self.store.metadata.group_config(cfg.group_name) != cfg:
+            await self.store.metadata.update_group(cfg)
             log.info("subscription group %s created/updated", cfg.group_name)
         return request.make_response(ResponseCode.SUCCESS)
 
@@ -450,15 +413,8 @@ class AdminProcessor(AdminRequestProcessor):
         except InvalidMetadataError as e:
             return request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
         self._check_writable()
-        metadata = self.bs.metadata
+        metadata = self.store.metadata
         if metadata.group_config(group) is not None or (clean and metadata.state.offsets.topics_of_group(group)):
             await metadata.delete_group(group, clean_offsets=clean)
             log.info("subscription group %s deleted (offsets %s)", group, "removed" if clean else "kept")
         return request.make_response(ResponseCode.SUCCESS)
-
-
-def register(dispatcher, broker) -> AdminProcessor:
-    """Plug the admin requests into `dispatcher`; `broker` has .store and .config."""
-    processor = AdminProcessor(broker)
-    processor.register(dispatcher)
-    return processor

@@ -34,14 +34,18 @@
 # fallback while no announcement is known.
 import logging
 import math
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from broker.config import broker_id_for
+from broker.metadata.service import MetadataService
 from commitlog.errors import CommitLogError, NotLeaderError
 from commitlog.raft.state import Role, SoftState
+from commitlog.replica import ReplicaNode
 from commitlog.watermark import Watermark
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.roles")
 
@@ -73,10 +77,13 @@ def describe_leader(leader_id: str | None, peer_addr: str | None, broker_addr: s
 
 @attrs.define(eq=False)
 class RoleGate:
-    replica: object  # commitlog.replica.ReplicaNode
-    cq: object  # consumequeue.service.ConsumeQueueService
-    metadata: object | None = None  # broker.metadata.MetadataService
+    replica: ReplicaNode
+    cq: ConsumeQueueService
+    metadata: MetadataService | None = None  # None: a log without metadata (tests)
     peer_ids: tuple[str, ...] | None = None
+    # Awaited after the metadata barrier, before writes open (a migrated
+    # store's one-time import of its old config tables).
+    before_open: Callable[[], Awaitable[object]] | None = None
 
     generation: Watermark = attrs.Factory(lambda: Watermark(0))
     role: Role = attrs.field(default=Role.FOLLOWER, init=False)
@@ -91,8 +98,8 @@ class RoleGate:
         ss = self.replica.soft_state
         if ss is not None:
             self.role, self.term = ss.role, ss.term
-        if self.metadata is not None and hasattr(self.metadata, "write_gate"):
-            self.metadata.write_gate = self
+        if self.metadata is not None:
+            self.metadata.write_gate = self  # metadata writes pass this gate too
 
     # --- what the broker reads -------------------------------------------------
 
@@ -118,9 +125,7 @@ class RoleGate:
         raise self.not_writable(self.replica.leader_error())
 
     def leader_broker_addr(self, leader_id: str | None) -> str | None:
-        if self.metadata is None or not hasattr(self.metadata, "broker_addr_of"):
-            return None
-        return self.metadata.broker_addr_of(leader_id)
+        return self.metadata.broker_addr_of(leader_id) if self.metadata is not None else None
 
     def not_writable(self, err: NotLeaderError) -> NotWritableError:
         """`err` (the replica's NotLeaderError) with the leader's broker address."""
@@ -131,7 +136,7 @@ class RoleGate:
     @property
     def own_broker_addr(self) -> str | None:
         """brokerIP1:listenPort as the metadata records it (None if unbound)."""
-        host = getattr(getattr(self.metadata, "config", None), "store_host", None)
+        host = self.metadata.config.store_host if self.metadata is not None else None
         return str(host) if host is not None and host.port else None
 
     async def wait_writable(self, timeout: float = math.inf) -> None:
@@ -201,6 +206,8 @@ class RoleGate:
         await self.cq.dispatcher.dispatched.wait_for(target)
         if self.metadata is not None:
             await self.metadata.leader_barrier()
+        if self.before_open is not None:
+            await self.before_open()
         if not (self.replica.is_leader and self.replica.core.term == term):
             return
         self.cq.become_leader()
@@ -216,7 +223,7 @@ class RoleGate:
 
     async def _announce(self, term: int) -> None:
         addr = self.own_broker_addr
-        if addr is None or not hasattr(self.metadata, "announce_leader"):
+        if addr is None or self.metadata is None:
             return
         if self.metadata.broker_addr_of(self.replica.node_id) == addr:
             return

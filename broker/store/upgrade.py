@@ -1,7 +1,7 @@
 # Owns the in-place upgrade of one master-slave store onto a DLedger store
 # (`mqadmin migrate apply`, and the broker's automatic upgrade on start):
 #
-#   1. recover the old commitlog read-only (broker.legacy_store): its valid
+#   1. recover the old commitlog read-only (consumequeue.legacy_store): its valid
 #      end is the old write position; damage in the middle refuses
 #   2. complete the old consume queues and index up to that end (plain-mode
 #      dispatch; a stock broker's reput may lag its commitlog), then record
@@ -30,13 +30,14 @@ import os
 
 import attrs
 
-from broker.legacy_store import LegacyStore
-from broker.migrated_store import (IMPORT_FILE, DividedLog, divided_offset, load_marker, store_dir_of,
-                                   write_import, write_marker)
-from commitlog.segments import fsync_dir
+from consumequeue.legacy_store import LegacyStore
+from broker.metadata.snapshot import read_config_dir
+from consumequeue.migrated import DividedLog, divided_offset, load_marker, store_dir_of, write_marker
+from broker.store.migrated import IMPORT_FILE, write_import
+from commitlog.atomicfile import fsync_dir
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue.checkpoint import StoreCheckpoint
-from tools.migrate.plainlog import dispatch_plain, dispatched_end, plain_engine
+from consumequeue.plainlog import dispatch_plain, dispatched_end, plain_engine
 
 BACKUP_DIR = "migration-backup"
 # The DLedger data segment size when none is given: the broker's default
@@ -130,7 +131,7 @@ def plan_apply(root: str, self_id: str, *, data_segment_size: int | None = None)
         if old.abort_present:
             plan.warnings.append("the old broker did not shut down cleanly (abort file); "
                                  "its consume queues are completed from the commitlog")
-        plan.configs = sorted(n + ".json" for n in old.configs())
+        plan.configs = sorted(n + ".json" for n in read_config_dir(root))
     seg = data_segment_size or DEFAULT_DATA_SEGMENT_SIZE
     plan.data_segment_size = seg
     plan.divided = divided_offset(plan.legacy_end, plan.legacy_segment_size)
@@ -183,7 +184,7 @@ def apply(root: str, self_id: str, *, data_segment_size: int | None = None,
 
 
 def _import_id(store_dir: str) -> str:
-    from broker.migrated_store import load_import
+    from broker.store.migrated import load_import
     data = load_import(store_dir) or {}
     return str(data.get("importId", ""))
 
@@ -217,8 +218,7 @@ def _capture_configs(plan: ApplyPlan, store_dir: str) -> None:
     cdir = os.path.join(plan.root, "config")
     backup = os.path.join(plan.root, BACKUP_DIR, "config")
     if not os.path.exists(os.path.join(store_dir, IMPORT_FILE)):
-        with LegacyStore(plan.root) as old:
-            configs = old.configs()
+        configs = read_config_dir(plan.root)
         for name in IMPORTED_CONFIGS:  # moved by an interrupted earlier run
             path = os.path.join(backup, name)
             if name[:-5] not in configs and os.path.exists(path):

@@ -37,8 +37,10 @@ import typing
 import attrs
 import trio
 
-from broker import message as M
-from broker.message import SCHEDULE_TOPIC, MessageFormatError, parse_java_int
+from broker.config import BrokerConfig
+from broker.store.broker_store import BrokerStore
+from consumequeue import record as M
+from consumequeue.record import SCHEDULE_TOPIC, MessageFormatError, parse_java_int
 from commitlog.errors import CommitLogError, NotLeaderError, PendingFullError, QuorumTimeoutError
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
@@ -119,8 +121,8 @@ class ScheduleService:
     """Construct with the BrokerStore (replica, gate, metadata, cq) and the
     BrokerConfig; run() is the service."""
 
-    bs: object
-    cfg: object
+    bs: BrokerStore
+    cfg: BrokerConfig
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     batch: int = DELIVER_BATCH
     delivered: int = 0  # messages delivered by this node (stats, tests)
@@ -225,12 +227,3 @@ class ScheduleService:
             return offset
         self.delivered += len(records) - 1
         return next_offset
-
-
-def register(dispatcher, broker) -> ScheduleService:
-    """No request codes: returns the service for serve_broker to run."""
-    return ScheduleService(broker.store, broker.cfg)
-
-
-__all__ = ["PROPERTY_REAL_QID", "PROPERTY_REAL_TOPIC", "DelayPropertyError", "ScheduleService", "deliver_at",
-           "delay_level", "from_schedule", "queue_of_level", "register", "to_schedule"]

@@ -30,10 +30,10 @@
 #   quorum timeout           -> FLUSH_SLAVE_TIMEOUT
 #   entry too large          -> MESSAGE_ILLEGAL
 # Delay levels: a single message whose DELAY property is > 0 is stored to
-# SCHEDULE_TOPIC_XXXX (broker/schedule.py rewrites it; the reply's queueId is
+# SCHEDULE_TOPIC_XXXX (broker/store/schedule.py rewrites it; the reply's queueId is
 # the one the producer asked for, its queueOffset the schedule queue's, as
 # Java answers); batches with DELAY are refused.  CONSUMER_SEND_MSG_BACK
-# (retry/DLQ) lives in broker/retry.py and reuses _failure.
+# (retry/DLQ) lives in broker/processors/retry.py and reuses _failure.
 # Not handled here: transactions (PREPARED is refused), ACL.
 import functools
 import logging
@@ -44,14 +44,18 @@ import typing
 
 import attrs
 
-from broker import message as M
-from broker.config import BrokerConfig
+from consumequeue import record as M
+from broker.config import BrokerConfig, LiveConfig
+from broker.metadata.service import MetadataService
 from broker.metadata.records import is_internal_topic
-from broker.metadata.tables import PERM_WRITE, InvalidMetadataError, TopicConfig, check_topic_name
-from broker.msgid import UniqKeyGenerator, offset_msg_id
-from broker.schedule import DelayPropertyError, to_schedule
+from broker.common.permissions import PERM_WRITE
+from broker.common.values import InvalidMetadataError, TopicConfig, check_topic_name
+from broker.common.msgid import UniqKeyGenerator, offset_msg_id
+from broker.store.schedule import DelayPropertyError, to_schedule
 from broker.remoting.codes import RequestCode, ResponseCode
-from broker.roles import describe_leader
+from broker.store.gate import NotWritableError, RoleGate, describe_leader
+from commitlog.replica import ReplicaNode
+from commitlog.store import SegmentedStore
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
@@ -152,21 +156,27 @@ def host_of(peer) -> M.HostAddr:
 
 @attrs.define(eq=False)
 class SendProcessor:
-    cfg: BrokerConfig
-    replica: object  # ReplicaNode: append(bodies) -> [(index, pos)] after commit
-    gate: object  # RoleGate: check_writable()
-    metadata: object  # MetadataService: topic_config, update_topic
-    store: object  # the replica's log: get(index) to read back stamped offsets
+    config: LiveConfig
+    replica: ReplicaNode  # append(bodies) -> [(index, pos)] after commit
+    gate: RoleGate  # check_writable()
+    metadata: MetadataService  # topic_config, update_topic
+    store: SegmentedStore  # the replica's log: get(index) to read back stamped offsets
     uniq_keys: UniqKeyGenerator = attrs.Factory(UniqKeyGenerator)
     rng: random.Random = attrs.Factory(random.Random)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
+
+    @property
+    def cfg(self) -> BrokerConfig:
+        return self.config.current
 
     async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand:
         """The RequestDispatcher processor for codes 10, 310 and 320."""
         return await self.process(request, conn.remote_address)
 
+    CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+
     def register(self, dispatcher) -> None:
-        for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
+        for code in self.CODES:
             dispatcher.register(code, self)
 
     async def process(self, request: RemotingCommand, peer) -> RemotingCommand:
@@ -342,15 +352,15 @@ class SendProcessor:
         return describe_leader(leader.leader_id, leader.leader_addr, self._broker_addr_of(leader.leader_id))
 
     def _broker_addr_of(self, leader_id: str | None) -> str | None:
-        resolve = getattr(self.gate, "leader_broker_addr", None)
-        return resolve(leader_id) if resolve is not None else None
+        return self.gate.leader_broker_addr(leader_id)
 
     def not_leader_remark(self, exc: NotLeaderError) -> str:
         """Names the master's broker address (brokerIP1:listenPort), the one
         a client can use, when the metadata knows it."""
-        if getattr(exc, "catching_up", False):
+        writable = exc if isinstance(exc, NotWritableError) else None
+        if writable is not None and writable.catching_up:
             return (f"broker {self.cfg.broker_name}/{self.cfg.self_id} was just elected leader and does not "
                     f"accept writes until it has caught up; retry shortly")
-        broker_addr = getattr(exc, "broker_addr", None) or self._broker_addr_of(exc.leader_id)
+        broker_addr = (writable.broker_addr if writable is not None else None) or self._broker_addr_of(exc.leader_id)
         who = describe_leader(exc.leader_id, exc.leader_addr, broker_addr)
         return f"broker {self.cfg.broker_name}/{self.cfg.self_id} is not the DLedger leader (master); {who}"

@@ -16,7 +16,7 @@
 #             group's retryMaxTimes) or delayLevel < 0 -> %DLQ%<group>
 #             (1 queue, perm RW as RocketMQ 4.9+, no delay); otherwise
 #             %RETRY%<group> with delay level `delayLevel`, or 3 +
-#             reconsumeTimes when 0 -- which broker/schedule.py turns into a
+#             reconsumeTimes when 0 -- which broker/store/schedule.py turns into a
 #             SCHEDULE_TOPIC_XXXX record delivered when due;
 #          6. the new record: body, flag, sysflag, born fields and properties
 #             (tags, keys, UNIQ_KEY...) of the original, RETRY_TOPIC = the
@@ -34,15 +34,22 @@ import random
 
 import attrs
 
-from broker import message as M
-from broker.metadata.tables import PERM_READ, PERM_WRITE, InvalidMetadataError, SubscriptionGroupConfig, TopicConfig
-from broker.msgid import offset_msg_id
+from broker.config import LiveConfig
+from broker.metadata.service import MetadataService
+from broker.store.gate import RoleGate
+from consumequeue.service import ConsumeQueueService
+
+from consumequeue import record as M
+from broker.common.permissions import PERM_READ, PERM_WRITE
+from broker.common.values import InvalidMetadataError, TopicConfig
+from broker.metadata.tables import SubscriptionGroupConfig
+from broker.common.msgid import offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
-from broker.schedule import to_schedule
-from broker.send import SendError, SendProcessor
+from broker.store.schedule import to_schedule
+from broker.processors.send import SendError, SendProcessor
 from commitlog.errors import CommitLogError
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
@@ -159,10 +166,29 @@ async def ensure_retry_topic(metadata, gate, cfg, group: str, *, unit_mode: bool
 
 
 @attrs.define(eq=False)
+class RetryTopics:
+    """The client processor's consumer-group hook: on the writable leader,
+    a heartbeat's group and its %RETRY% topic are created (failures are
+    logged; the next heartbeat tries again)."""
+
+    config: LiveConfig
+    metadata: MetadataService
+    gate: RoleGate
+
+    async def on_consumer_group(self, group: str, unit_mode: bool) -> None:
+        try:
+            await ensure_retry_topic(self.metadata, self.gate, self.config.current, group, unit_mode=unit_mode)
+        except (CommitLogError, InvalidMetadataError) as e:
+            log.warning("heartbeat of group %s: %%RETRY%% topic / group not created: %s", group, e)
+
+
+@attrs.define(eq=False)
 class SendBackProcessor:
     send: SendProcessor  # cfg, replica, gate, metadata, store and the error translation
-    cq: object  # ConsumeQueueService: the committed record at an offset
+    cq: ConsumeQueueService  # the committed record at an offset
     rng: random.Random = attrs.Factory(random.Random)
+
+    CODES = (RequestCode.CONSUMER_SEND_MSG_BACK,)
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.CONSUMER_SEND_MSG_BACK, self)
@@ -215,14 +241,3 @@ class SendBackProcessor:
             raise SendError(ResponseCode.SYSTEM_ERROR, f"topic[{topic}] not exist")
         if not cfg.perm & PERM_WRITE:
             raise SendError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
-
-
-def register(dispatcher, broker) -> None:
-    """Plug CONSUMER_SEND_MSG_BACK into `dispatcher` (no service to run)."""
-    bs = broker.store
-    send = SendProcessor(broker.cfg, bs.replica, bs.gate, bs.metadata, bs.store)
-    SendBackProcessor(send, bs.cq).register(dispatcher)
-
-
-__all__ = ["DLQ_GROUP_TOPIC_PREFIX", "RETRY_GROUP_TOPIC_PREFIX", "SendBack", "SendBackHeader", "SendBackProcessor",
-           "dlq_topic", "ensure_retry_topic", "parse_send_back_header", "plan_send_back", "register", "retry_topic"]

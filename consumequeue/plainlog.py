@@ -20,11 +20,10 @@ import json
 import os
 import struct
 
-from broker import message as M
+from consumequeue import record as M
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine
-from consumequeue.files import write_atomic
 from consumequeue.source import CommitlogSource
-from commitlog.segments import fsync_dir
+from commitlog.atomicfile import fsync_dir, write_atomic
 from native.dispatch import MODE_PLAIN
 
 COMMITLOG_DIR = "commitlog"

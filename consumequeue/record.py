@@ -3,7 +3,7 @@
 # string, the masked body CRC, the end-of-file BLANK filler of a plain
 # commitlog, SEND_BATCH bodies (§1.10), and in-place patching of the fields
 # the leader fills in at append time (QUEUEOFFSET, PHYSICALOFFSET).
-# Message ids (offsetMsgId, UNIQ_KEY) live in broker/msgid.py.
+# Message ids (offsetMsgId, UNIQ_KEY) live in broker/common/msgid.py.
 #
 # Decoding follows the broker's own reader (`checkMessageAndReturnSize`): a
 # record is accepted only if every length fits and TOTALSIZE equals the

@@ -14,9 +14,9 @@
 #
 # Records are walked with the native dispatch scanner in its plain mode
 # (one C call per batch, no Python object per record unless asked for).
-# Around the commitlog: config/*.json as fastjson writes them (unquoted
-# integer map keys), the binary `checkpoint` (spec §4.1) and the `abort`
-# flag a running or crashed broker leaves.
+# Around the commitlog: the binary `checkpoint` (spec §4.1) and the `abort`
+# flag a running or crashed broker leaves.  (Its config/*.json are read by
+# broker.metadata.snapshot.read_config_dir.)
 #
 # Also here: md5 of the last commitlog files (RocketMQ's pre-migration
 # consistency check between a master and its slave, for plain and DLedger
@@ -27,7 +27,6 @@ from collections.abc import Iterator
 
 import attrs
 
-from broker.metadata import fastjson
 from commitlog.segments import infer_segment_size, list_segment_files
 from consumequeue.checkpoint import StoreCheckpoint
 from consumequeue.source import CommitlogSource
@@ -36,7 +35,6 @@ from native.dispatch import (ERR_TEXT, MODE_PLAIN, REC_CRC_BAD, SCAN_CHECK_CRC, 
                              DispatchRecord, default_backend)
 
 COMMITLOG_DIR = "commitlog"
-CONFIG_DIR = "config"
 ABORT_FILE = "abort"
 BATCH_RECORDS = 4096
 MD5_CHUNK = 1 << 20
@@ -108,25 +106,6 @@ class LegacyStore:
 
     def checkpoint(self) -> StoreCheckpoint | None:
         return StoreCheckpoint.load(self.root)
-
-    def configs(self) -> dict[str, object]:
-        """config/*.json by name, parsed by broker.metadata.fastjson
-        (fastjson's unquoted integer map keys read as strings, as if they
-        had been quoted); *.bak files are skipped, an empty file is None."""
-        out: dict[str, object] = {}
-        cdir = os.path.join(self.root, CONFIG_DIR)
-        if not os.path.isdir(cdir):
-            return out
-        for name in sorted(os.listdir(cdir)):
-            if not name.endswith(".json"):
-                continue
-            with open(os.path.join(cdir, name), "rb") as f:
-                raw = f.read()
-            try:
-                out[name[:-len(".json")]] = fastjson.loads(raw) if raw.strip() else None
-            except ValueError as exc:
-                raise LegacyStoreError(f"{os.path.join(cdir, name)}: {exc}") from None
-        return out
 
     # --- recovery ----------------------------------------------------------------
 

@@ -6,7 +6,7 @@
 #   2. checks: broker readable, topic exists and readable, queueId in range;
 #   3. the subscription: with PullSysFlag SUBSCRIPTION the header's
 #      expression (`TagA || TagB`, `*`), else the one the group registered by
-#      HEART_BEAT (broker.consumer) -- turned into Java String.hashCode tag
+#      HEART_BEAT (broker.processors.clients) -- turned into Java String.hashCode tag
 #      codes; SQL92 / class filters are refused (NO_PERMISSION, as a broker
 #      without enablePropertyFilter answers);
 #   4. consumequeue.reader.read_messages, bounded by the dispatch position
@@ -45,25 +45,24 @@ import os
 import attrs
 import trio
 
-from broker.metadata.tables import PERM_READ, InvalidMetadataError
+from broker.config import LiveConfig, broker_id_for
+from broker.processors.client_manager import ClientManager
+from broker.store.broker_store import BrokerStore
+from commitlog.raft.state import Role
+
+from broker.common.permissions import PERM_READ
+from broker.common.values import InvalidMetadataError
+from broker.common.subscription import (FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND,
+                                        Subscription, SubscriptionError, parse_subscription)
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
 from commitlog.errors import CommitLogError
-from consumequeue.reader import DEFAULT_MAX_BYTES, GetMessageStatus, PullResult, pull_response_code, read_messages
-from native.hashing import java_hash_str
+from consumequeue.reader import DEFAULT_MAX_BYTES, PullResult, pull_response_code, read_messages
 
 log = logging.getLogger("ledgermq.pull")
 
-# PullSysFlag
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
-FLAG_CLASS_FILTER = 0x8
-FLAG_LITE_PULL = 0x10
-
-SUB_ALL = "*"
 DEFAULT_SUSPEND_MS = 15000  # the push consumer's brokerSuspendMaxTimeMillis
 SHORT_POLLING_MS = 1000  # shortPollingTimeMills
 MAX_SUSPEND_MS = 24 * 3600 * 1000  # a sanity bound on a client-chosen hold
@@ -81,41 +80,11 @@ def default_slave_read_lag_bytes() -> int:
 
 
 class PullError(Exception):
+    """A pull the broker refuses: answered with `code` and `remark`."""
+
     def __init__(self, code: int, remark: str):
         super().__init__(remark)
         self.code, self.remark = code, remark
-
-
-@attrs.frozen
-class Subscription:
-    """FilterAPI.buildSubscriptionData: `*` (every tag) or a set of tags."""
-
-    sub_string: str
-    tags: frozenset[str] = frozenset()
-    codes: frozenset[int] | None = None  # None: every message
-    sub_version: int = 0
-    expression_type: str = "TAG"
-
-    @property
-    def is_all(self) -> bool:
-        return self.codes is None
-
-
-def parse_subscription(expression: str | None, sub_version: int = 0,
-                       expression_type: str | None = "TAG") -> Subscription:
-    """`TagA || TagB` -> tags {TagA, TagB} and their String.hashCode codes;
-    null, empty or `*` -> every message.  Raises PullError for SQL92."""
-    etype = (expression_type or "TAG").strip().upper() or "TAG"
-    if etype != "TAG":
-        raise PullError(ResponseCode.NO_PERMISSION,
-                        f"The broker does not support consumer to filter message by {etype}")
-    text = (expression or "").strip()
-    if not text or text == SUB_ALL:
-        return Subscription(SUB_ALL, sub_version=sub_version)
-    # Java keeps every non-empty trimmed tag; `*` is special only as the
-    # whole expression, and an expression of separators alone matches nothing.
-    tags = [t for t in (t.strip() for t in text.split("||")) if t]
-    return Subscription(text, frozenset(tags), frozenset(java_hash_str(t) for t in tags), sub_version)
 
 
 @attrs.frozen
@@ -156,35 +125,20 @@ def parse_pull_header(request: RemotingCommand) -> PullHeader:
         expression_type=h.str("expressionType", None), max_msg_bytes=h.int("maxMsgBytes", None))
 
 
-def broker_config(broker):
-    """The BrokerConfig of `broker` (.config, or .cfg as broker.server's
-    Broker names it, else the store's)."""
-    for name in ("config", "cfg"):
-        cfg = getattr(broker, name, None)
-        if cfg is not None:
-            return cfg
-    return broker.store.cfg
-
-
-def _consumer_manager(broker):
-    from broker.consumer import manager_for  # late: consumer.py is optional for pull
-    return manager_for(broker)
-
-
 @attrs.define(eq=False)
 class PullProcessor:
     """The RequestDispatcher processor for PULL_MESSAGE."""
 
-    broker: object  # .store (BrokerStore), .config or .cfg (BrokerConfig)
+    config: LiveConfig
+    store: BrokerStore
+    clients: ClientManager  # the subscriptions heartbeats registered
     long_polling_enable: bool = True
     short_polling_ms: int = SHORT_POLLING_MS
     max_transfer_bytes: int = DEFAULT_MAX_BYTES
     slave_read_lag_bytes: int = attrs.Factory(default_slave_read_lag_bytes)
     held: int = 0  # requests parked right now (for stats and tests)
 
-    @property
-    def bs(self):
-        return self.broker.store
+    CODES = (RequestCode.PULL_MESSAGE,)
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.PULL_MESSAGE, self)
@@ -198,11 +152,11 @@ class PullProcessor:
             sub = self._check(header)
         except RequestError as e:
             return request.make_response(e.code, e.remark)
-        except PullError as e:
+        except (PullError, SubscriptionError) as e:
             return request.make_response(e.code, e.remark)
 
-        leader = self.bs.gate.writable
-        result, seen = self._read(header, sub, leader), self.bs.cq.dispatcher.dispatched.value
+        leader = self.store.gate.writable
+        result, seen = self._read(header, sub, leader), self.store.cq.dispatcher.dispatched.value
         code = self._code(result, header.queue_offset, leader)
         if header.commit and leader and header.commit_offset >= 0:
             self._commit(header)
@@ -211,7 +165,7 @@ class PullProcessor:
             timeout_ms = min(max(timeout_ms, 0), MAX_SUSPEND_MS)
             if timeout_ms > 0:
                 await self._hold(header, seen, timeout_ms / 1000)
-                leader = self.bs.gate.writable
+                leader = self.store.gate.writable
                 result = self._read(header, sub, leader)
                 code = self._code(result, header.queue_offset, leader)
         return self._response(request, result, code)
@@ -219,10 +173,10 @@ class PullProcessor:
     # --- steps ------------------------------------------------------------------
 
     def _check(self, h: PullHeader) -> Subscription:
-        cfg = broker_config(self.broker)
+        cfg = self.config.current
         if not cfg.broker_permission & PERM_READ:
             raise PullError(ResponseCode.NO_PERMISSION, f"the broker[{cfg.broker_ip1}] pulling message is forbidden")
-        topic_cfg = self.bs.metadata.topic_config(h.topic)
+        topic_cfg = self.store.metadata.topic_config(h.topic)
         if topic_cfg is None:
             raise PullError(ResponseCode.TOPIC_NOT_EXIST,
                             f"topic[{h.topic}] not exist, apply first please!")
@@ -237,7 +191,7 @@ class PullProcessor:
         if h.has_subscription:
             return parse_subscription(h.subscription, h.sub_version, h.expression_type)
         # The subscription the group registered by heartbeat.
-        manager = _consumer_manager(self.broker)
+        manager = self.clients
         group = manager.group(h.consumer_group)
         if group is None:
             raise PullError(ResponseCode.SUBSCRIPTION_NOT_EXIST,
@@ -254,7 +208,7 @@ class PullProcessor:
         max_bytes = self.max_transfer_bytes
         if h.max_msg_bytes is not None and h.max_msg_bytes > 0:
             max_bytes = min(max_bytes, h.max_msg_bytes)
-        return read_messages(self.bs.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
+        return read_messages(self.store.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
                              None if sub.is_all else set(sub.codes), correct_offsets=leader)
 
     @staticmethod
@@ -266,19 +220,19 @@ class PullProcessor:
 
     def _commit(self, h: PullHeader) -> None:
         try:
-            self.bs.metadata.stage_offsets([(h.topic, h.consumer_group, h.queue_id, h.commit_offset)])
+            self.store.metadata.stage_offsets([(h.topic, h.consumer_group, h.queue_id, h.commit_offset)])
         except (CommitLogError, InvalidMetadataError) as e:
             log.debug("pull's commitOffset %s@%s/%d=%d not stored: %s", h.topic, h.consumer_group, h.queue_id,
                       h.commit_offset, e)
 
     def _queue_max(self, h: PullHeader) -> int:
-        cq = self.bs.cq.engine.cqs.get(h.topic, h.queue_id)
+        cq = self.store.cq.engine.cqs.get(h.topic, h.queue_id)
         return -1 if cq is None else cq.max_offset
 
     async def _hold(self, h: PullHeader, seen: int, timeout: float) -> None:
         """Park until dispatch moved and the queue holds a message at or after
         the request offset, or `timeout` seconds passed."""
-        dispatched = self.bs.cq.dispatcher.dispatched
+        dispatched = self.store.cq.dispatcher.dispatched
         self.held += 1
         try:
             with trio.move_on_after(timeout):
@@ -294,22 +248,20 @@ class PullProcessor:
         (see the header)."""
         if not result.phy_offsets:
             return MASTER_ID
-        behind = self.bs.cq.engine.pos - result.phy_offsets[-1]
+        behind = self.store.cq.engine.pos - result.phy_offsets[-1]
         if behind <= self.slave_read_lag_bytes:
             return MASTER_ID
-        if not self.bs.gate.writable:
-            return self.bs.broker_id  # stay on this follower while still far behind
+        if not self.store.gate.writable:
+            return self.store.broker_id  # stay on this follower while still far behind
         return self._best_follower_id()
 
     def _best_follower_id(self) -> int:
-        from broker.config import broker_id_for  # the slave id each member registers under
-        from commitlog.raft.state import Role
-        replica = self.bs.replica
+        replica = self.store.replica
         peers = replica.status().get("peers", {})
         best = max(((p["matchIndex"], pid) for pid, p in peers.items() if pid != replica.node_id), default=None)
         if best is None:
             return MASTER_ID
-        rc = self.bs.cfg.replication
+        rc = self.store.cfg.replication
         return broker_id_for(Role.FOLLOWER, best[1], rc.peer_ids)
 
     def _response(self, request: RemotingCommand, result: PullResult, code: int) -> RemotingCommand:
@@ -317,15 +269,3 @@ class PullProcessor:
                   "maxOffset": result.max_offset, "suggestWhichBrokerId": self.suggest_broker_id(result)}
         body = result.records if code == ResponseCode.SUCCESS else b""
         return request.make_response(code, result.status.value, fields, body)
-
-
-def register(dispatcher, broker) -> PullProcessor:
-    """Plug PULL_MESSAGE into `dispatcher`; `broker` has .store and .config."""
-    processor = PullProcessor(broker)
-    processor.register(dispatcher)
-    return processor
-
-
-__all__ = ["FLAG_COMMIT_OFFSET", "FLAG_SUSPEND", "FLAG_SUBSCRIPTION", "FLAG_CLASS_FILTER", "FLAG_LITE_PULL",
-           "GetMessageStatus", "PullProcessor", "Subscription", "parse_pull_header", "parse_subscription",
-           "register"]

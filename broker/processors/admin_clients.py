@@ -25,19 +25,23 @@
 #                                     also works with the group offline: the
 #                                     offsets are the broker's, not only the
 #                                     clients'.
+import enum
 import logging
 
 import attrs
 import trio
 
-from broker.admin import AdminRequestProcessor, encode_mq_map
+from broker.config import LiveConfig
+from broker.processors.admin import encode_mq_map
+from broker.processors.base import RequestProcessor
+from broker.processors.client_manager import ClientManager
+from broker.store.broker_store import BrokerStore
 from broker.config import KEYS as BROKER_KEYS
-from broker.consumer import manager_for
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError, RequestError
 from broker.remoting.header import HeaderReader, encode_json
-from commitlog.config import KEYS as REPLICATION_KEYS, ConfigError, iter_properties
+from commitlog.config import KEYS as REPLICATION_KEYS, ConfigError, Peer, iter_properties
 
 log = logging.getLogger("ledgermq.admin.clients")
 
@@ -51,9 +55,9 @@ def _text(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (tuple, list)):
         return ";".join(_text(v) for v in value)
-    if hasattr(value, "peer_id") and hasattr(value, "address"):
+    if isinstance(value, Peer):
         return f"{value.peer_id}-{value.address}"
-    if hasattr(value, "name") and not isinstance(value, str):  # enums
+    if isinstance(value, enum.Enum):
         return value.name
     return "" if value is None else str(value)
 
@@ -79,8 +83,8 @@ def broker_config_properties(cfg) -> dict[str, str]:
     """The effective broker.conf keys of a BrokerConfig, as text."""
     out = {key: _RENDER.get(key, _text)(getattr(cfg, field)) for key, (field, _) in BROKER_KEYS.items()}
     rc = cfg.replication
-    out.update({key: _text(getattr(rc, field)) for key, (field, _) in REPLICATION_KEYS.items()
-                if getattr(rc, field, None) is not None})
+    values = {key: getattr(rc, field) for key, (field, _) in REPLICATION_KEYS.items()}
+    out.update({key: _text(value) for key, value in values.items() if value is not None})
     out["enableDLegerCommitLog"] = "true"
     return dict(sorted(out.items()))
 
@@ -94,29 +98,22 @@ def properties_text(props: dict[str, str]) -> str:
 
 
 def _connection(ch) -> dict:
-    conn = ch.conn
-    addr = getattr(conn, "remote_address", None)
-    language = getattr(ch.language, "name", ch.language)
+    addr = ch.conn.remote_address
+    language = ch.language.name if isinstance(ch.language, enum.Enum) else ch.language
     return {"clientId": ch.client_id, "clientAddr": "" if addr is None else str(addr),
             "language": str(language), "version": ch.version}
 
 
 @attrs.define(eq=False)
-class ClientsAdminProcessor(AdminRequestProcessor):
-    broker: object  # broker.server.Broker
+class ClientsAdminProcessor(RequestProcessor):
+    config: LiveConfig
+    store: BrokerStore
+    clients: ClientManager
 
     CODES = (RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_BROKER_CONFIG,
              RequestCode.GET_CONSUMER_CONNECTION_LIST, RequestCode.GET_PRODUCER_CONNECTION_LIST,
              RequestCode.INVOKE_BROKER_TO_RESET_OFFSET)
     not_leader_remark = "offsets are written on the DLedger leader (master)"
-
-    @property
-    def bs(self):
-        return self.broker.store
-
-    @property
-    def manager(self):
-        return manager_for(self.broker)
 
     def handlers(self) -> dict:
         return {
@@ -130,8 +127,8 @@ class ClientsAdminProcessor(AdminRequestProcessor):
     # --- broker config ----------------------------------------------------------------
 
     async def get_broker_config(self, request: RemotingCommand) -> RemotingCommand:
-        text = properties_text(broker_config_properties(self.broker.cfg))
-        dv = self.bs.metadata.state.topics.data_version
+        text = properties_text(broker_config_properties(self.config.current))
+        dv = self.store.metadata.state.topics.data_version
         return request.make_response(ResponseCode.SUCCESS, None, {"version": encode_json(dv.to_json()).decode()},
                                      text.encode("utf-8"))
 
@@ -150,13 +147,13 @@ class ClientsAdminProcessor(AdminRequestProcessor):
                    if known else f"unknown key(s) {', '.join(cold)}")
             raise RequestError(ResponseCode.NO_PERMISSION,
                                f"{why} (hot-reloadable: {', '.join(HOT_KEYS)}); nothing was changed")
-        cfg = self.broker.cfg
+        cfg = self.config.current
         try:
             values = {key: (BROKER_KEYS.get(key) or REPLICATION_KEYS[key])[1](key, value)
                       for key, value in props.items()}
         except ConfigError as e:
             raise RequestError(ResponseCode.INVALID_PARAMETER, str(e)) from None
-        replica = self.bs.replica
+        replica = self.store.replica
         rc = cfg.replication
         if "brokerPermission" in values:
             cfg = attrs.evolve(cfg, broker_permission=values["brokerPermission"])
@@ -166,17 +163,17 @@ class ClientsAdminProcessor(AdminRequestProcessor):
         if "maxWaitAckTimeMs" in values:
             replica.max_wait_ack_ms = values["maxWaitAckTimeMs"]
             rc = attrs.evolve(rc, max_wait_ack_time_ms=values["maxWaitAckTimeMs"])
-        self.broker.cfg = attrs.evolve(cfg, replication=rc)
+        # Every processor reads config.current; the registration listener
+        # re-registers, so the name servers see the new topic permissions.
+        self.config.update(attrs.evolve(cfg, replication=rc))
         log.info("broker config updated: %s", ", ".join(f"{k}={v}" for k, v in props.items()))
-        if "brokerPermission" in values and callable(getattr(self.broker, "kick", None)):
-            self.broker.kick()  # the name servers must see the new topic permissions
         return request.make_response(ResponseCode.SUCCESS)
 
     # --- connections -------------------------------------------------------------------
 
     async def consumer_connections(self, request: RemotingCommand) -> RemotingCommand:
         group = HeaderReader(request.ext_fields).str("consumerGroup")
-        manager = self.manager
+        manager = self.clients
         info, ids = manager.group(group), set(manager.consumer_ids(group))
         if info is None or not ids:
             return request.make_response(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
@@ -192,7 +189,7 @@ class ClientsAdminProcessor(AdminRequestProcessor):
 
     async def producer_connections(self, request: RemotingCommand) -> RemotingCommand:
         group = HeaderReader(request.ext_fields).str("producerGroup")
-        manager = self.manager
+        manager = self.clients
         ids = set(manager.producer_ids(group))
         if not ids:
             return request.make_response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
@@ -204,7 +201,7 @@ class ClientsAdminProcessor(AdminRequestProcessor):
 
     def reset_table(self, topic: str, group: str, timestamp: int, force: bool) -> dict[int, int]:
         """queueId -> the offset resetOffsetByTime sets (pure over the store)."""
-        metadata, engine = self.bs.metadata, self.bs.cq.engine
+        metadata, engine = self.store.metadata, self.store.cq.engine
         tc = metadata.topic_config(topic)
         table = {}
         for qid in range(tc.write_queue_nums):
@@ -221,12 +218,12 @@ class ClientsAdminProcessor(AdminRequestProcessor):
         h = HeaderReader(request.ext_fields)
         topic, group = h.str("topic"), h.str("group")
         timestamp, force = h.long("timestamp"), h.bool("isForce", True)
-        if self.bs.metadata.topic_config(topic) is None:
+        if self.store.metadata.topic_config(topic) is None:
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-        self.bs.gate.check_writable()
+        self.store.gate.check_writable()
         table = self.reset_table(topic, group, timestamp, force)
-        await self.bs.metadata.reset_offsets(topic, group, table)
-        name = self.broker.cfg.broker_name
+        await self.store.metadata.reset_offsets(topic, group, table)
+        name = self.config.current.broker_name
         body = encode_mq_map({(topic, name, q): o for q, o in table.items()})
         notified = await self._notify_reset(topic, group, timestamp, force, body)
         log.info("offsets of %s on %s reset to %s (timestamp %d, %d clients notified)", group, topic, table,
@@ -234,7 +231,7 @@ class ClientsAdminProcessor(AdminRequestProcessor):
         return request.make_response(ResponseCode.SUCCESS, None, {"notifiedClients": notified}, body)
 
     async def _notify_reset(self, topic, group, timestamp, force, body: bytes) -> int:
-        manager = self.manager
+        manager = self.clients
         info, ids = manager.group(group), set(manager.consumer_ids(group))
         if info is None:
             return 0
@@ -243,7 +240,7 @@ class ClientsAdminProcessor(AdminRequestProcessor):
                                               "isForce": force}, body=body)
         sent = 0
         for cid, ch in list(info.channels.items()):
-            if cid not in ids or not hasattr(ch.conn, "send_request_oneway"):
+            if cid not in ids:
                 continue
             try:
                 await ch.conn.send_request_oneway(cmd, timeout=NOTIFY_TIMEOUT_S)
@@ -251,9 +248,3 @@ class ClientsAdminProcessor(AdminRequestProcessor):
             except (RemotingError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                 log.debug("RESET_CONSUMER_CLIENT_OFFSET to %s failed: %s", cid, e)
         return sent
-
-
-def register(dispatcher, broker) -> ClientsAdminProcessor:
-    processor = ClientsAdminProcessor(broker)
-    processor.register(dispatcher)
-    return processor

@@ -17,7 +17,7 @@ import logging
 
 import attrs
 
-from broker.message import (MAGIC_V1, MAGIC_V2, MessageFormatError, TRANSACTION_MASK,
+from consumequeue.record import (MAGIC_V1, MAGIC_V2, MessageFormatError, TRANSACTION_MASK,
                             TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, read_topic_queue,
                             set_physical_offset, set_queue_offset)
 from commitlog.entry import BODY_OFFSET, MAGIC_NORMAL

@@ -12,7 +12,7 @@ import typing
 
 import attrs
 
-from broker.message import HostAddr, MessageFormatError
+from consumequeue.record import HostAddr, MessageFormatError
 
 
 def offset_msg_id(store_host: HostAddr, physical_offset: int) -> str:
