@@ -23,7 +23,10 @@ setup: $(STAMP)
 native: $(STAMP)
 	flock .native.lock $(VPY) native/_build.py
 
+# The layer contract (pyproject.toml, import-linter) first: an upward import
+# fails the suite before any test runs.
 test: setup native
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 quickstart: setup native

@@ -15,7 +15,7 @@
 #
 # Used by `mqadmin migrate export` (the way back), by `migrate apply` (to
 # complete the old consume queues before the DLedger log continues them)
-# and by the test fixtures (tests/legacy_fixtures.py).
+# and by the test fixtures (tests/helpers/legacy_fixtures.py).
 import json
 import os
 import struct

@@ -1,7 +1,7 @@
 # Owns the hashes the RocketMQ/DLedger formats are built on: zlib CRC32,
 # RocketMQ's masked body CRC, and Java's String.hashCode (tags codes, index
 # keys).  Native when available, pure Python otherwise; both give identical
-# results (tests/test_native_hashing.py checks them against each other).
+# results (tests/native/test_hashing.py checks them against each other).
 import zlib
 
 from native import NATIVE_LOADED, ffi, lib

@@ -13,12 +13,12 @@
 #      migration-backup/config/: left in config/ they would be each node's
 #      own unreplicated metadata base
 #   4. create the DLedger store empty, continuing at the divided offset
-#      (broker.migrated_store.divided_offset: RocketMQ's
+#      (consumequeue.migrated.divided_offset: RocketMQ's
 #      dividedCommitlogOffset, from the old files alone); its first data
 #      file is named by that offset rounded down to the DLedger segment size
 #      (mappedFileSizeCommitLog), as DLedger's rebuildWithPos names it
 #      (SegmentedStore.reset_to)
-#   5. write the marker (broker.migrated_store) -- last, atomically
+#   5. write the marker (consumequeue.migrated) -- last, atomically
 #
 # The old commitlog segments are never written (RocketMQ writes a BLANK at
 # the old write position; we treat the rest of the last old segment as that

@@ -1,6 +1,6 @@
 # Owns the quorum arithmetic: majority size and the committed index as the
 # quorum median of match indexes.  Pure functions (hypothesis-tested against a
-# naive oracle in tests/raft/test_quorum.py).
+# naive oracle in tests/commitlog/raft/test_quorum.py).
 from typing import Iterable
 
 

@@ -15,7 +15,7 @@
 # slave syncs them from its master only every few seconds).
 #
 # Every store's divided offset (where its DLedger log begins) is derived by
-# broker.migrated_store.divided_offset, the one rule apply and the broker's
+# consumequeue.migrated.divided_offset, the one rule apply and the broker's
 # upgrade use.  Stores already migrated (a dledger-<id>/ledgermq-divided.json
 # under the root) report the marker's value and their DLedger segment size;
 # markers that disagree with each other or with the old files are problems:

@@ -1,0 +1,348 @@
+# PULL_MESSAGE (broker/processors/pull.py) against a real 3-node in-memory group (the
+# rig of test_broker_roles, MockClock): messages go in through the send
+# processor, pulls come out as RemotingCommands.  Checked: FOUND with a tag
+# filter (body = the stored records, unchanged), NO_NEW_MSG, OFFSET_MOVED
+# (and its slave form on followers), the header fields clients rely on
+# (client-compat #11), COMMIT_OFFSET on the leader only, long polling woken
+# by a commit, the timeout answer, and that an uncommitted append is never
+# visible.
+import attrs
+import trio
+
+from consumequeue import record as M
+from broker.config import LiveConfig
+from broker.processors.client_manager import ClientManager
+from broker.processors.clients import ClientProcessor
+from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, SubscriptionError, parse_subscription
+from broker.processors.pull import PullProcessor
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.server import RequestDispatcher
+from native.hashing import java_hash_str
+from tests.broker.store.test_gate import Group
+from tests.broker.processors.test_send import BORN, processor, v2
+
+TOPIC = "TopicP"
+
+
+def pull_processor(m, clients: ClientManager | None = None, **kw) -> PullProcessor:
+    """As broker.server wires it: the member's config, its store and a client registry."""
+    return PullProcessor(LiveConfig(m.cfg), m.bs, clients or ClientManager(), **kw)
+
+
+@attrs.define(eq=False)
+class FakeConn:
+    """A client connection as the registry keeps it (remoting.ClientConnection)."""
+
+    remote_address: str = "client"
+    attributes: dict = attrs.Factory(dict)
+    closed: bool = False
+
+    async def send_request_oneway(self, cmd, timeout=None):
+        pass
+
+
+def pull_req(offset=0, *, topic=TOPIC, queue_id=1, sub="*", flag=FLAG_SUBSCRIPTION, suspend_ms=15000,
+             commit=0, max_nums=32, group="cg", **extra) -> RemotingCommand:
+    # mixed value types (client-compat #1)
+    fields = {"consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": str(offset),
+              "maxMsgNums": max_nums, "sysFlag": flag, "commitOffset": commit, "suspendTimeoutMillis": suspend_ms,
+              "subscription": sub, "subVersion": 0, "expressionType": "TAG", **extra}
+    return RemotingCommand.create_request(RequestCode.PULL_MESSAGE, fields, opaque=7)
+
+
+async def send(m, body: bytes, tag: str | None = None, *, queue_id=1, **kw):
+    props = M.properties_to_string({"TAGS": tag}) if tag else ""
+    resp = await processor(m, **kw).process(v2(TOPIC, body, queue_id=queue_id, props=props), BORN)
+    return resp
+
+
+def records(body: bytes) -> list[M.MessageRecord]:
+    out, pos = [], 0
+    while pos < len(body):
+        size = int.from_bytes(body[pos:pos + 4], "big")
+        out.append(M.decode(body[pos:pos + size], check_crc=True))
+        pos += size
+    assert pos == len(body)
+    return out
+
+
+def hdr(resp) -> dict[str, int]:
+    return {k: int(resp.ext_fields[k]) for k in ("nextBeginOffset", "minOffset", "maxOffset", "suggestWhichBrokerId")}
+
+
+async def loaded_group(tmp_path, nursery, tags=("TagA", "TagB", "TagA", "TagC"), **extra):
+    g = Group(tmp_path, nursery, **extra)
+    await g.start()
+    leader = await g.wait_leader()
+    for i, t in enumerate(tags):
+        assert (await send(leader, f"m{i}".encode(), t)).code == ResponseCode.SUCCESS
+    await g.settle()
+    return g, leader
+
+
+def test_parse_subscription():
+    assert parse_subscription("*").is_all and parse_subscription(None).is_all and parse_subscription(" ").is_all
+    s = parse_subscription(" TagA ||TagB|| ")
+    assert s.tags == {"TagA", "TagB"} and s.codes == {java_hash_str("TagA"), java_hash_str("TagB")}
+    assert parse_subscription("||").codes == frozenset()  # Java: nothing matches
+    try:
+        parse_subscription("a > 1", expression_type="SQL92")
+    except SubscriptionError as e:
+        assert e.code == ResponseCode.NO_PERMISSION
+    else:
+        raise AssertionError("SQL92 accepted")
+
+
+async def test_found_with_tag_filter_on_leader_and_follower(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        resp = await p.process(pull_req(0, sub="TagA || TagC"))
+        assert resp.code == ResponseCode.SUCCESS and resp.remark == "FOUND"
+        assert (resp.opaque, resp.is_response) == (7, True)
+        recs = records(resp.body)
+        assert [(r.body, r.tags, r.queue_offset) for r in recs] == [(b"m0", "TagA", 0), (b"m2", "TagA", 2),
+                                                                     (b"m3", "TagC", 3)]
+        assert hdr(resp) == {"nextBeginOffset": 4, "minOffset": 0, "maxOffset": 4, "suggestWhichBrokerId": 0}
+        # the body is the stored bytes, unchanged
+        src = leader.bs.cq.engine.source
+        assert resp.body == b"".join(src.read(r.physical_offset, len(r.encode())) for r in recs)
+
+        everything = await p.process(pull_req(1, max_nums=2))
+        assert [r.body for r in records(everything.body)] == [b"m1", b"m2"]
+        assert hdr(everything)["nextBeginOffset"] == 3
+
+        none = await p.process(pull_req(0, sub="TagZ"))
+        assert (none.code, none.remark, none.body) == (ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE", b"")
+        assert hdr(none)["nextBeginOffset"] == 4
+
+        follower = next(m for m in g.alive() if m is not leader)
+        fr = await pull_processor(follower).process(pull_req(0, sub="TagA || TagC"))
+        assert fr.code == ResponseCode.SUCCESS and fr.body == resp.body
+        # a consumer that is not far behind is sent back to the master (id 0)
+        assert hdr(fr)["suggestWhichBrokerId"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+
+        at_end = await p.process(pull_req(4))
+        assert (at_end.code, at_end.remark) == (ResponseCode.PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE")
+        assert hdr(at_end) == {"nextBeginOffset": 4, "minOffset": 0, "maxOffset": 4, "suggestWhichBrokerId": 0}
+        empty = await p.process(pull_req(0, queue_id=3))  # no consume queue yet
+        assert (empty.code, empty.remark) == (ResponseCode.PULL_NOT_FOUND, "NO_MATCHED_LOGIC_QUEUE")
+
+        beyond = await p.process(pull_req(10))
+        assert (beyond.code, beyond.remark) == (ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY")
+        assert hdr(beyond)["nextBeginOffset"] == 0  # the queue still starts at 0
+        moved = await p.process(pull_req(5, queue_id=3))
+        assert (moved.code, hdr(moved)["nextBeginOffset"]) == (ResponseCode.PULL_OFFSET_MOVED, 0)
+
+        # a follower does not correct offsets (a slave without offsetCheckInSlave)
+        follower = next(m for m in g.alive() if m is not leader)
+        fr = await pull_processor(follower).process(pull_req(10))
+        assert (fr.code, hdr(fr)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
+
+        assert (await p.process(pull_req(0, topic="Nope"))).code == ResponseCode.TOPIC_NOT_EXIST
+        assert (await p.process(pull_req(0, queue_id=9))).code == ResponseCode.SYSTEM_ERROR
+        sql = await p.process(pull_req(0, expressionType="SQL92", sub="a > 1"))
+        assert sql.code == ResponseCode.NO_PERMISSION
+        missing = RemotingCommand.create_request(RequestCode.PULL_MESSAGE, {"topic": TOPIC})
+        bad = await p.process(missing)
+        assert bad.code == ResponseCode.SYSTEM_ERROR and "<consumerGroup>" in bad.remark
+        nursery.cancel_scope.cancel()
+
+
+async def test_subscription_from_heartbeat_when_flag_missing(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        mgr = ClientManager()
+        p = pull_processor(leader, mgr)
+        r = await p.process(pull_req(0, flag=0, group="hb"))
+        assert r.code == ResponseCode.SUBSCRIPTION_NOT_EXIST
+        hb = RemotingCommand.create_request(RequestCode.HEART_BEAT, body=(
+            b'{"clientID":"c1","consumerDataSet":[{"groupName":"hb","consumeType":1,"messageModel":1,'
+            b'"consumeFromWhere":0,"subscriptionDataSet":[{"topic":"TopicP","subString":"TagB","tagsSet":["TagB"],'
+            b'"codeSet":[' + str(java_hash_str("TagB")).encode() + b'],"subVersion":5,"expressionType":"TAG"}]}],'
+            b'"producerDataSet":[]}'))
+        mgr.heartbeat(FakeConn(), hb, __import__("json").loads(hb.body))
+        r = await p.process(pull_req(0, flag=0, group="hb"))
+        assert r.code == ResponseCode.SUCCESS and [x.body for x in records(r.body)] == [b"m1"]
+        r = await p.process(pull_req(0, flag=0, group="hb", subVersion=6))
+        assert r.code == ResponseCode.SUBSCRIPTION_NOT_LATEST
+        nursery.cancel_scope.cancel()
+
+
+async def test_commit_offset_flag_leader_only(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        follower = next(m for m in g.alive() if m is not leader)
+        fr = await pull_processor(follower).process(
+            pull_req(0, flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, commit=3))
+        assert fr.code == ResponseCode.SUCCESS
+        r = await pull_processor(leader).process(
+            pull_req(0, flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, commit=2))
+        assert r.code == ResponseCode.SUCCESS
+        assert leader.bs.metadata.query_offset(TOPIC, "cg", 1) == 2  # staged at once
+        neg = await pull_processor(leader).process(
+            pull_req(0, flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, commit=-1))
+        assert neg.code == ResponseCode.SUCCESS
+        await trio.sleep(1)  # the coalescing window
+        await g.settle()
+        for m in g.alive():  # replicated; the follower's commit of 3 never happened
+            assert m.bs.metadata.query_offset(TOPIC, "cg", 1, include_staged=False) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_long_poll_woken_by_a_commit(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        got = []
+
+        async def poll():
+            t0 = trio.current_time()
+            got.append(await p.process(pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, sub="TagA")))
+            got.append(trio.current_time() - t0)
+
+        nursery.start_soon(poll)
+        await trio.sleep(2)
+        assert not got and p.held == 1
+        # a message on another queue moves dispatch but does not answer it
+        assert (await send(leader, b"other", "TagA", queue_id=2)).code == ResponseCode.SUCCESS
+        await trio.sleep(2)
+        assert not got and p.held == 1
+        assert (await send(leader, b"new", "TagA")).code == ResponseCode.SUCCESS
+        with trio.fail_after(5):
+            while not got:
+                await trio.sleep(0.01)
+        while len(got) < 2:
+            await trio.sleep(0)
+        resp, elapsed = got
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert [r.body for r in records(resp.body)] == [b"new"]
+        assert hdr(resp)["nextBeginOffset"] == 5 and hdr(resp)["maxOffset"] == 5
+        assert 4 <= elapsed < 6 and p.held == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_long_poll_timeout_and_short_polling(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        t0 = trio.current_time()
+        resp = await p.process(pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=5000))
+        assert trio.current_time() - t0 == 5.0
+        assert (resp.code, resp.remark) == (ResponseCode.PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE")
+        assert hdr(resp)["nextBeginOffset"] == 4
+        # long polling off: held shortPollingTimeMills (1 s)
+        t0 = trio.current_time()
+        resp = await pull_processor(leader, long_polling_enable=False).process(
+            pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND))
+        assert trio.current_time() - t0 == 1.0 and resp.code == ResponseCode.PULL_NOT_FOUND
+        # without SUSPEND: answered at once
+        t0 = trio.current_time()
+        resp = await p.process(pull_req(4))
+        assert trio.current_time() == t0 and resp.code == ResponseCode.PULL_NOT_FOUND
+        # a queue that does not exist yet is held too, and woken by its first message
+        got = []
+        nursery.start_soon(lambda: _append(got, p.process(
+            pull_req(0, queue_id=3, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND))))
+        await trio.sleep(1)
+        assert not got
+        assert (await send(leader, b"q3", queue_id=3)).code == ResponseCode.SUCCESS
+        with trio.fail_after(5):
+            while not got:
+                await trio.sleep(0.01)
+        assert got[0].code == ResponseCode.SUCCESS and [r.body for r in records(got[0].body)] == [b"q3"]
+        nursery.cancel_scope.cancel()
+
+
+async def _append(out, coro):
+    out.append(await coro)
+
+
+async def test_uncommitted_append_is_never_pulled(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery, maxWaitAckTimeMs="100")
+        p = pull_processor(leader)
+        for m in g.alive():
+            if m is not leader:
+                g.net.isolate(m.nid)
+        got = []
+        nursery.start_soon(lambda: _append(got, p.process(
+            pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=3000))))
+        await trio.sleep(0.5)
+        resp = await send(leader, b"lonely", "TagA")
+        assert resp.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, resp.remark
+        assert M.decode(leader.bs.store.get(leader.bs.store.end_index).body).body == b"lonely"
+        assert leader.bs.replica.committed.value < leader.bs.store.end_index
+        with trio.fail_after(10):
+            while not got:
+                await trio.sleep(0.01)
+        assert got[0].code == ResponseCode.PULL_NOT_FOUND and got[0].body == b""
+        assert hdr(got[0])["maxOffset"] == 4
+        again = await p.process(pull_req(0))
+        assert [r.body for r in records(again.body)] == [b"m0", b"m1", b"m2", b"m3"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_pull_and_heartbeat_share_one_client_registry(tmp_path, autojump_clock):
+    """As broker.server wires it: one ClientManager given to both the client
+    processor and pull; pull finds the subscriptions heartbeats registered."""
+    import json
+
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery, tags=("TagA", "TagB"))
+        d = RequestDispatcher()
+        mgr = ClientManager()
+        pull_processor(leader, mgr).register(d)
+        ClientProcessor(mgr).register(d)
+        assert RequestCode.PULL_MESSAGE in d.codes and RequestCode.HEART_BEAT in d.codes
+        resp = await d(FakeConn(), pull_req(0))
+        assert resp.code == ResponseCode.SUCCESS and [r.body for r in records(resp.body)] == [b"m0", b"m1"]
+        hb = {"clientID": "c1", "consumerDataSet": [{"groupName": "cg", "consumeType": "CONSUME_PASSIVELY",
+              "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+              "subscriptionDataSet": [{"topic": TOPIC, "subString": "TagB", "subVersion": 1}]}]}
+        r = await d(FakeConn(), RemotingCommand.create_request(RequestCode.HEART_BEAT, body=json.dumps(hb).encode()))
+        assert r.code == ResponseCode.SUCCESS
+        resp = await d(FakeConn(), pull_req(0, flag=0))
+        assert resp.code == ResponseCode.SUCCESS and [r.body for r in records(resp.body)] == [b"m1"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_long_poll_over_tcp_does_not_block_other_requests(tmp_path):
+    """Real sockets and clock: a held pull on one connection, while the same
+    connection still gets answers; then a send wakes it."""
+    from broker.remoting.client import open_remoting_client
+    from broker.remoting.server import serve_remoting
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            g, leader = await loaded_group(tmp_path, nursery, tags=("TagA",))
+            d = RequestDispatcher()
+            pull_processor(leader).register(d)
+            server = await nursery.start(lambda task_status: serve_remoting(d, "127.0.0.1", 0,
+                                                                             task_status=task_status))
+            async with open_remoting_client() as client:
+                got = []
+
+                async def held():
+                    got.append(await client.invoke(server.address, pull_req(
+                        1, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=20000), timeout=25))
+
+                nursery.start_soon(held)
+                await trio.sleep(0.3)
+                quick = await client.invoke(server.address, pull_req(0), timeout=5)
+                assert quick.code == ResponseCode.SUCCESS and not got
+                assert (await send(leader, b"late", "TagA")).code == ResponseCode.SUCCESS
+                while not got:
+                    await trio.sleep(0.01)
+                assert got[0].code == ResponseCode.SUCCESS
+                assert [r.body for r in records(got[0].body)] == [b"late"]
+                assert got[0].ext_fields["suggestWhichBrokerId"] == "0"
+            nursery.cancel_scope.cancel()
