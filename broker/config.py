@@ -25,12 +25,13 @@ import socket
 
 import attrs
 
-from consumequeue.record import DEFAULT_DELAY_LEVELS_MS, HostAddr
-from commitlog.config import (ConfigError, FlushDiskType, ReplicationConfig, iter_properties,
-                              read_properties_text,
-                              parse_bool as _bool, parse_int as _int, parse_nonempty as _nonempty,
-                              parse_text as _text)
+from commitlog.config import ConfigError, FlushDiskType, ReplicationConfig, iter_properties, read_properties_text
+from commitlog.config import parse_bool as _bool
+from commitlog.config import parse_int as _int
+from commitlog.config import parse_nonempty as _nonempty
+from commitlog.config import parse_text as _text
 from commitlog.raft.state import Role
+from consumequeue.record import DEFAULT_DELAY_LEVELS_MS, HostAddr
 
 MASTER_ID = 0
 DEFAULT_LISTEN_PORT = 10911

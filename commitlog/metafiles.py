@@ -14,8 +14,8 @@ import os
 
 import attrs
 
-from commitlog.errors import CorruptStoreError
 from commitlog.atomicfile import fsync_dir, write_atomic
+from commitlog.errors import CorruptStoreError
 
 CURRTERM = "currterm"
 CHECKPOINT = "checkpoint"

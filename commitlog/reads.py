@@ -4,10 +4,24 @@
 # Every entry that leaves is checked first (header against its index unit,
 # CRCs when present), so a corrupt entry raises CorruptStoreError instead of
 # being served.
-from commitlog.entry import HEADER, HEADER_SIZE, INDEX_UNIT, INDEX_UNIT_SIZE as UNIT, Entry, EntryBatch, EntryHeader
+from commitlog.entry import HEADER, HEADER_SIZE, INDEX_UNIT, Entry, EntryBatch, EntryHeader
+from commitlog.entry import INDEX_UNIT_SIZE as UNIT
 from commitlog.errors import CorruptStoreError, IndexBelowBeginError, IndexBeyondEndError
-from native.entries import (F_BATCH, F_CHECK_CRC, PROBLEM, R_ROLL, S_CONSUMED, S_DETAIL, S_EXPECTED,
-                            S_NEXT_INDEX, S_POS, S_SEG_END, new_state, reason_text, scan_entries)
+from native.entries import (
+    F_BATCH,
+    F_CHECK_CRC,
+    PROBLEM,
+    R_ROLL,
+    S_CONSUMED,
+    S_DETAIL,
+    S_EXPECTED,
+    S_NEXT_INDEX,
+    S_POS,
+    S_SEG_END,
+    new_state,
+    reason_text,
+    scan_entries,
+)
 from native.hashing import crc32
 
 

@@ -21,14 +21,31 @@
 # offset unless `repair` is set, in which case the log is cut there too.
 import attrs
 
-from commitlog.entry import INDEX_UNIT_SIZE as UNIT, decode_header
+from commitlog.entry import INDEX_UNIT_SIZE as UNIT
+from commitlog.entry import decode_header
 from commitlog.errors import CorruptStoreError
 from commitlog.metafiles import StoreBase, read_base, read_checkpoint, remove_base
 from commitlog.segments import Segment, SegmentList, tail_is_zero
-from native.entries import (F_CHECK_CRC, F_SEGMENT, R_BLANK, R_END, R_MAX, R_SHORT,
-                            S_COUNT, S_DETAIL, S_EXPECTED, S_LAST_TERM, S_NEXT_INDEX, S_POS,
-                            S_PREV_CHAIN, S_SEG_END, first_diff, new_state, reason_text,
-                            scan_entries)
+from native.entries import (
+    F_CHECK_CRC,
+    F_SEGMENT,
+    R_BLANK,
+    R_END,
+    R_MAX,
+    R_SHORT,
+    S_COUNT,
+    S_DETAIL,
+    S_EXPECTED,
+    S_LAST_TERM,
+    S_NEXT_INDEX,
+    S_POS,
+    S_PREV_CHAIN,
+    S_SEG_END,
+    first_diff,
+    new_state,
+    reason_text,
+    scan_entries,
+)
 
 CHUNK = 1 << 16  # entries per native scan call; bounds the unit buffer (2 MiB)
 START_SEGMENTS = 3  # DLedger scans the last three data files

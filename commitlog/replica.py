@@ -33,8 +33,15 @@ import attrs
 import trio
 
 from commitlog.entry import iter_batch
-from commitlog.errors import (AppendRejectedError, CommitLogError, IndexBeyondEndError, NotLeaderError,
-                              PendingFullError, QuorumTimeoutError, TermChangedError)
+from commitlog.errors import (
+    AppendRejectedError,
+    CommitLogError,
+    IndexBeyondEndError,
+    NotLeaderError,
+    PendingFullError,
+    QuorumTimeoutError,
+    TermChangedError,
+)
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, Ready, Role, SoftState

@@ -24,7 +24,8 @@ from collections.abc import Callable
 import trio
 
 from commitlog.atomicfile import fsync_dir
-from commitlog.entry import HEADER, INDEX_UNIT_SIZE as UNIT
+from commitlog.entry import HEADER
+from commitlog.entry import INDEX_UNIT_SIZE as UNIT
 from commitlog.metafiles import StoreBase
 
 log = logging.getLogger("ledgermq.retention")

@@ -13,13 +13,29 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from commitlog.entry import HEADER, INDEX_UNIT, INDEX_UNIT_SIZE as UNIT, MAGIC_NORMAL, EntryHeader
+from commitlog.entry import HEADER, INDEX_UNIT, MAGIC_NORMAL, EntryHeader
+from commitlog.entry import INDEX_UNIT_SIZE as UNIT
 from commitlog.errors import CommitLogError, NotAStoreError
 from commitlog.metafiles import read_base, read_checkpoint
 from commitlog.segments import SegmentList, infer_segment_size, list_segment_files, tail_is_zero
-from native.entries import (F_CHECK_CRC, F_SEGMENT, R_BLANK, R_END, R_MAX, R_SHORT, S_COUNT, S_DETAIL, S_SEG_END,
-                            S_EXPECTED, S_NEXT_INDEX, S_POS, first_diff, new_state, reason_text,
-                            scan_entries)
+from native.entries import (
+    F_CHECK_CRC,
+    F_SEGMENT,
+    R_BLANK,
+    R_END,
+    R_MAX,
+    R_SHORT,
+    S_COUNT,
+    S_DETAIL,
+    S_EXPECTED,
+    S_NEXT_INDEX,
+    S_POS,
+    S_SEG_END,
+    first_diff,
+    new_state,
+    reason_text,
+    scan_entries,
+)
 
 CHUNK = 1 << 16
 MAX_INDEX_PROBLEMS = 20  # per walk; the rest are counted in one summary problem

@@ -28,21 +28,46 @@ import attrs
 import trio
 
 from commitlog import metafiles
-from commitlog.entry import (BLANK, HEADER_SIZE, INDEX_UNIT_SIZE as UNIT, MAGIC_NOOP, MAGIC_NORMAL,
-                             MIN_BLANK_LEN, EntryBatch, EntryHeader)
-from commitlog.errors import (AppendRejectedError, CommittedTruncateError, CorruptStoreError,
-                              EntryTooLargeError, IndexBelowBeginError, StoreClosedError,
-                              StoreLockedError)
-from commitlog.reads import StoreReads
-from commitlog.recovery import RecoveryReport, recover
 from commitlog.atomicfile import fsync_dir
 from commitlog.config import FlushDiskType
+from commitlog.entry import BLANK, HEADER_SIZE, MAGIC_NOOP, MAGIC_NORMAL, MIN_BLANK_LEN, EntryBatch, EntryHeader
+from commitlog.entry import INDEX_UNIT_SIZE as UNIT
+from commitlog.errors import (
+    AppendRejectedError,
+    CommittedTruncateError,
+    CorruptStoreError,
+    EntryTooLargeError,
+    IndexBelowBeginError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from commitlog.reads import StoreReads
+from commitlog.recovery import RecoveryReport, recover
 from commitlog.segments import SegmentList, infer_segment_size, list_segment_files
 from commitlog.watermark import Watermark
-from native.entries import (F_BATCH, F_CHECK_CRC, PROBLEM, R_END, R_MAX, R_ROLL, S_CONSUMED,
-                            S_CRC_MODE, S_DETAIL, S_EXPECTED, S_LAST_TERM, S_NEXT_INDEX, S_POS,
-                            S_PREV_CHAIN, S_SEG_END, layout_fill, layout_plan, layout_seal,
-                            new_state, reason_text, scan_entries)
+from native.entries import (
+    F_BATCH,
+    F_CHECK_CRC,
+    PROBLEM,
+    R_END,
+    R_MAX,
+    R_ROLL,
+    S_CONSUMED,
+    S_CRC_MODE,
+    S_DETAIL,
+    S_EXPECTED,
+    S_LAST_TERM,
+    S_NEXT_INDEX,
+    S_POS,
+    S_PREV_CHAIN,
+    S_SEG_END,
+    layout_fill,
+    layout_plan,
+    layout_seal,
+    new_state,
+    reason_text,
+    scan_entries,
+)
 
 AppendHook = Callable[[EntryHeader, memoryview], None]
 LOCK_FILE = "ledgermq.lock"

@@ -31,8 +31,8 @@ import shutil
 
 import attrs
 
-from consumequeue.errors import BadTopicError
 from commitlog.atomicfile import fsync_dir
+from consumequeue.errors import BadTopicError
 from consumequeue.files import FdCache, makedirs_durable, segment_name
 from native.dispatch import UNIT, UNIT_SIZE, default_backend
 

@@ -30,11 +30,21 @@ from consumequeue import checkpoint as ck
 from consumequeue.cq import DEFAULT_FILE_SIZE, ConsumeQueueStore
 from consumequeue.errors import BadTopicError, DispatchError, InconsistentStateError
 from consumequeue.files import sync_paths
-from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from consumequeue.indexfile import DEFAULT_INDEX_NUM, DEFAULT_SLOT_NUM, IndexService
+from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from consumequeue.source import CommitlogSource
-from native.dispatch import (BAD_TEXT, ERR_TEXT, REC_BAD, STOP_BLANK, STOP_CORRUPT, STOP_END,
-                             STOP_FULL, STOP_NAMES, STOP_PARTIAL, default_backend)
+from native.dispatch import (
+    BAD_TEXT,
+    ERR_TEXT,
+    REC_BAD,
+    STOP_BLANK,
+    STOP_CORRUPT,
+    STOP_END,
+    STOP_FULL,
+    STOP_NAMES,
+    STOP_PARTIAL,
+    default_backend,
+)
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,20 @@ import attrs
 from commitlog.segments import infer_segment_size, list_segment_files
 from consumequeue.checkpoint import StoreCheckpoint
 from consumequeue.source import CommitlogSource
-from native.dispatch import (ERR_TEXT, MODE_PLAIN, REC_CRC_BAD, SCAN_CHECK_CRC, STOP_BLANK,
-                             STOP_CORRUPT, STOP_END, STOP_FULL, STOP_PARTIAL, STOP_ZERO,
-                             DispatchRecord, default_backend)
+from native.dispatch import (
+    ERR_TEXT,
+    MODE_PLAIN,
+    REC_CRC_BAD,
+    SCAN_CHECK_CRC,
+    STOP_BLANK,
+    STOP_CORRUPT,
+    STOP_END,
+    STOP_FULL,
+    STOP_PARTIAL,
+    STOP_ZERO,
+    DispatchRecord,
+    default_backend,
+)
 
 COMMITLOG_DIR = "commitlog"
 ABORT_FILE = "abort"

@@ -20,10 +20,10 @@ import json
 import os
 import struct
 
+from commitlog.atomicfile import fsync_dir, write_atomic
 from consumequeue import record as M
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine
 from consumequeue.source import CommitlogSource
-from commitlog.atomicfile import fsync_dir, write_atomic
 from native.dispatch import MODE_PLAIN
 
 COMMITLOG_DIR = "commitlog"

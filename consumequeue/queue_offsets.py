@@ -17,10 +17,18 @@ import logging
 
 import attrs
 
-from consumequeue.record import (MAGIC_V1, MAGIC_V2, MessageFormatError, TRANSACTION_MASK,
-                            TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, read_topic_queue,
-                            set_physical_offset, set_queue_offset)
 from commitlog.entry import BODY_OFFSET, MAGIC_NORMAL
+from consumequeue.record import (
+    MAGIC_V1,
+    MAGIC_V2,
+    TRANSACTION_MASK,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    MessageFormatError,
+    read_topic_queue,
+    set_physical_offset,
+    set_queue_offset,
+)
 from native.dispatch import REC_BAD, REC_NO_CQ, STOP_BLANK, STOP_END, STOP_FULL, default_backend
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ import struct
 
 import attrs
 
-from consumequeue.record import MAGIC_V1, MAGIC_V2, POS_PHYSICALOFFSET, decode
 from commitlog.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL
 from consumequeue.cq import BLANK_SIZE, CQ_UNIT_SIZE
 from consumequeue.errors import InconsistentStateError, MessageNotFoundError
+from consumequeue.record import MAGIC_V1, MAGIC_V2, POS_PHYSICALOFFSET, decode
 from native.dispatch import MODE_DLEDGER, UNIT
 
 DEFAULT_MAX_MSGS = 32  # the push consumer's pullBatchSize

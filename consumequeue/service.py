@@ -8,10 +8,10 @@ import os
 import attrs
 import trio
 
-from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
 from consumequeue.checkpoint import DispatchState
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine, Dispatcher, OpenReport
+from consumequeue.queue_offsets import QueueOffsetTable
 from consumequeue.source import CommitlogSource
 
 

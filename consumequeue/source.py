@@ -22,7 +22,8 @@ import re
 import struct
 from collections import OrderedDict
 
-from consumequeue.record import BLANK_MAGIC as _BLANK_MAGIC, POS_SYSFLAG, store_timestamp_pos
+from consumequeue.record import BLANK_MAGIC as _BLANK_MAGIC
+from consumequeue.record import POS_SYSFLAG, store_timestamp_pos
 from native.dispatch import MODE_DLEDGER
 
 _NAME = re.compile(r"^\d{20}$")

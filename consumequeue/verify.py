@@ -16,9 +16,21 @@ from consumequeue.cq import CQ_UNIT_SIZE, ConsumeQueueStore
 from consumequeue.indexfile import IndexService
 from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from consumequeue.source import CommitlogSource
-from native.dispatch import (BAD_TEXT, ERR_TEXT, REC_BAD, REC_CRC_BAD, REC_PHY_MISMATCH,
-                             SCAN_CHECK_CRC, STOP_BLANK, STOP_CORRUPT, STOP_END, STOP_FULL,
-                             STOP_NAMES, UNIT, default_backend)
+from native.dispatch import (
+    BAD_TEXT,
+    ERR_TEXT,
+    REC_BAD,
+    REC_CRC_BAD,
+    REC_PHY_MISMATCH,
+    SCAN_CHECK_CRC,
+    STOP_BLANK,
+    STOP_CORRUPT,
+    STOP_END,
+    STOP_FULL,
+    STOP_NAMES,
+    UNIT,
+    default_backend,
+)
 
 MAX_PROBLEMS = 200
 

@@ -32,13 +32,13 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from consumequeue.record import check_entry_body
 from broker.common.msgid import parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
 from commitlog.scan import resolve_store_dir, verify_store
 from commitlog.watermark import Watermark
+from consumequeue.record import check_entry_body
 from tools.brokercluster import LocalBrokerCluster
 from tools.mqadmin.cq_cmds import verify_consume_queues
 

@@ -1,17 +1,37 @@
 # The ledgermq Python client library (RocketMQ 4.x protocol), trio-native:
 # open_producer, open_push_consumer, open_pull_consumer; the blocking facade
 # for non-async code is in broker.client.blocking.  See README "Python client".
-from broker.client.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ClientClosedError,
-                                  ClientError, ConnectionFailedError, InvalidArgumentError, InvalidMessageError,
-                                  MessageIllegalError, NoRouteError, NotSupportedError, RequestTimeoutError,
-                                  SendFailedError, TopicNotExistError)
-from broker.common.values import ConsumeFromWhere
-from broker.client.model import (ConsumeStatus, Message, MessageExt, MessageQueue, PullResult,
-                                 PullStatus, SendResult, SendStatus)
+from broker.client.errors import (
+                                  BrokerBusyError,
+                                  BrokerError,
+                                  BrokerUnavailableError,
+                                  ClientClosedError,
+                                  ClientError,
+                                  ConnectionFailedError,
+                                  InvalidArgumentError,
+                                  InvalidMessageError,
+                                  MessageIllegalError,
+                                  NoRouteError,
+                                  NotSupportedError,
+                                  RequestTimeoutError,
+                                  SendFailedError,
+                                  TopicNotExistError,
+)
+from broker.client.model import (
+                                  ConsumeStatus,
+                                  Message,
+                                  MessageExt,
+                                  MessageQueue,
+                                  PullResult,
+                                  PullStatus,
+                                  SendResult,
+                                  SendStatus,
+)
 from broker.client.producer import Producer, open_producer
 from broker.client.pull_consumer import PullConsumer, open_pull_consumer
 from broker.client.push_consumer import PushConsumer, PushOptions, open_push_consumer
 from broker.client.rebalance import allocate_averagely
+from broker.common.values import ConsumeFromWhere
 
 __all__ = [
     "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",

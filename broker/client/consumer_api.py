@@ -14,8 +14,7 @@ import trio
 
 from broker.client.errors import BrokerError, BrokerUnavailableError, ConnectionFailedError, NoRouteError
 from broker.client.instance import ClientInstance, TopicRoute
-from broker.client.model import (MessageQueue, PullResult, PullStatus, decode_records, filter_by_tags,
-                                 subscription)
+from broker.client.model import MessageQueue, PullResult, PullStatus, decode_records, filter_by_tags, subscription
 from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, Subscription
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand

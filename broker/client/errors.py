@@ -12,8 +12,12 @@ import attrs
 
 from broker.remoting.codes import ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
-from broker.remoting.errors import (RemotingConnectError, RemotingConnectionLostError, RemotingError,
-                                    RemotingTimeoutError)
+from broker.remoting.errors import (
+    RemotingConnectError,
+    RemotingConnectionLostError,
+    RemotingError,
+    RemotingTimeoutError,
+)
 
 
 class ClientError(Exception):

@@ -29,8 +29,8 @@ import trio
 
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
 from broker.client.model import MessageQueue
-from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.common.permissions import PERM_READ, PERM_WRITE
+from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.namesrv.routes import TopicRouteData
 from broker.remoting.client import RemotingClient, open_remoting_client, parse_addr
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode

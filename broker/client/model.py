@@ -11,11 +11,11 @@ import zlib
 
 import attrs
 
-from consumequeue import record as M
 from broker.client.errors import InvalidArgumentError, InvalidMessageError
-from broker.common.values import InvalidMetadataError, check_topic_name
 from broker.common.msgid import offset_msg_id
 from broker.common.subscription import Subscription, SubscriptionError, parse_subscription
+from broker.common.values import InvalidMetadataError, check_topic_name
+from consumequeue import record as M
 
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"

@@ -24,15 +24,23 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from consumequeue import record as M
-from broker.client.errors import (BrokerBusyError, BrokerUnavailableError, ClientClosedError, ClientError,
-                                  ConnectionFailedError, InvalidMessageError, NoRouteError, SendFailedError,
-                                  check_response)
+from broker.client.errors import (
+    BrokerBusyError,
+    BrokerUnavailableError,
+    ClientClosedError,
+    ClientError,
+    ConnectionFailedError,
+    InvalidMessageError,
+    NoRouteError,
+    SendFailedError,
+    check_response,
+)
 from broker.client.instance import ClientInstance, TopicRoute, open_client_instance
 from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
 from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from consumequeue import record as M
 
 log = logging.getLogger("ledgermq.client.producer")
 

@@ -39,13 +39,17 @@ import attrs
 import trio
 
 from broker.client.consumer_api import ConsumerApi, parse_subscriptions, subscription_data
-from broker.client.errors import (BrokerUnavailableError, ClientError, ConnectionFailedError, InvalidArgumentError,
-                                  NoRouteError)
+from broker.client.errors import (
+    BrokerUnavailableError,
+    ClientError,
+    ConnectionFailedError,
+    InvalidArgumentError,
+    NoRouteError,
+)
 from broker.client.instance import ClientInstance, open_client_instance
-from broker.common.values import ConsumeFromWhere
-from broker.client.model import (ConsumeStatus, MessageExt, MessageQueue, PullStatus,
-                                 retry_topic, subscription)
+from broker.client.model import ConsumeStatus, MessageExt, MessageQueue, PullStatus, retry_topic, subscription
 from broker.client.rebalance import ProcessQueue, allocate_averagely
+from broker.common.values import ConsumeFromWhere
 
 log = logging.getLogger("ledgermq.client.push")
 

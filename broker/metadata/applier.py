@@ -29,14 +29,23 @@ import struct
 import attrs
 import trio
 
-from consumequeue.record import MessageFormatError, decode
 from broker.metadata.records import INTERNAL_TOPICS, MetadataRecordError, parse_op
 from broker.metadata.tables import MetadataState
 from commitlog.entry import OFF_POS
 from commitlog.errors import CommitLogError
 from commitlog.watermark import Watermark
-from native.dispatch import ERR_POS, ERR_TEXT, REC_BAD, REC_SIZE, STOP_CORRUPT, STOP_END, STOP_FULL, STOP_NAMES, \
-    default_backend
+from consumequeue.record import MessageFormatError, decode
+from native.dispatch import (
+    ERR_POS,
+    ERR_TEXT,
+    REC_BAD,
+    REC_SIZE,
+    STOP_CORRUPT,
+    STOP_END,
+    STOP_FULL,
+    STOP_NAMES,
+    default_backend,
+)
 from native.hashing import java_hash_str
 
 log = logging.getLogger("ledgermq.metadata")

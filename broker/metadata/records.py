@@ -32,9 +32,9 @@ import json
 
 import attrs
 
-from consumequeue.record import LOCALHOST, PROPERTY_KEYS, PROPERTY_TAGS, HostAddr, MessageRecord, encode
 from broker.common.values import InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
 from broker.metadata.tables import MetadataState, SubscriptionGroupConfig, split_offset_key
+from consumequeue.record import LOCALHOST, PROPERTY_KEYS, PROPERTY_TAGS, HostAddr, MessageRecord, encode
 
 TOPIC_CONFIG_TOPIC = "rmq_sys_LEDGERMQ_TOPIC_CONFIG"
 SUBSCRIPTION_GROUP_TOPIC = "rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP"

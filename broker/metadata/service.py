@@ -35,14 +35,25 @@ import time
 import attrs
 import trio
 
-from consumequeue.record import LOCALHOST, HostAddr
+from broker.common.values import InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
 from broker.metadata import snapshot
 from broker.metadata.applier import MetadataApplier, MetadataGapError
-from broker.metadata.records import (BrokerAnnounce, DelayOffsetCommit, GroupDelete, GroupUpsert, OffsetCommit,
-                                     OffsetDelete, OffsetReset, TopicDelete, TopicUpsert, encode_op, is_internal_topic,
-                                     merge_offsets)
-from broker.common.values import InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
+from broker.metadata.records import (
+    BrokerAnnounce,
+    DelayOffsetCommit,
+    GroupDelete,
+    GroupUpsert,
+    OffsetCommit,
+    OffsetDelete,
+    OffsetReset,
+    TopicDelete,
+    TopicUpsert,
+    encode_op,
+    is_internal_topic,
+    merge_offsets,
+)
 from broker.metadata.tables import MetadataState, SubscriptionGroupConfig, offset_key
+from consumequeue.record import LOCALHOST, HostAddr
 
 log = logging.getLogger("ledgermq.metadata")
 

@@ -36,9 +36,17 @@ import os
 
 import attrs
 
-from broker.metadata import fastjson
-from broker.metadata.tables import (ConsumerOffsetTable, DelayOffsetTable, MetadataState, SubscriptionGroupConfig, SubscriptionGroupTable, TopicConfigTable, split_offset_key)
 from broker.common.values import DataVersion, InvalidMetadataError, TopicConfig
+from broker.metadata import fastjson
+from broker.metadata.tables import (
+    ConsumerOffsetTable,
+    DelayOffsetTable,
+    MetadataState,
+    SubscriptionGroupConfig,
+    SubscriptionGroupTable,
+    TopicConfigTable,
+    split_offset_key,
+)
 from commitlog.atomicfile import fsync_dir, write_tmp
 
 CONFIG_DIR = "config"

@@ -17,8 +17,19 @@
 # (resetOffsetByTime, mqadmin resetOffset) can lower them.
 import attrs
 
-from broker.common.values import (DataVersion, InvalidMetadataError, TopicConfig, _bool, _extra, _int32, _nonneg32,
-                                  _str_map, check_group_name, from_camel_json, to_camel_json)
+from broker.common.values import (
+    DataVersion,
+    InvalidMetadataError,
+    TopicConfig,
+    _bool,
+    _extra,
+    _int32,
+    _nonneg32,
+    _str_map,
+    check_group_name,
+    from_camel_json,
+    to_camel_json,
+)
 
 PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
 TOPIC_GROUP_SEPARATOR = "@"

@@ -42,19 +42,19 @@ import time
 import attrs
 import trio
 
-from consumequeue.record import MessageFormatError
+from broker.common.values import FILTER_TYPES, InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
 from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
-from broker.processors.base import RequestProcessor
-from broker.store.broker_store import BrokerStore
-from broker.common.values import (FILTER_TYPES, InvalidMetadataError, TopicConfig, check_group_name, check_topic_name)
 from broker.metadata.tables import SubscriptionGroupConfig
+from broker.processors.base import RequestProcessor
 from broker.remoting.codes import CURRENT_VERSION, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, decode_json, encode_json
+from broker.store.broker_store import BrokerStore
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import MAX_QUERY_NUM, message_at, query_by_key
+from consumequeue.record import MessageFormatError
 
 log = logging.getLogger("ledgermq.admin")
 

@@ -31,17 +31,18 @@ import logging
 import attrs
 import trio
 
+from broker.config import KEYS as BROKER_KEYS
 from broker.config import LiveConfig
 from broker.processors.admin import encode_mq_map
 from broker.processors.base import RequestProcessor
 from broker.processors.client_manager import ClientManager
-from broker.store.broker_store import BrokerStore
-from broker.config import KEYS as BROKER_KEYS
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError, RequestError
 from broker.remoting.header import HeaderReader, encode_json
-from commitlog.config import KEYS as REPLICATION_KEYS, ConfigError, Peer, iter_properties
+from broker.store.broker_store import BrokerStore
+from commitlog.config import KEYS as REPLICATION_KEYS
+from commitlog.config import ConfigError, Peer, iter_properties
 
 log = logging.getLogger("ledgermq.admin.clients")
 

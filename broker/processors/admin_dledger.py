@@ -30,13 +30,13 @@ import trio
 
 from broker.config import LiveConfig
 from broker.processors.base import RequestProcessor
-from broker.store.broker_store import BrokerStore
-from commitlog.replica import ReplicaNode
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
+from broker.store.broker_store import BrokerStore
 from commitlog.errors import IndexBelowBeginError, IndexBeyondEndError, LeadershipTransferError
+from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.admin.dledger")
 

@@ -45,20 +45,26 @@ import os
 import attrs
 import trio
 
+from broker.common.permissions import PERM_READ
+from broker.common.subscription import (
+    FLAG_CLASS_FILTER,
+    FLAG_COMMIT_OFFSET,
+    FLAG_SUBSCRIPTION,
+    FLAG_SUSPEND,
+    Subscription,
+    SubscriptionError,
+    parse_subscription,
+)
+from broker.common.values import InvalidMetadataError
 from broker.config import LiveConfig, broker_id_for
 from broker.processors.client_manager import ClientManager
-from broker.store.broker_store import BrokerStore
-from commitlog.raft.state import Role
-
-from broker.common.permissions import PERM_READ
-from broker.common.values import InvalidMetadataError
-from broker.common.subscription import (FLAG_CLASS_FILTER, FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND,
-                                        Subscription, SubscriptionError, parse_subscription)
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
+from broker.store.broker_store import BrokerStore
 from commitlog.errors import CommitLogError
+from commitlog.raft.state import Role
 from consumequeue.reader import DEFAULT_MAX_BYTES, PullResult, pull_response_code, read_messages
 
 log = logging.getLogger("ledgermq.pull")

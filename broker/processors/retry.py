@@ -34,25 +34,24 @@ import random
 
 import attrs
 
-from broker.config import LiveConfig
-from broker.metadata.service import MetadataService
-from broker.store.gate import RoleGate
-from consumequeue.service import ConsumeQueueService
-
-from consumequeue import record as M
+from broker.common.msgid import offset_msg_id
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.values import InvalidMetadataError, TopicConfig
+from broker.config import LiveConfig
+from broker.metadata.service import MetadataService
 from broker.metadata.tables import SubscriptionGroupConfig
-from broker.common.msgid import offset_msg_id
+from broker.processors.send import SendError, SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
+from broker.store.gate import RoleGate
 from broker.store.schedule import to_schedule
-from broker.processors.send import SendError, SendProcessor
 from commitlog.errors import CommitLogError
+from consumequeue import record as M
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.retry")
 

@@ -44,23 +44,29 @@ import typing
 
 import attrs
 
-from consumequeue import record as M
-from broker.config import BrokerConfig, LiveConfig
-from broker.metadata.service import MetadataService
-from broker.metadata.records import is_internal_topic
+from broker.common.msgid import UniqKeyGenerator, offset_msg_id
 from broker.common.permissions import PERM_WRITE
 from broker.common.values import InvalidMetadataError, TopicConfig, check_topic_name
-from broker.common.msgid import UniqKeyGenerator, offset_msg_id
-from broker.store.schedule import DelayPropertyError, to_schedule
+from broker.config import BrokerConfig, LiveConfig
+from broker.metadata.records import is_internal_topic
+from broker.metadata.service import MetadataService
 from broker.remoting.codes import RequestCode, ResponseCode
-from broker.store.gate import NotWritableError, RoleGate, describe_leader
-from commitlog.replica import ReplicaNode
-from commitlog.store import SegmentedStore
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
-from commitlog.errors import (CommitLogError, DiskFullError, EntryTooLargeError, NotLeaderError, PendingFullError,
-                              QuorumTimeoutError)
+from broker.store.gate import NotWritableError, RoleGate, describe_leader
+from broker.store.schedule import DelayPropertyError, to_schedule
+from commitlog.errors import (
+    CommitLogError,
+    DiskFullError,
+    EntryTooLargeError,
+    NotLeaderError,
+    PendingFullError,
+    QuorumTimeoutError,
+)
+from commitlog.replica import ReplicaNode
+from commitlog.store import SegmentedStore
+from consumequeue import record as M
 
 log = logging.getLogger("ledgermq.send")
 

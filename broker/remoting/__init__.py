@@ -5,9 +5,16 @@ from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, CommandDecoder, encode
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import Connection
-from broker.remoting.errors import (LocalProtocolError, RemoteProtocolError, RemotingConnectError,
-                                    RemotingConnectionLostError, RemotingError, RemotingTimeoutError,
-                                    RequestError, ResponseError)
+from broker.remoting.errors import (
+                                    LocalProtocolError,
+                                    RemoteProtocolError,
+                                    RemotingConnectError,
+                                    RemotingConnectionLostError,
+                                    RemotingError,
+                                    RemotingTimeoutError,
+                                    RequestError,
+                                    ResponseError,
+)
 from broker.remoting.header import HeaderReader, decode_json, encode_json
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
 

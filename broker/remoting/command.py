@@ -12,8 +12,14 @@ from collections.abc import Mapping
 
 import attrs
 
-from broker.remoting.codes import (CURRENT_VERSION, RPC_ONEWAY, RPC_TYPE_RESPONSE,
-                                   LanguageCode, ResponseCode, SerializeType)
+from broker.remoting.codes import (
+    CURRENT_VERSION,
+    RPC_ONEWAY,
+    RPC_TYPE_RESPONSE,
+    LanguageCode,
+    ResponseCode,
+    SerializeType,
+)
 
 
 def java_text(value: object) -> str:

@@ -29,8 +29,13 @@ import trio
 from broker.remoting.codec import CLOSED, DEFAULT_MAX_FRAME_SIZE, NEED_DATA, CommandDecoder, encode_command
 from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, SerializeType, code_name
 from broker.remoting.command import RemotingCommand
-from broker.remoting.errors import (LocalProtocolError, RemoteProtocolError, RemotingConnectionLostError,
-                                    RemotingTimeoutError, RequestError)
+from broker.remoting.errors import (
+    LocalProtocolError,
+    RemoteProtocolError,
+    RemotingConnectionLostError,
+    RemotingTimeoutError,
+    RequestError,
+)
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from broker.store.migrated import MigrationImport, needs_upgrade
 from broker.store.migrated import log_identity as migrated_identity
 from broker.store.upgrade import apply as apply_upgrade
 from commitlog.node import raft_config_for, replica_on_store, store_config_for
-from commitlog.retention import RETENTION_CHECK_SECONDS, retention_pass, serve_retention
 from commitlog.raft.state import RaftConfig
 from commitlog.replica import ReplicaNode
+from commitlog.retention import RETENTION_CHECK_SECONDS, retention_pass, serve_retention
 from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of, serve_flusher
 from commitlog.transport.tcp import serve_peer_transport
 from consumequeue.dispatcher import DispatchConfig

@@ -18,10 +18,9 @@ import os
 
 import attrs
 
-from broker.metadata.service import MetadataService
-from broker.metadata.records import DelayOffsetCommit, GroupUpsert, OffsetReset, TopicUpsert
-from broker.metadata.records import is_internal_topic
 from broker.common.values import InvalidMetadataError, TopicConfig
+from broker.metadata.records import DelayOffsetCommit, GroupUpsert, OffsetReset, TopicUpsert, is_internal_topic
+from broker.metadata.service import MetadataService
 from broker.metadata.tables import SubscriptionGroupConfig
 from commitlog.atomicfile import write_atomic
 from consumequeue.migrated import MARKER_FILE, DividedLog, legacy_segments, store_dir_of

@@ -39,11 +39,11 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.store.broker_store import BrokerStore
-from consumequeue import record as M
-from consumequeue.record import SCHEDULE_TOPIC, MessageFormatError, parse_java_int
 from commitlog.errors import CommitLogError, NotLeaderError, PendingFullError, QuorumTimeoutError
+from consumequeue import record as M
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
+from consumequeue.record import SCHEDULE_TOPIC, MessageFormatError, parse_java_int
 
 log = logging.getLogger("ledgermq.schedule")
 

@@ -30,13 +30,13 @@ import os
 
 import attrs
 
-from consumequeue.legacy_store import LegacyStore
 from broker.metadata.snapshot import read_config_dir
-from consumequeue.migrated import DividedLog, divided_offset, load_marker, store_dir_of, write_marker
 from broker.store.migrated import IMPORT_FILE, write_import
 from commitlog.atomicfile import fsync_dir
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue.checkpoint import StoreCheckpoint
+from consumequeue.legacy_store import LegacyStore
+from consumequeue.migrated import DividedLog, divided_offset, load_marker, store_dir_of, write_marker
 from consumequeue.plainlog import dispatch_plain, dispatched_end, plain_engine
 
 BACKUP_DIR = "migration-backup"

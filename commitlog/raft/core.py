@@ -11,16 +11,24 @@ import attrs
 from commitlog.entry import MAGIC_NOOP, EntryBatch
 from commitlog.errors import IndexBelowBeginError, NotLeaderError, RaftContractError
 from commitlog.raft.logapi import RaftLog
-from commitlog.raft.messages import (HeartbeatRequest, HeartbeatResponse, Message, PushRequest,
-                                     PushResponse, ResponseCode, TimeoutNow, VoteRequest,
-                                     VoteResponse, VoteResult)
+from commitlog.raft.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    Message,
+    PushRequest,
+    PushResponse,
+    ResponseCode,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
 from commitlog.raft.quorum import majority
 from commitlog.raft.roles.base import RoleLogic
 from commitlog.raft.roles.candidate import CandidateRole
 from commitlog.raft.roles.follower import FollowerRole
 from commitlog.raft.roles.leader import LeaderRole
-from commitlog.raft.state import (HardState, LeaderAppend, LogReset, RaftConfig, RaftStatus,
-                                  Ready, Role, SoftState)
+from commitlog.raft.state import HardState, LeaderAppend, LogReset, RaftConfig, RaftStatus, Ready, Role, SoftState
 
 
 @attrs.define(eq=False, repr=False)

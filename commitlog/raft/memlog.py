@@ -15,8 +15,17 @@ import struct
 from array import array
 from typing import Sequence
 
-from commitlog.entry import (HEADER, HEADER_SIZE, OFF_CHAIN_CRC, OFF_POS, EntryBatch, chain_crc,
-                             decode_entry, decode_header, verify_crc)
+from commitlog.entry import (
+    HEADER,
+    HEADER_SIZE,
+    OFF_CHAIN_CRC,
+    OFF_POS,
+    EntryBatch,
+    chain_crc,
+    decode_entry,
+    decode_header,
+    verify_crc,
+)
 from commitlog.errors import AppendRejectedError, IndexBelowBeginError, IndexBeyondEndError
 from native.hashing import crc32
 

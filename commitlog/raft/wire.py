@@ -20,9 +20,19 @@ import struct
 
 from commitlog.entry import EntryBatch
 from commitlog.errors import WireError
-from commitlog.raft.messages import (HeartbeatRequest, HeartbeatResponse, Message, PushRequest,
-                                     PushResponse, PushType, ResponseCode, TimeoutNow, VoteRequest,
-                                     VoteResponse, VoteResult)
+from commitlog.raft.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    Message,
+    PushRequest,
+    PushResponse,
+    PushType,
+    ResponseCode,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
 
 VERSION = 1
 MAX_ID_LEN = 255

@@ -3,12 +3,18 @@
 # or over a simulated network with fault injection (memory.py).  Both expose
 # the base.Transport API, so the node shell and the simulation tests drive
 # Raft the same way.
-from commitlog.transport.base import (PeerStats, Transport, TransportConfig, TransportStats,
-                                      backoff_delay)
-from commitlog.transport.errors import (FrameError, HandshakeError, TransportError,
-                                        UnknownPeerError)
-from commitlog.transport.framing import (CLOSED, DEFAULT_MAX_FRAME_SIZE, NEED_DATA, Frame,
-                                         FrameDecoder, FrameKind, Hello, encode_frame)
+from commitlog.transport.base import PeerStats, Transport, TransportConfig, TransportStats, backoff_delay
+from commitlog.transport.errors import FrameError, HandshakeError, TransportError, UnknownPeerError
+from commitlog.transport.framing import (
+                                      CLOSED,
+                                      DEFAULT_MAX_FRAME_SIZE,
+                                      NEED_DATA,
+                                      Frame,
+                                      FrameDecoder,
+                                      FrameKind,
+                                      Hello,
+                                      encode_frame,
+)
 from commitlog.transport.memory import LinkFaults, MemoryNetwork, MemoryTransport
 from commitlog.transport.tcp import PeerTransport, open_peer_transport, serve_peer_transport
 

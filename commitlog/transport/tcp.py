@@ -36,9 +36,20 @@ import trio
 
 from commitlog.transport.base import Counters, TransportConfig, TransportStats, backoff_delay
 from commitlog.transport.errors import FrameError, HandshakeError, UnknownPeerError
-from commitlog.transport.framing import (CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello,
-                                         decode_hello, decode_identity, decode_reject, encode_frame,
-                                         encode_identity, frame_header, identity_mismatch)
+from commitlog.transport.framing import (
+    CLOSED,
+    NEED_DATA,
+    FrameDecoder,
+    FrameKind,
+    Hello,
+    decode_hello,
+    decode_identity,
+    decode_reject,
+    encode_frame,
+    encode_identity,
+    frame_header,
+    identity_mismatch,
+)
 
 log = logging.getLogger(__name__)
 

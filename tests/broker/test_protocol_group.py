@@ -25,11 +25,11 @@ import attrs
 import pytest
 import trio
 
-from consumequeue import record as M
 from broker.common.msgid import parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
+from consumequeue import record as M
 from tests.broker.remoting.helpers import read_until_eof
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
 

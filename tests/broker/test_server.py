@@ -21,9 +21,8 @@ import attrs
 import pytest
 import trio
 
-from consumequeue import record as M
-from broker.config import BrokerConfig
 from broker.common.msgid import parse_offset_msg_id
+from broker.config import BrokerConfig
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.service import NamesrvConfig, serve_namesrv
 from broker.remoting.client import open_remoting_client
@@ -31,9 +30,10 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
 from broker.server import Processors, serve_broker
+from consumequeue import record as M
 from tests.broker.compat.stock_client import StockClientUnavailable, ensure_venv, run_script
-from tools.localcluster import free_ports
 from tests.helpers import REPO_ROOT
+from tools.localcluster import free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import random
 import trio
 
 from commitlog import metafiles
+from commitlog.config import FlushDiskType
 from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig
-from commitlog.config import FlushDiskType
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.transport.memory import MemoryNetwork
 

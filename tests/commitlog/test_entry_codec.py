@@ -1,7 +1,8 @@
 import struct
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from commitlog import entry as E
 from native.hashing import crc32

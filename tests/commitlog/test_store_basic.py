@@ -6,15 +6,23 @@ import tempfile
 import zlib
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from commitlog import entry as E
-from commitlog.errors import (AppendRejectedError, CommittedTruncateError, EntryTooLargeError,
-                              IndexBelowBeginError, IndexBeyondEndError, StoreClosedError, StoreLockedError)
+from commitlog.errors import (
+    AppendRejectedError,
+    CommittedTruncateError,
+    EntryTooLargeError,
+    IndexBelowBeginError,
+    IndexBeyondEndError,
+    StoreClosedError,
+    StoreLockedError,
+)
 from commitlog.scan import verify_store
 from commitlog.store import SegmentedStore, StoreConfig
-from tests.helpers.spec_vectors import ENTRY_HEADER, INDEX_UNIT, message_with_physical_offset
 from tests.commitlog.store_helpers import DATA_SEG, body, cfg, data_path, fill, replicate, snapshot
+from tests.helpers.spec_vectors import ENTRY_HEADER, INDEX_UNIT, message_with_physical_offset
 
 
 def physical_offset_hook(header, view):

@@ -8,8 +8,8 @@ from commitlog import metafiles
 from commitlog.entry import iter_batch
 from commitlog.scan import verify_store, walk_store
 from commitlog.store import SegmentedStore, StoreConfig
-from tests.helpers.stock_dledger import write_stock_store
 from tests.commitlog.store_helpers import body, snapshot
+from tests.helpers.stock_dledger import write_stock_store
 
 TERMS = [1] * 10 + [2] * 15 + [4] * 20
 

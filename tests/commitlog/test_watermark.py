@@ -1,6 +1,6 @@
+import pytest
 import trio
 import trio.testing
-import pytest
 
 from commitlog.watermark import Watermark
 

@@ -2,8 +2,7 @@ import os
 
 import pytest
 
-from consumequeue.cq import (CQ_UNIT_SIZE, DEFAULT_FILE_SIZE, PRE_BLANK_UNIT, ConsumeQueueStore,
-                             unit_bytes)
+from consumequeue.cq import CQ_UNIT_SIZE, DEFAULT_FILE_SIZE, PRE_BLANK_UNIT, ConsumeQueueStore, unit_bytes
 from consumequeue.errors import BadTopicError
 from native import dispatch as D
 from native.hashing import java_hash_str

@@ -13,20 +13,21 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from consumequeue import record as M
-from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog import metafiles
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.watermark import Watermark
+from consumequeue import record as M
 from consumequeue import service
 from consumequeue.checkpoint import DispatchState, StoreCheckpoint
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine
+from consumequeue.queue_offsets import QueueOffsetTable
 from consumequeue.service import ConsumeQueueService
 from native import dispatch as D
-from tests.native.test_dispatch import messages
 from tests.helpers import REPO_ROOT
+from tests.native.test_dispatch import messages
 
 REPO = str(REPO_ROOT)
 SMALL = DispatchConfig(cq_file_size=20 * 50, index_slot_num=101, index_num=300, batch_records=64)

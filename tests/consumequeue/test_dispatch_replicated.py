@@ -17,12 +17,12 @@ import pytest
 import trio
 import trio.testing
 
-from consumequeue import record as M
 from commitlog.errors import QuorumTimeoutError, TermChangedError
 from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig, Role
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.transport.memory import MemoryNetwork
+from consumequeue import record as M
 from consumequeue import service
 from consumequeue.reader import GetMessageStatus, read_messages
 from consumequeue.service import ConsumeQueueService

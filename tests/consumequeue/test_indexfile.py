@@ -3,8 +3,15 @@ import struct
 
 import pytest
 
-from consumequeue.indexfile import (DEFAULT_INDEX_NUM, DEFAULT_SLOT_NUM, IndexFile, IndexService,
-                                    index_file_size, key_hash, time_name)
+from consumequeue.indexfile import (
+    DEFAULT_INDEX_NUM,
+    DEFAULT_SLOT_NUM,
+    IndexFile,
+    IndexService,
+    index_file_size,
+    key_hash,
+    time_name,
+)
 
 T0 = 1_700_000_000_123
 

@@ -13,11 +13,11 @@ import struct
 import pytest
 from click.testing import CliRunner
 
-from consumequeue import record as M
 from broker.metadata.snapshot import read_config_dir
+from consumequeue import record as M
 from consumequeue.legacy_store import LegacyStore, compare_commitlogs, md5_files
-from native import dispatch as D
 from consumequeue.plainlog import PlainCommitlogWriter
+from native import dispatch as D
 from tools.mqadmin import cli
 
 SEG = 4096

@@ -13,13 +13,13 @@
 import pytest
 import trio
 
-from consumequeue import record as M
-from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
+from consumequeue import record as M
 from consumequeue import service
 from consumequeue.cq import CQ_UNIT_SIZE, PRE_BLANK_UNIT
-from consumequeue.reader import (PULL_OFFSET_MOVED, GetMessageStatus as S, pull_response_code,
-                                 read_messages)
+from consumequeue.queue_offsets import QueueOffsetTable
+from consumequeue.reader import PULL_OFFSET_MOVED, pull_response_code, read_messages
+from consumequeue.reader import GetMessageStatus as S
 from consumequeue.service import ConsumeQueueService
 from consumequeue.verify import verify
 from tests.consumequeue.test_dispatch import SMALL, bodies, clean_build, open_store, tree

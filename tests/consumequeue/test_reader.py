@@ -8,13 +8,13 @@ import struct
 
 import pytest
 
-from consumequeue import record as M
-from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.watermark import Watermark
+from consumequeue import record as M
 from consumequeue import service
 from consumequeue.errors import InconsistentStateError, MessageNotFoundError
-from consumequeue.reader import (DEFAULT_MAX_BYTES, GetMessageStatus as S, message_at, pull_response_code,
-                                 query_by_key, read_messages)
+from consumequeue.queue_offsets import QueueOffsetTable
+from consumequeue.reader import DEFAULT_MAX_BYTES, message_at, pull_response_code, query_by_key, read_messages
+from consumequeue.reader import GetMessageStatus as S
 from consumequeue.service import ConsumeQueueService
 from tests.consumequeue.test_dispatch import SEG, SMALL, bodies, leader_store, open_store
 

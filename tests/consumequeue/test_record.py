@@ -2,10 +2,11 @@ import struct
 
 import attrs
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from consumequeue import record as M
 from broker.common.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id, parse_uniq_key
+from consumequeue import record as M
 from tests.helpers.spec_vectors import MESSAGE_146, MESSAGE_146_OFFSET_MSG_ID
 
 GOLDEN = M.MessageRecord(

@@ -20,8 +20,13 @@ import os
 import attrs
 
 from consumequeue import record as M
-from consumequeue.plainlog import (PlainCommitlogWriter, dispatch_plain, plain_engine, write_fastjson,
-                                    write_stock_checkpoint)
+from consumequeue.plainlog import (
+    PlainCommitlogWriter,
+    dispatch_plain,
+    plain_engine,
+    write_fastjson,
+    write_stock_checkpoint,
+)
 
 BASE_TS = 1_700_000_000_000
 STORE_HOST = M.HostAddr("127.0.0.1", 10911)

@@ -4,10 +4,11 @@ import mmap
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from consumequeue import record as M
 from commitlog import entry as E
+from consumequeue import record as M
 from native import dispatch as D
 from native.hashing import java_hash_str
 from tests.helpers.spec_vectors import ENTRY_HEADER, message_with_physical_offset

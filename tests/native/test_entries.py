@@ -6,7 +6,8 @@ import zlib
 from array import array
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commitlog import entry as E
 from native import entries as N

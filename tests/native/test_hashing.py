@@ -1,7 +1,8 @@
 import os
 import zlib
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import native
 from native import hashing

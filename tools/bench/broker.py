@@ -28,9 +28,9 @@ import time
 
 import trio
 
-from consumequeue import record as M
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from consumequeue import record as M
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
 from tools.localcluster import LocalCluster
 

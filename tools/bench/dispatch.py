@@ -28,11 +28,11 @@ import time
 
 import attrs
 
-from consumequeue import record as M
-from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.store import SegmentedStore, StoreConfig
+from consumequeue import record as M
 from consumequeue import service
 from consumequeue.dispatcher import DispatchEngine
+from consumequeue.queue_offsets import QueueOffsetTable
 from consumequeue.rebuild import rebuild_engine
 from native import dispatch as D
 

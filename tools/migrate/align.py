@@ -14,10 +14,10 @@
 import hashlib
 import os
 
+from broker.store.upgrade import IMPORTED_CONFIGS
 from commitlog.atomicfile import fsync_dir
 from consumequeue.cq import ConsumeQueueStore
 from consumequeue.indexfile import IndexService
-from broker.store.upgrade import IMPORTED_CONFIGS
 from tools.migrate.check import CheckReport
 
 CHUNK = 1 << 20

@@ -26,10 +26,10 @@ import os
 
 import attrs
 
-from consumequeue.legacy_store import LegacyStore, compare_commitlogs, md5_files
 from broker.metadata.snapshot import read_config_dir
-from consumequeue.migrated import MARKER_FILE, divided_offset, load_marker
 from commitlog.store import StoreConfig, data_segment_size_of
+from consumequeue.legacy_store import LegacyStore, compare_commitlogs, md5_files
+from consumequeue.migrated import MARKER_FILE, divided_offset, load_marker
 
 
 @attrs.define

@@ -25,16 +25,21 @@ import shutil
 
 import attrs
 
-from consumequeue import record as M
-from consumequeue.legacy_store import LegacyStore
 from broker.metadata import snapshot as meta_snapshot
 from broker.metadata.records import INTERNAL_TOPICS, parse_op
-from consumequeue.migrated import load_marker
 from broker.store.migrated import IMPORT_MARK_GROUP
-from commitlog.entry import MAGIC_NORMAL
 from commitlog.atomicfile import fsync_dir
-from consumequeue.plainlog import (PlainCommitlogWriter, dispatch_plain, plain_engine, write_fastjson,
-                                    write_stock_checkpoint)
+from commitlog.entry import MAGIC_NORMAL
+from consumequeue import record as M
+from consumequeue.legacy_store import LegacyStore
+from consumequeue.migrated import load_marker
+from consumequeue.plainlog import (
+    PlainCommitlogWriter,
+    dispatch_plain,
+    plain_engine,
+    write_fastjson,
+    write_stock_checkpoint,
+)
 
 READ_BATCH = 256
 

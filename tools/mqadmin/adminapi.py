@@ -20,14 +20,19 @@ import re
 
 import attrs
 
-from consumequeue import record as M
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerData, TopicRouteData
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.errors import (RemotingConnectError, RemotingConnectionLostError, RemotingError,
-                                    RemotingTimeoutError, ResponseError)
+from broker.remoting.errors import (
+    RemotingConnectError,
+    RemotingConnectionLostError,
+    RemotingError,
+    RemotingTimeoutError,
+    ResponseError,
+)
+from consumequeue import record as M
 
 MASTER_ID = 0
 TOOLS_GROUP = "TOOLS_CONSUMER"  # RocketMQ's MixAll.TOOLS_CONSUMER_GROUP

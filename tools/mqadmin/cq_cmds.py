@@ -90,10 +90,9 @@ def verify_consume_queues(root: str, self_id: str | None, *, cq_file_size: int, 
                           index_items: int):
     """The --cq check of verifyStore, read-only."""
     from commitlog.scan import resolve_store_dir
+    from consumequeue.migrated import load_marker, offline_layered_source
     from consumequeue.source import CommitlogSource
     from consumequeue.verify import offline_span, verify
-
-    from consumequeue.migrated import load_marker, offline_layered_source
     store_dir = resolve_store_dir(root, self_id)
     span = offline_span(store_dir)
     source = CommitlogSource(span.data_dir, segment_size=span.data_segment_size)

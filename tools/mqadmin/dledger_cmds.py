@@ -12,8 +12,8 @@ import trio
 
 from tools.mqadmin import EXIT_PROBLEMS
 from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError
-from tools.mqadmin.render import Output
 from tools.mqadmin.online import online
+from tools.mqadmin.render import Output
 
 
 async def first_divergence(lo: int, hi: int, differs) -> int | None:

@@ -10,8 +10,8 @@
 import click
 
 from broker.client import Message, MessageQueue, open_producer, open_pull_consumer
-from consumequeue.record import MessageFormatError
 from broker.common.msgid import parse_offset_msg_id
+from consumequeue.record import MessageFormatError
 from tools.mqadmin.adminapi import TOOLS_GROUP, TOOLS_PRODUCER, MQAdmin, NotFoundError, UnreachableError, message_json
 from tools.mqadmin.online import TIMESTAMP, fmt_ms, online
 from tools.mqadmin.render import Output

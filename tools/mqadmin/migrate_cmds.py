@@ -67,8 +67,7 @@ def _progress(label: str, enabled: bool = True, *, counts: bool = False):
         yield None
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn)
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn() if counts else DownloadColumn(),
                   TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=None)

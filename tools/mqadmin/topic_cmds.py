@@ -10,7 +10,6 @@ from tools.mqadmin.online import fmt_ms, online
 from tools.mqadmin.render import Output
 
 
-
 def _bool_text(ctx, param, value):
     if value is None or isinstance(value, bool):
         return value

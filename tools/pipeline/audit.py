@@ -28,7 +28,9 @@ import zlib
 import attrs
 
 from commitlog.entry import HEADER, HEADER_SIZE
-from tools.pipeline import jobcommon as J, segscan, splits as S
+from tools.pipeline import jobcommon as J
+from tools.pipeline import segscan
+from tools.pipeline import splits as S
 
 MD5_CHUNK = 8 << 20
 

@@ -30,7 +30,8 @@ import datetime
 import functools
 import sys
 
-from tools.pipeline import jobcommon as J, segscan
+from tools.pipeline import jobcommon as J
+from tools.pipeline import segscan
 
 COLUMNS = (
     ("store", "string"), ("topic", "string"), ("queueId", "int"), ("queueOffset", "long"),
@@ -55,8 +56,8 @@ def utc_date(ms: int) -> str:
 
 def message_row(store: str, view, at: int, rec, entry_index) -> tuple:
     """One export row from the record at view[at:] (rec: its dispatch record)."""
-    from consumequeue import record as M
     from broker.common.msgid import offset_msg_id
+    from consumequeue import record as M
     m = M.decode(view, at, limit=rec.size)
     body, kind, done = segscan.decompress_body(m.body, m.sysflag)
     props = m.properties

@@ -14,7 +14,8 @@ import threading
 
 import attrs
 
-from tools.pipeline import segscan, splits as S
+from tools.pipeline import segscan
+from tools.pipeline import splits as S
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 

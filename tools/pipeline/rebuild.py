@@ -30,7 +30,9 @@ from consumequeue.errors import DispatchError
 from consumequeue.indexfile import DEFAULT_INDEX_NUM, DEFAULT_SLOT_NUM
 from consumequeue.source import CommitlogSource
 from native.dispatch import MODE_PLAIN, STOP_BLANK, STOP_END, STOP_NAMES, default_backend
-from tools.pipeline import jobcommon as J, segscan, splits as S
+from tools.pipeline import jobcommon as J
+from tools.pipeline import segscan
+from tools.pipeline import splits as S
 
 
 @attrs.frozen

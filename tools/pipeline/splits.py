@@ -20,12 +20,12 @@ import os
 
 import attrs
 
-from consumequeue.legacy_store import COMMITLOG_DIR
 from commitlog.entry import HEADER, HEADER_SIZE, INDEX_UNIT, INDEX_UNIT_SIZE
 from commitlog.errors import CommitLogError
 from commitlog.metafiles import read_checkpoint
 from commitlog.scan import resolve_store_dir
 from commitlog.segments import infer_segment_size, list_segment_files
+from consumequeue.legacy_store import COMMITLOG_DIR
 from native.dispatch import MODE_DLEDGER, MODE_PLAIN, STOP_BLANK, STOP_END, STOP_NAMES, STOP_ZERO
 
 DEFAULT_INDEX_SEGMENT = 32 * 5 * 1024 * 1024

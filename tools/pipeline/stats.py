@@ -13,7 +13,8 @@ import json
 import os
 import sys
 
-from tools.pipeline import jobcommon as J, segscan
+from tools.pipeline import jobcommon as J
+from tools.pipeline import segscan
 
 ROW_COLUMNS = (("store", "string"), ("topic", "string"), ("queueId", "int"), ("queueOffset", "long"),
                ("size", "int"), ("storeTimestamp", "long"), ("bornTimestamp", "long"), ("tags", "string"),

@@ -4,8 +4,14 @@
 # role only writes the handlers that mean something to it.
 from typing import TYPE_CHECKING, Sequence
 
-from commitlog.raft.messages import (HeartbeatRequest, HeartbeatResponse, PushRequest,
-                                     PushResponse, TimeoutNow, VoteResponse)
+from commitlog.raft.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    PushRequest,
+    PushResponse,
+    TimeoutNow,
+    VoteResponse,
+)
 from commitlog.raft.state import Ready, Role
 
 if TYPE_CHECKING:

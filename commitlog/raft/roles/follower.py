@@ -11,8 +11,16 @@ import struct
 
 from commitlog.entry import OFF_SIZE, POS_OFFSET, EntryBatch
 from commitlog.errors import RaftSafetyError
-from commitlog.raft.messages import (UNKNOWN_TERM, HeartbeatRequest, HeartbeatResponse, PushRequest,
-                                     PushResponse, PushType, ResponseCode, TimeoutNow)
+from commitlog.raft.messages import (
+    UNKNOWN_TERM,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    PushRequest,
+    PushResponse,
+    PushType,
+    ResponseCode,
+    TimeoutNow,
+)
 from commitlog.raft.roles.base import RoleLogic
 from commitlog.raft.state import LogReset, Role
 

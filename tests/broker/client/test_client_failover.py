@@ -7,8 +7,15 @@ import time
 import pytest
 import trio
 
-from broker.client import (ConsumeFromWhere, ConsumeStatus, Message, SendFailedError, open_producer,
-                           open_pull_consumer, open_push_consumer)
+from broker.client import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    Message,
+    SendFailedError,
+    open_producer,
+    open_pull_consumer,
+    open_push_consumer,
+)
 from broker.client.consumer_api import ConsumerApi
 from tests.broker.client.helpers import wait_committed
 from tools.brokercluster import open_broker_cluster

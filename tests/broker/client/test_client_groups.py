@@ -9,13 +9,22 @@ import threading
 import pytest
 import trio
 
-from broker.client import (ConsumeFromWhere, ConsumeStatus, Message, PullStatus, SendStatus, allocate_averagely,
-                           open_producer, open_pull_consumer, open_push_consumer)
-from broker.client.consumer_api import ConsumerApi
-from tests.broker.client.helpers import wait_committed
+from broker.client import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    Message,
+    PullStatus,
+    SendStatus,
+    allocate_averagely,
+    open_producer,
+    open_pull_consumer,
+    open_push_consumer,
+)
 from broker.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer
+from broker.client.consumer_api import ConsumerApi
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from tests.broker.client.helpers import wait_committed
 from tools.brokercluster import open_broker_cluster
 
 pytestmark = pytest.mark.slow

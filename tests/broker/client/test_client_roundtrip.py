@@ -7,8 +7,16 @@ import time
 import pytest
 import trio
 
-from broker.client import (ConsumeFromWhere, ConsumeStatus, Message, PullStatus, SendStatus, open_producer,
-                           open_pull_consumer, open_push_consumer)
+from broker.client import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    Message,
+    PullStatus,
+    SendStatus,
+    open_producer,
+    open_pull_consumer,
+    open_push_consumer,
+)
 from broker.client.consumer_api import ConsumerApi
 from broker.client.errors import NotSupportedError
 from broker.remoting.codes import ResponseCode

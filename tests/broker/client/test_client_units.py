@@ -8,10 +8,22 @@ import zlib
 import pytest
 import trio
 
-from consumequeue import record as M
-from broker.client import (BrokerUnavailableError, ClientError, ConnectionFailedError, InvalidArgumentError,
-                           InvalidMessageError, Message, MessageIllegalError, MessageQueue, NoRouteError,
-                           SendFailedError, TopicNotExistError, allocate_averagely, open_producer, open_push_consumer)
+from broker.client import (
+    BrokerUnavailableError,
+    ClientError,
+    ConnectionFailedError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    Message,
+    MessageIllegalError,
+    MessageQueue,
+    NoRouteError,
+    SendFailedError,
+    TopicNotExistError,
+    allocate_averagely,
+    open_producer,
+    open_push_consumer,
+)
 from broker.client.errors import NotSupportedError, check_response, from_remoting
 from broker.client.instance import TopicRoute
 from broker.client.model import decode_records, filter_by_tags, subscription
@@ -20,6 +32,7 @@ from broker.namesrv.routes import BrokerData, QueueData, TopicRouteData
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingConnectError, RemotingTimeoutError
+from consumequeue import record as M
 from tools.localcluster import free_ports
 
 

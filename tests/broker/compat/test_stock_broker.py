@@ -24,11 +24,11 @@ import signal
 import pytest
 import trio
 
-from consumequeue import record as M
 from broker.namesrv.client import NamesrvClient
 from broker.remoting.client import open_remoting_client
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from consumequeue import record as M
 from tests.broker.compat.stock_client import run_script
 from tests.broker.test_server import running_group, wait_group, wait_route
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.common.values import DataVersion, TopicConfig
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerRegistration
-from broker.common.values import DataVersion, TopicConfig
 from broker.namesrv.service import NamesrvConfig, serve_namesrv
 from broker.remoting.client import open_remoting_client
 from broker.remoting.codes import RPC_ONEWAY, LanguageCode, RequestCode, SerializeType

@@ -6,13 +6,13 @@ import os
 
 import trio
 
-from consumequeue.record import MessageRecord, encode
 from broker.metadata.applier import MetadataApplier
 from broker.metadata.records import TOPIC_CONFIG_TOPIC
 from commitlog.entry import MAGIC_NOOP
 from commitlog.errors import NotLeaderError
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.watermark import Watermark
+from consumequeue.record import MessageRecord, encode
 
 DATA_SEG = 64 * 1024
 INDEX_SEG = 4 * 1024

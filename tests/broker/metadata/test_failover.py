@@ -11,10 +11,10 @@ import pytest
 import trio
 import trio.testing
 
+from broker.common.values import TopicConfig
 from broker.metadata.service import MetadataConfig, MetadataService
 from broker.metadata.snapshot import load_snapshot
 from broker.metadata.tables import SubscriptionGroupConfig
-from broker.common.values import TopicConfig
 from commitlog.errors import NotLeaderError
 from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig

@@ -10,18 +10,17 @@ import shutil
 import pytest
 import trio
 
+from broker.common.values import InvalidMetadataError, TopicConfig
 from broker.metadata import snapshot
 from broker.metadata.applier import MetadataApplier, MetadataGapError, find_hits
 from broker.metadata.records import TOPIC_CONFIG_TOPIC, OffsetCommit, TopicUpsert, encode_op
 from broker.metadata.service import MetadataConfig, MetadataService
-from broker.common.values import InvalidMetadataError, TopicConfig
 from broker.metadata.tables import MetadataState, SubscriptionGroupConfig
 from commitlog.errors import NotLeaderError
 from commitlog.watermark import Watermark
 from native.dispatch import NATIVE, PYTHON
 from native.hashing import java_hash_str
-from tests.broker.metadata.helpers import (LocalNode, collision_topic, config_files, open_store,
-                                         replay_from_scratch)
+from tests.broker.metadata.helpers import LocalNode, collision_topic, config_files, open_store, replay_from_scratch
 
 FAST = MetadataConfig(offset_flush_interval_ms=50, snapshot_interval_s=3600)
 

@@ -8,15 +8,29 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from consumequeue.record import decode
-from broker.metadata import fastjson
-from broker.metadata.records import (CONSUMER_OFFSET_TOPIC, INTERNAL_TOPICS, SUBSCRIPTION_GROUP_TOPIC,
-                                     TOPIC_CONFIG_TOPIC, GroupDelete, GroupUpsert, MetadataRecordError, OffsetCommit,
-                                     OffsetDelete, OffsetReset, TopicDelete, TopicUpsert, decode_op, encode_op,
-                                     is_internal_topic, parse_op)
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.values import InvalidMetadataError, TopicConfig
+from broker.metadata import fastjson
+from broker.metadata.records import (
+    CONSUMER_OFFSET_TOPIC,
+    INTERNAL_TOPICS,
+    SUBSCRIPTION_GROUP_TOPIC,
+    TOPIC_CONFIG_TOPIC,
+    GroupDelete,
+    GroupUpsert,
+    MetadataRecordError,
+    OffsetCommit,
+    OffsetDelete,
+    OffsetReset,
+    TopicDelete,
+    TopicUpsert,
+    decode_op,
+    encode_op,
+    is_internal_topic,
+    parse_op,
+)
 from broker.metadata.tables import MetadataState, SubscriptionGroupConfig
+from consumequeue.record import decode
 
 TOPICS = ["TopicA", "TopicB", "%RETRY%g1"]
 GROUPS = ["g1", "g2"]

@@ -11,9 +11,9 @@ import sys
 import pytest
 import trio
 
+from broker.common.values import TopicConfig
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerRegistration
-from broker.common.values import TopicConfig
 from broker.remoting.client import open_remoting_client
 
 pytestmark = pytest.mark.slow

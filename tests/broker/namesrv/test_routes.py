@@ -3,8 +3,8 @@
 # stale registrations of a deposed leader, restarted followers), removal by
 # address (unregister, expiry at the exact deadline, connection close), and
 # topic deletion.
-from broker.namesrv.routes import BrokerData, BrokerRegistration, RouteInfoManager, TopicRouteData
 from broker.common.values import DataVersion, TopicConfig
+from broker.namesrv.routes import BrokerData, BrokerRegistration, RouteInfoManager, TopicRouteData
 from broker.remoting.header import encode_json
 
 A, B, C = "10.0.0.1:10911", "10.0.0.2:10911", "10.0.0.3:10911"

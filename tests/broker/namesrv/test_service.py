@@ -10,11 +10,11 @@ import json
 import pytest
 import trio
 
+from broker.common.values import DataVersion, TopicConfig
 from broker.namesrv.client import NamesrvClient, run_broker_registration
 from broker.namesrv.protocol import COMPRESSED_UNSUPPORTED, registration_request
 from broker.namesrv.routes import BrokerRegistration
-from broker.common.values import DataVersion, TopicConfig
-from broker.namesrv.service import NamesrvConfig, NameServer, serve_namesrv
+from broker.namesrv.service import NameServer, NamesrvConfig, serve_namesrv
 from broker.remoting.client import open_remoting_client
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand

@@ -12,17 +12,17 @@ import re
 
 import trio
 
-from broker.config import LiveConfig
-from consumequeue import record as M
-from broker.processors.admin import AdminProcessor, encode_mq_map, parse_attributes
-from broker.metadata.records import CONSUMER_OFFSET_TOPIC
 from broker.common.msgid import parse_offset_msg_id
+from broker.config import LiveConfig
+from broker.metadata.records import CONSUMER_OFFSET_TOPIC
+from broker.processors.admin import AdminProcessor, encode_mq_map, parse_attributes
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
+from consumequeue import record as M
 from tests.broker.processors.test_pull import TOPIC
-from tests.broker.store.test_gate import Group
 from tests.broker.processors.test_send import BORN, processor, v2
+from tests.broker.store.test_gate import Group
 
 
 def req(code, fields=None, body=b"") -> RemotingCommand:

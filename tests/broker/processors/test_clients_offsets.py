@@ -15,21 +15,21 @@ import pytest
 import trio
 import trio.testing
 
+from broker.common.msgid import UniqKeyGenerator
 from broker.common.values import ConsumeFromWhere, ConsumeType, MessageModel
 from broker.config import LiveConfig
 from broker.processors.client_manager import ClientManager, parse_enum
 from broker.processors.clients import ClientProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.retry import RetryTopics, retry_topic
-from broker.common.msgid import UniqKeyGenerator
+from broker.processors.send import SendProcessor
 from broker.remoting.codes import RPC_ONEWAY, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.server import RequestDispatcher
-from broker.processors.send import SendProcessor
 from tests.broker.processors.test_pull import TOPIC, send
-from tests.broker.store.test_gate import Group
 from tests.broker.processors.test_send import BORN, v2
+from tests.broker.store.test_gate import Group
 
 
 class FakeConn:

@@ -9,18 +9,24 @@
 import attrs
 import trio
 
-from consumequeue import record as M
+from broker.common.subscription import (
+    FLAG_COMMIT_OFFSET,
+    FLAG_SUBSCRIPTION,
+    FLAG_SUSPEND,
+    SubscriptionError,
+    parse_subscription,
+)
 from broker.config import LiveConfig
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
-from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, SubscriptionError, parse_subscription
 from broker.processors.pull import PullProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.server import RequestDispatcher
+from consumequeue import record as M
 from native.hashing import java_hash_str
-from tests.broker.store.test_gate import Group
 from tests.broker.processors.test_send import BORN, processor, v2
+from tests.broker.store.test_gate import Group
 
 TOPIC = "TopicP"
 

@@ -22,19 +22,19 @@ import json
 import pytest
 import trio
 
-from consumequeue import record as M
-from broker.metadata.tables import SubscriptionGroupConfig
-from broker.common.values import TopicConfig
 from broker.common.msgid import offset_msg_id, parse_offset_msg_id
+from broker.common.values import TopicConfig
+from broker.config import LiveConfig
+from broker.metadata.tables import SubscriptionGroupConfig
+from broker.processors.retry import SendBackProcessor, dlq_topic, retry_topic
+from broker.processors.send import SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.processors.retry import SendBackProcessor, dlq_topic, retry_topic
 from broker.store.gate import NotWritableError
 from broker.store.schedule import ScheduleService
-from broker.config import LiveConfig
-from broker.processors.send import SendProcessor
-from tests.broker.store.test_gate import Group
+from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, processor, v2
+from tests.broker.store.test_gate import Group
 
 GROUP = "cg_retry"
 LEVELS = "1s 2s 3s 4s"

@@ -9,15 +9,14 @@
 import random
 
 import attrs
-
 import trio
 
-from consumequeue import record as M
 from broker.common.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand
 from broker.config import LiveConfig
 from broker.processors.send import SendProcessor
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from consumequeue import record as M
 from tests.broker.store.test_gate import Group
 
 BORN = "192.168.1.5:50000"

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumequeue import record as M
+from broker.processors.send import V2_NAMES, parse_send_header
 from broker.remoting.codec import CommandDecoder, encode_command, encode_json_header
 from broker.remoting.codes import RPC_TYPE_RESPONSE, LanguageCode, RequestCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, encode_json
-from broker.processors.send import V2_NAMES, parse_send_header
+from consumequeue import record as M
 
 FIELDS = {"a": "pg", "b": "TopicA", "c": "TBW102", "d": "8", "e": "3", "f": "0", "g": "1700000000000",
           "h": "0", "i": "TAGS\x01t\x02KEYS\x01k\x02", "j": "0", "k": "false", "l": "16", "m": "false"}

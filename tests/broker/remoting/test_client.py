@@ -10,8 +10,12 @@ import trio
 from broker.remoting.client import open_remoting_client, parse_addr
 from broker.remoting.codes import SerializeType
 from broker.remoting.command import RemotingCommand
-from broker.remoting.errors import (LocalProtocolError, RemotingConnectError, RemotingConnectionLostError,
-                                    RemotingTimeoutError)
+from broker.remoting.errors import (
+    LocalProtocolError,
+    RemotingConnectError,
+    RemotingConnectionLostError,
+    RemotingTimeoutError,
+)
 from broker.remoting.server import serve_remoting
 from tests.broker.remoting.helpers import ECHO, ONEWAY_SINK, SLOW, EchoService
 

@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.remoting.codec import CLOSED, NEED_DATA, CommandDecoder, decode_header, encode_command
-from broker.remoting.codes import (RPC_ONEWAY, RPC_TYPE_RESPONSE, LanguageCode, RequestCode, ResponseCode,
-                                   SerializeType)
+from broker.remoting.codes import RPC_ONEWAY, RPC_TYPE_RESPONSE, LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand, java_text
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
 

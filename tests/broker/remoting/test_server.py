@@ -15,8 +15,7 @@ from broker.remoting.codec import encode_command
 from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.server import serve_remoting
-from tests.broker.remoting.helpers import (ECHO, FAIL, ONEWAY_SINK, REFUSE, SLOW, EchoService, raw_invoke,
-                                    read_until_eof)
+from tests.broker.remoting.helpers import ECHO, FAIL, ONEWAY_SINK, REFUSE, SLOW, EchoService, raw_invoke, read_until_eof
 
 
 async def start(nursery, service: EchoService, **kw):

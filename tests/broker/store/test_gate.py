@@ -12,13 +12,13 @@ import random
 import pytest
 import trio
 
-from consumequeue import record as M
 from broker.config import BrokerConfig
 from broker.metadata.service import MetadataConfig
-from broker.store.gate import NotWritableError
 from broker.store.broker_store import run_broker_store
+from broker.store.gate import NotWritableError
 from commitlog.store import StoreConfig
 from commitlog.transport.memory import MemoryNetwork
+from consumequeue import record as M
 
 IDS = ("n0", "n1", "n2")
 SEG = 64 * 1024

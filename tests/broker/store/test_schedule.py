@@ -12,17 +12,16 @@ import pytest
 import trio
 import trio.testing
 
-from consumequeue import record as M
-from broker.config import BrokerConfig, parse_delay_levels
+from broker.config import BrokerConfig, LiveConfig, parse_delay_levels
 from broker.metadata import snapshot
+from broker.processors.send import SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.store.schedule import ScheduleService, deliver_at, from_schedule, to_schedule
-from broker.config import LiveConfig
-from broker.processors.send import SendProcessor
 from commitlog.config import ConfigError
-from tests.broker.store.test_gate import Group
+from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, v2
+from tests.broker.store.test_gate import Group
 
 HOST = M.HostAddr("10.0.0.9", 10911)
 

@@ -11,8 +11,17 @@ from commitlog.entry import MAGIC_NOOP
 from commitlog.errors import NotLeaderError, RaftContractError
 from commitlog.raft.core import RaftCore
 from commitlog.raft.memlog import MemLog
-from commitlog.raft.messages import (HeartbeatRequest, HeartbeatResponse, PushRequest, PushResponse,
-                                     PushType, ResponseCode, VoteRequest, VoteResponse, VoteResult)
+from commitlog.raft.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    PushRequest,
+    PushResponse,
+    PushType,
+    ResponseCode,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
 from commitlog.raft.state import HardState, Role
 from tests.commitlog.raft.helpers import FAST, Solo, log_with_terms
 

@@ -220,7 +220,8 @@ def test_entry_batch_term_runs_drive_matching_not_entry_objects():
 
 # --- §5.3 as a property: any follower log, any APPEND window ----------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from commitlog.raft.memlog import MemLog  # noqa: E402
 

@@ -7,8 +7,7 @@ import attrs
 import pytest
 
 from commitlog.entry import MAGIC_NOOP
-from commitlog.raft.messages import (HeartbeatRequest, PushRequest, PushResponse, PushType,
-                                     ResponseCode)
+from commitlog.raft.messages import HeartbeatRequest, PushRequest, PushResponse, PushType, ResponseCode
 from commitlog.raft.state import HardState, Role
 from tests.commitlog.raft.helpers import FAST, Solo, log_with_terms
 from tests.commitlog.raft.test_core_log import exchange

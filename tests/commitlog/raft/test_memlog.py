@@ -6,8 +6,8 @@ import pytest
 
 from commitlog.entry import HEADER_SIZE, MAGIC_NOOP, chain_crc, iter_batch
 from commitlog.errors import AppendRejectedError, IndexBelowBeginError, IndexBeyondEndError
-from commitlog.raft.roles.follower import batch_tail
 from commitlog.raft.memlog import MemLog
+from commitlog.raft.roles.follower import batch_tail
 from native.hashing import crc32
 from tests.commitlog.raft.helpers import log_with_terms
 

@@ -1,7 +1,8 @@
 # The commit index as the quorum median of match indexes, against a naive
 # oracle: the largest index that at least a majority of replicas hold.
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commitlog.raft.quorum import majority, quorum_match_index
 

@@ -6,8 +6,13 @@
 import attrs
 import pytest
 
-from commitlog.errors import (LeadershipTransferError, LeaderTransferringError, NotLeaderError,
-                              PendingFullError, QuorumTimeoutError)
+from commitlog.errors import (
+    LeadershipTransferError,
+    LeaderTransferringError,
+    NotLeaderError,
+    PendingFullError,
+    QuorumTimeoutError,
+)
 from commitlog.raft.messages import PushRequest, TimeoutNow
 from commitlog.raft.state import Role
 from tests.commitlog.raft.sim import SIM_CONFIG, Cluster
@@ -369,8 +374,8 @@ def figure_8(c: Cluster, *, assert_not_committed: bool = True) -> None:
     its own index 1 nowhere; now S1 leads term 4 and gets index 1 (term 2)
     onto S3 -- a majority -- while its term-4 NOOP is lost.  S1 must NOT
     count index 1 as committed: S5 can still win and overwrite it."""
-    from tests.commitlog.raft.helpers import log_with_terms
     from commitlog.raft.state import HardState
+    from tests.commitlog.raft.helpers import log_with_terms
     # everybody saw term 3, in which S3, S4 and S5 voted for S5
     logs = {"n0": ([1, 2], None), "n1": ([1, 2], None), "n2": ([1], "n4"), "n3": ([1], "n4"),
             "n4": ([1, 3], "n4")}

@@ -4,14 +4,24 @@
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commitlog.entry import EntryBatch
 from commitlog.errors import WireError
 from commitlog.raft import wire
-from commitlog.raft.messages import (HeartbeatRequest, HeartbeatResponse, PushRequest, PushResponse,
-                                     PushType, ResponseCode, TimeoutNow, VoteRequest, VoteResponse,
-                                     VoteResult)
+from commitlog.raft.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    PushRequest,
+    PushResponse,
+    PushType,
+    ResponseCode,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
 from tests.commitlog.raft.helpers import log_with_terms
 
 ids = st.text(min_size=1, max_size=12)

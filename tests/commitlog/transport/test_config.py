@@ -3,9 +3,18 @@
 # unknown keys, and the validation of timing and store settings.
 import pytest
 
-from commitlog.config import (ConfigError, FlushDiskType, Peer, ReplicationConfig,
-                              format_peers, iter_properties, load_properties,
-                              load_replication_config, parse_peers, parse_properties)
+from commitlog.config import (
+    ConfigError,
+    FlushDiskType,
+    Peer,
+    ReplicationConfig,
+    format_peers,
+    iter_properties,
+    load_properties,
+    load_replication_config,
+    parse_peers,
+    parse_properties,
+)
 
 # distribution/conf/dledger/broker-n0.conf from apache/rocketmq, as shipped.
 SAMPLE_N0 = """\

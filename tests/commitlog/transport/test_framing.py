@@ -3,12 +3,27 @@
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commitlog.transport.errors import FrameError
-from commitlog.transport.framing import (CLOSED, HEADER_SIZE, MAGIC, NEED_DATA, VERSION, Frame,
-                                         FrameDecoder, FrameKind, Hello, decode_hello, decode_identity,
-                                         decode_reject, encode_frame, encode_identity, identity_mismatch)
+from commitlog.transport.framing import (
+    CLOSED,
+    HEADER_SIZE,
+    MAGIC,
+    NEED_DATA,
+    VERSION,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    Hello,
+    decode_hello,
+    decode_identity,
+    decode_reject,
+    encode_frame,
+    encode_identity,
+    identity_mismatch,
+)
 
 
 def drain(dec: FrameDecoder) -> list:

@@ -9,10 +9,15 @@ import random
 import pytest
 import trio
 
-from commitlog.transport import (FrameError, TransportConfig, UnknownPeerError, backoff_delay,
-                                 open_peer_transport, serve_peer_transport)
-from commitlog.transport.framing import (CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello,
-                                         encode_frame)
+from commitlog.transport import (
+    FrameError,
+    TransportConfig,
+    UnknownPeerError,
+    backoff_delay,
+    open_peer_transport,
+    serve_peer_transport,
+)
+from commitlog.transport.framing import CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello, encode_frame
 
 HOST = "127.0.0.1"
 GROUP = "RaftNode00"

@@ -16,10 +16,10 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from consumequeue import record as M
+from broker.metadata.snapshot import read_config_dir
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.metadata.snapshot import read_config_dir
+from consumequeue import record as M
 from consumequeue.legacy_store import LegacyStore
 from tests.helpers.legacy_fixtures import build_master_slave_store, file_digests
 from tools.brokercluster import open_broker_cluster

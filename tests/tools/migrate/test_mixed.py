@@ -16,10 +16,10 @@ import trio
 from click.testing import CliRunner
 
 from broker.client import Message, SendStatus, open_producer, open_push_consumer
+from tests.helpers import REPO_ROOT
 from tests.helpers.legacy_fixtures import build_master_slave_store
 from tools.brokercluster import open_broker_cluster
 from tools.mqadmin import cli
-from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,12 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from consumequeue import record as M
 from broker.metadata.snapshot import read_config_dir
-from consumequeue.legacy_store import LegacyStore
-from consumequeue.migrated import legacy_floor, legacy_retention_pass, load_marker, open_migrated_engine
 from broker.store.migrated import MigrationImport, load_import
 from commitlog.store import SegmentedStore, StoreConfig
+from consumequeue import record as M
+from consumequeue.legacy_store import LegacyStore
+from consumequeue.migrated import legacy_floor, legacy_retention_pass, load_marker, open_migrated_engine
 from consumequeue.reader import GetMessageStatus, message_at, query_by_key, read_messages
 from consumequeue.service import positions
 from tests.helpers.legacy_fixtures import build_master_slave_store, file_digests
@@ -256,6 +256,7 @@ def test_migration_import_imports_once(tmp_path):
     against a fake metadata service: one batch of ops ending with the mark;
     a later leader sees the mark and imports nothing."""
     import trio
+
     from broker.metadata.records import GroupUpsert, OffsetReset, TopicUpsert
     from broker.metadata.tables import MetadataState
     from broker.store.migrated import IMPORT_MARK_GROUP, IMPORT_MARK_TOPIC, write_import

@@ -12,8 +12,8 @@ import trio
 
 from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
-from tools.brokercluster import open_broker_cluster
 from tests.helpers import REPO_ROOT
+from tools.brokercluster import open_broker_cluster
 
 pytestmark = pytest.mark.slow
 

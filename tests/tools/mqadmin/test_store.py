@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from commitlog.store import SegmentedStore
-from tests.helpers.stock_dledger import write_stock_store
 from tests.commitlog.store_helpers import DATA_SEG, body, cfg, fill
-from tools.mqadmin import cli
 from tests.helpers import REPO_ROOT
+from tests.helpers.stock_dledger import write_stock_store
+from tools.mqadmin import cli
 
 ROOT = str(REPO_ROOT)
 

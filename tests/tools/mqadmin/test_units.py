@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
+from broker.config import BrokerConfig
 from broker.processors.admin import TpsMeter, encode_mq_map
 from broker.processors.admin_clients import broker_config_properties, properties_text
-from broker.config import BrokerConfig
 from commitlog.config import iter_properties
+from tests.helpers import REPO_ROOT
 from tools.mqadmin.adminapi import decode_records, parse_mq_map
 from tools.mqadmin.dledger_cmds import first_divergence
 from tools.mqadmin.online import parse_timestamp
-from tests.helpers import REPO_ROOT
 
 MQADMIN = [sys.executable, "-m", "tools.mqadmin"]
 ROOT = str(REPO_ROOT)

@@ -7,12 +7,12 @@ import hashlib
 import os
 import zlib
 
-from consumequeue import record as M
-from consumequeue.queue_offsets import QueueOffsetTable
 from commitlog.scan import walk_store
 from commitlog.store import SegmentedStore, StoreConfig
+from consumequeue import record as M
 from consumequeue import service
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine
+from consumequeue.queue_offsets import QueueOffsetTable
 
 SEG = 1 << 16
 SMALL = DispatchConfig(cq_file_size=20 * 50, index_slot_num=101, index_num=300, batch_records=64)

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests.tools.pipeline.stores import SMALL, build_store, digests, dispatcher_output
 from tests.helpers import REPO_ROOT
+from tests.tools.pipeline.stores import SMALL, build_store, digests, dispatcher_output
 
 REPO = str(REPO_ROOT)
 BIN = os.path.dirname(sys.executable)

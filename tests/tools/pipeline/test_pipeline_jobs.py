@@ -15,10 +15,11 @@ from collections import Counter
 
 import pytest
 
-from consumequeue import record as M
 from broker.common.msgid import offset_msg_id
+from consumequeue import record as M
 from tests.tools.pipeline.stores import SMALL_ARGS, build_store, committed_messages, digests, dispatcher_output
-from tools.pipeline import audit, export, jobcommon as J, rebuild, stats
+from tools.pipeline import audit, export, rebuild, stats
+from tools.pipeline import jobcommon as J
 from tools.pipeline.segscan import NativeMissingError
 
 

@@ -10,14 +10,16 @@ import shutil
 
 import pytest
 
+from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import record as M
 from consumequeue.legacy_store import LegacyStore
 from consumequeue.queue_offsets import QueueOffsetTable
-from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue.service import positions
 from tests.helpers.legacy_fixtures import build_master_slave_store
 from tests.tools.pipeline.stores import SMALL, SMALL_ARGS, committed_messages, digests
-from tools.pipeline import export, jobcommon as J, rebuild, splits as S, stats
+from tools.pipeline import export, rebuild, stats
+from tools.pipeline import jobcommon as J
+from tools.pipeline import splits as S
 
 SEG = 8192
 
@@ -82,8 +84,8 @@ def migrated(tmp_path):
     messages appended by the DLedger leader continuing the old queues (two
     4 KiB segments and more), 85 of them committed and dispatched by the
     migrated broker's engine."""
-    from consumequeue.migrated import load_marker, open_migrated_engine
     from broker.store.upgrade import apply
+    from consumequeue.migrated import load_marker, open_migrated_engine
     fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG)
     apply(fx.root, "n0", data_segment_size=4096)
     store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=4096))
