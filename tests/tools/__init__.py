@@ -1,0 +1,1 @@
+# Tests of the tools/ scripts that run whole clusters (benchmarks' smoke tests).
