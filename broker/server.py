@@ -330,6 +330,7 @@ def main(argv=None) -> None:
 
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
+    from commitlog.profiling import profiled
     from commitlog.stallwatch import instruments_from_env
 
     @click.command(name="mqbroker", context_settings={"help_option_names": ["-h", "--help"]})
@@ -367,7 +368,8 @@ def main(argv=None) -> None:
                         break
 
         try:
-            trio.run(run, instruments=instruments_from_env())
+            with profiled(cfg.self_id):  # LEDGERMQ_PROFILE=<dir>: cProfile the whole run
+                trio.run(run, instruments=instruments_from_env())
         except BaseException as e:
             leaves = list(_leaves(e))
             if all(isinstance(x, KeyboardInterrupt) for x in leaves):

@@ -15,11 +15,9 @@
 # Once the node is serving it prints one JSON line to stdout with its id and
 # admin port, so scripts and tests know where to connect.
 import argparse
-import cProfile
 import json
 import logging
 import math
-import os
 import random
 import signal
 import sys
@@ -31,6 +29,7 @@ from commitlog import metafiles
 from commitlog.admin import serve_admin
 from commitlog.config import ConfigError, ReplicationConfig, load_replication_config
 from commitlog.errors import CommitLogError
+from commitlog.profiling import profiled
 from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, RaftConfig
 from commitlog.replica import ReplicaNode
@@ -42,7 +41,6 @@ from commitlog.transport.tcp import serve_peer_transport
 log = logging.getLogger("ledgermq.node")
 
 TICK_MS = 10
-PROFILE_ENV = "LEDGERMQ_PROFILE"
 
 
 def raft_config_for(cfg: ReplicationConfig) -> RaftConfig:
@@ -187,21 +185,13 @@ def main(argv=None) -> None:
                     nursery.cancel_scope.cancel()
                     break
 
-    profile_dir = os.environ.get(PROFILE_ENV)
-    profiler = cProfile.Profile() if profile_dir else None
     try:
-        if profiler is not None:
-            profiler.enable()
-        trio.run(run, instruments=instruments_from_env())
+        with profiled(cfg.self_id):
+            trio.run(run, instruments=instruments_from_env())
     except KeyboardInterrupt:
         pass
     except CommitLogError as exc:
         sys.exit(f"commitlog.node: {exc}")
-    finally:
-        if profiler is not None:
-            profiler.disable()
-            os.makedirs(profile_dir, exist_ok=True)
-            profiler.dump_stats(os.path.join(profile_dir, f"{cfg.self_id}.prof"))
 
 
 if __name__ == "__main__":

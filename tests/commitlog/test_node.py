@@ -13,7 +13,8 @@ import trio
 from commitlog import metafiles
 from commitlog.admin import admin_call
 from commitlog.config import ReplicationConfig
-from commitlog.node import PROFILE_ENV, serve_node
+from commitlog.node import serve_node
+from commitlog.profiling import PROFILE_ENV
 from tests.commitlog.replicated_helpers import DATA_SEG, INDEX_SEG, assert_identical, body
 from tools.localcluster import LocalCluster
 

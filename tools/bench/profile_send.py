@@ -1,0 +1,122 @@
+# Owns profiling the send path (`python -m tools.bench.profile_send`): a name
+# server and a 3-broker group as real processes, raw pipelined
+# SEND_MESSAGE_V2 (1 KiB) with a window in flight for a fixed time, and
+# meanwhile py-spy sampling the master (and optionally a slave).  Prints
+# messages/s and the CPU microseconds per message of every broker process
+# and of the load generator, and the top of each profile (by own time and
+# by cumulative time).  Not a test; nothing is asserted.  Needs py-spy
+# (the `bench` extra) and permission to ptrace the brokers (root here).
+#
+#   python -m tools.bench.profile_send [--window 256] [--seconds 20] [--out DIR] [--slave] [--sync]
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import trio
+
+from tools.bench.broker import Phases, cpu_seconds, create_topic_request, own_cpu_seconds, send_request
+from tools.brokercluster import open_broker_cluster
+
+
+def top_of_profile(raw_path: str, n: int = 25) -> tuple[list, list]:
+    """py-spy's raw (collapsed) output -> the top frames by own samples and
+    by cumulative samples, as (percent, frame)."""
+    own, cum, total = collections.Counter(), collections.Counter(), 0
+    with open(raw_path) as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack:
+                continue
+            k = int(count)
+            total += k
+            frames = stack.split(";")
+            own[frames[-1]] += k
+            for frame in set(frames):
+                cum[frame] += k
+    pct = lambda c: [(round(100 * v / total, 1), f) for f, v in c.most_common(n)]  # noqa: E731
+    return pct(own), pct(cum)
+
+
+async def run(args) -> dict:
+    root = tempfile.mkdtemp(prefix="ledgermq-profile-")
+    out_dir = args.out or root
+    os.makedirs(out_dir, exist_ok=True)
+    conf = {"flushDiskType": "SYNC_FLUSH"} if args.sync else {}
+    try:
+        async with open_broker_cluster(root, extra_conf=conf) as cluster:
+            master = await cluster.wait_master()
+            await cluster.remoting.invoke(cluster.addr(master), create_topic_request())
+            phases = Phases(cluster, master, args.seconds + 5)
+            await phases.windowed(2000, args.window, send_request)  # warm-up
+            slave = next(n for n in sorted(cluster.brokers) if n != master)
+            targets = {"master": cluster.brokers[master].pid}
+            if args.slave:
+                targets["slave"] = cluster.brokers[slave].pid
+            pids = {n: p.pid for n, p in cluster.brokers.items()}
+            spies = {}
+            for role, pid in targets.items():
+                raw = os.path.join(out_dir, f"{role}.raw")
+                spies[role] = (raw, subprocess.Popen(
+                    [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
+                     "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "200", "--format", "raw",
+                     "--output", raw, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+            own0 = own_cpu_seconds()
+            phases.seconds = args.seconds
+            r = await phases.windowed(10_000_000, args.window, send_request)
+            cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
+            own1 = own_cpu_seconds()
+            for raw, proc in spies.values():
+                await trio.to_thread.run_sync(proc.wait)
+            count = r["count"]
+            result = {"window": args.window, "sync": args.sync, "mps": r["mps"], "count": count,
+                      "errors": dict(phases.errors),
+                      "cpu_us_per_msg": {("master" if n == master else n): round(1e6 * (cpu1[n] - cpu0[n]) / count, 1)
+                                         for n in pids if count},
+                      "client_cpu_us_per_msg": round(1e6 * (own1 - own0) / count, 1) if count else None,
+                      "profiles": {}}
+            for role, (raw, _) in spies.items():
+                if os.path.exists(raw):
+                    own, cum = top_of_profile(raw)
+                    result["profiles"][role] = {"raw": raw, "own": own, "cumulative": cum}
+            await cluster.stop_all()
+            return result
+    finally:
+        if not args.out:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.bench.profile_send", description=__doc__)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--out", help="keep the raw profiles (and the cluster's files) here")
+    p.add_argument("--slave", action="store_true", help="profile a slave too")
+    p.add_argument("--sync", action="store_true", help="flushDiskType=SYNC_FLUSH")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    r = trio.run(run, args)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"window {r['window']}{' SYNC_FLUSH' if r['sync'] else ''}: {r['mps']:.0f} msg/s, {r['count']} messages, "
+          f"errors {r['errors'] or 'none'}")
+    print("CPU us/msg: " + ", ".join(f"{k} {v}" for k, v in r["cpu_us_per_msg"].items())
+          + f", load generator {r['client_cpu_us_per_msg']}")
+    for role, prof in r["profiles"].items():
+        print(f"\n{role} profile, own time:")
+        for pct, frame in prof["own"]:
+            print(f"  {pct:5.1f}%  {frame}")
+        print(f"{role} profile, cumulative:")
+        for pct, frame in prof["cumulative"]:
+            print(f"  {pct:5.1f}%  {frame}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
