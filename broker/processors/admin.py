@@ -25,6 +25,7 @@
 #   GET_TOPIC_STATS_INFO 202            TopicStatsTable per write queue
 #   GET_CONSUME_STATS 208               ConsumeStats per queue
 #   UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200 / DELETE_SUBSCRIPTIONGROUP 207
+#   GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201 SubscriptionGroupWrapper JSON
 #
 # TopicStatsTable and ConsumeStats are maps keyed by MessageQueue objects.
 # fastjson writes such keys as JSON objects ({{"brokerName":..}:{..}}), which
@@ -155,7 +156,8 @@ class AdminProcessor(RequestProcessor):
     CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
              RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.QUERY_MESSAGE, RequestCode.GET_BROKER_RUNTIME_INFO,
              RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
-             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP)
+             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
     not_leader_remark = "metadata is written on the DLedger leader (master)"
 
     @property
@@ -174,6 +176,7 @@ class AdminProcessor(RequestProcessor):
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_and_create_group,
             RequestCode.DELETE_SUBSCRIPTIONGROUP: self.delete_group,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_group_config,
         }
 
     # --- helpers -------------------------------------------------------------------
@@ -259,6 +262,14 @@ class AdminProcessor(RequestProcessor):
         table = self.store.metadata.state.topics
         body = {"topicConfigTable": {n: c.to_json() for n, c in
                                      self.store.metadata.topic_configs(include_internal=False).items()},
+                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.store.gate.term}}
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
+
+    async def get_all_group_config(self, request: RemotingCommand) -> RemotingCommand:
+        """SubscriptionGroupWrapper JSON, from this node's replicated tables
+        (masters and slaves alike)."""
+        table = self.store.metadata.state.groups
+        body = {"subscriptionGroupTable": {n: c.to_json() for n, c in sorted(table.groups.items())},
                 "dataVersion": {**table.data_version.to_json(), "stateVersion": self.store.gate.term}}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
 
