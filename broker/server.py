@@ -354,7 +354,10 @@ def main(argv=None) -> None:
             level = logging.DEBUG if warning.startswith("listenPort=0:") else logging.WARNING
             log.log(level, "%s: %s", config_file, warning)
 
+        serving = False  # an OSError before this is a start-up failure (ports), after it a runtime one
+
         async def run() -> None:
+            nonlocal serving
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as nursery:
                     broker = await nursery.start(lambda task_status: serve_broker(cfg, task_status=task_status))
@@ -362,6 +365,7 @@ def main(argv=None) -> None:
                                            "brokerName": cfg.broker_name, "brokerId": broker.broker_id,
                                            "selfId": cfg.self_id, "listenPort": broker.cfg.listen_port}))
                     sys.stdout.flush()
+                    serving = True
                     async for signum in signals:
                         log.info("%s: signal %d, shutting down", cfg.self_id, signum)
                         nursery.cancel_scope.cancel()
@@ -376,7 +380,10 @@ def main(argv=None) -> None:
                 pass
             elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError))), None)):
                 raise click.ClickException(str(err)) from None
-            elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
+            elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None and serving:
+                log.error("%s stopped by an I/O error", cfg.self_id, exc_info=oserr)
+                raise click.ClickException(f"stopped by an I/O error: {oserr}") from None
+            elif oserr is not None:
                 raise click.ClickException(
                     f"cannot start (listenPort {cfg.listen_port}, dLeger peer port "
                     f"{cfg.replication.self_peer.port}): {oserr.strerror or oserr}") from None
