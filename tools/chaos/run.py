@@ -65,6 +65,10 @@ async def create_topic(admin, cluster: ChaosCluster) -> None:
             await trio.sleep(0.05)
 
 
+def say(msg: str) -> None:
+    print(f"[chaos] {msg}", file=sys.stderr, flush=True)
+
+
 async def run_chaos(opts: RunOptions, *, sampler=None, on_cycle=None) -> tuple[Verdict, History, Nemesis]:
     """One run; `sampler(cluster, history, nemesis)` runs alongside (soak)."""
     rng = random.Random(opts.seed)
@@ -88,8 +92,8 @@ async def run_chaos(opts: RunOptions, *, sampler=None, on_cycle=None) -> tuple[V
                 nursery.start_soon(workload.pull_consume, stop)
                 if opts.stock_python:
                     nursery.start_soon(workload.produce_stock, opts.stock_python, stop)
-                if sampler is not None:
-                    nursery.start_soon(sampler, cluster, history, nemesis)
+                if sampler is not None:  # samples through the checks too; ends with `outer`
+                    outer.start_soon(sampler, cluster, history, nemesis)
 
                 async def cycle(n, fault):
                     if n % 5 == 0:  # metadata created under faults too
@@ -103,14 +107,18 @@ async def run_chaos(opts: RunOptions, *, sampler=None, on_cycle=None) -> tuple[V
                 await trio.sleep(1.0)
                 await nemesis.run(opts.cycles, deadline, cycle)
                 # Healed: every node back, then a quiet period with the load still on.
+                say("nemesis done; restarting dead nodes, quiet period")
                 for node in cluster.node_ids():
                     if not cluster.brokers[node].alive:
                         await cluster.start_broker(node)
                 await trio.sleep(3.0)
                 stop.set()
             verdict.cycles = len(nemesis.faults)
+            say("waiting for the push consumer group to catch up")
             await wait_consumers(workload, history, opts.settle)
+            say("checking the running group")
             await check_online(cluster, admin, history, nemesis.faults, verdict, settle=opts.settle)
+            say("stopping the group; checking the stores offline")
             await cluster.stop_all()
             check_offline(cluster, verdict)
         except BaseException:
