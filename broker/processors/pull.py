@@ -36,7 +36,8 @@
 # and sends it back (0) once it has caught up.  The threshold is
 # PullProcessor.slave_read_lag_bytes.  Like a RocketMQ slave without
 # offsetCheckInSlave, a non-leader does not correct offsets: OFFSET_MOVED
-# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset
+# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset;
+# neither does a master whose dispatch is behind its commit index
 # (a follower's dispatch may lag, and resetting a consumer on a lagging view
 # would rewind it).
 import logging
@@ -162,8 +163,9 @@ class PullProcessor:
             return request.make_response(e.code, e.remark)
 
         leader = self.store.gate.writable
-        result, seen = self._read(header, sub, leader), self.store.cq.dispatcher.dispatched.value
-        code = self._code(result, header.queue_offset, leader)
+        judge = self._may_correct(leader)
+        result, seen = self._read(header, sub, judge), self.store.cq.dispatcher.dispatched.value
+        code = self._code(result, header.queue_offset, judge)
         if header.commit and leader and header.commit_offset >= 0:
             self._commit(header)
         if code == ResponseCode.PULL_NOT_FOUND and header.suspend:
@@ -171,12 +173,21 @@ class PullProcessor:
             timeout_ms = min(max(timeout_ms, 0), MAX_SUSPEND_MS)
             if timeout_ms > 0:
                 await self._hold(header, seen, timeout_ms / 1000)
-                leader = self.store.gate.writable
-                result = self._read(header, sub, leader)
-                code = self._code(result, header.queue_offset, leader)
+                judge = self._may_correct(self.store.gate.writable)
+                result = self._read(header, sub, judge)
+                code = self._code(result, header.queue_offset, judge)
         return self._response(request, result, code)
 
     # --- steps ------------------------------------------------------------------
+
+    def _may_correct(self, leader: bool) -> bool:
+        """Whether this node may call an offset illegal and move the consumer:
+        only the writable master, and only while its consume queues hold
+        every committed entry.  A consumer can be ahead of a master whose
+        dispatch lags: it read further on a slave that dispatched faster
+        (the nemesis run saw offset 1907 moved to 0 by a master at 1905 after
+        the slave it pulled from died, redelivering the whole queue)."""
+        return leader and self.store.cq.dispatcher.dispatched.value >= self.store.replica.committed.value
 
     def _check(self, h: PullHeader) -> Subscription:
         cfg = self.config.current
