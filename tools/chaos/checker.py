@@ -57,6 +57,8 @@ class Verdict:
     fault_counts: dict[str, int] = attrs.Factory(dict)
     problems: list[str] = attrs.Factory(list)
     replicas: dict[str, dict] = attrs.Factory(dict)
+    by_client: dict[str, dict[str, int]] = attrs.Factory(dict)   # client -> outcome -> sends
+    errors: dict[str, int] = attrs.Factory(dict)                 # client error kinds seen
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,10 @@ class Verdict:
                  f"refused {self.refused}  unknown {self.unknown} ({self.unknown_present} present)  "
                  f"lost {self.lost}  phantoms {self.phantoms}  duplicates {self.duplicates}  "
                  f"redeliveries {self.redeliveries}  stored {self.stored}",
+                 "by client: " + "; ".join(f"{c} " + ", ".join(f"{k} {v}" for k, v in sorted(o.items()))
+                                           for c, o in sorted(self.by_client.items())),
+                 "errors seen by clients: " + (", ".join(f"{k} x{v}" for k, v in sorted(
+                     self.errors.items(), key=lambda kv: -kv[1])[:8]) or "none"),
                  "max unavailability per fault kind: " + ", ".join(
                      f"{k} {v:.2f}s (x{self.fault_counts.get(k, 0)})" for k, v in sorted(self.windows.items()))]
         lines += [f"PROBLEM: {p}" for p in self.problems[:40]]
@@ -148,7 +154,10 @@ async def check_online(cluster: ChaosCluster, admin: MQAdmin, history: History, 
     # --- sends against the log --------------------------------------------------------------
     sends = {s.body: s for s in history.sends}
     verdict.sends = len(history.sends)
+    verdict.errors = dict(history.errors)
     for s in history.sends:
+        per = verdict.by_client.setdefault(s.client, {})
+        per[s.outcome] = per.get(s.outcome, 0) + 1
         at = where.get(s.body, [])
         if s.outcome == "ok":
             verdict.acknowledged += 1

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 from rocketmq.client import Message, Producer
 
@@ -44,6 +45,7 @@ def main() -> None:
             emit({"event": "end", "body": body, "status": r.status.name, "offset": r.offset})
         except Exception as e:  # the wrapper's RocketMQException subclasses
             emit({"event": "end", "body": body, "error": f"{type(e).__name__}: {e}"[:300]})
+            time.sleep(0.05)  # failures are immediate (no route): do not spin
 
 
 main()

@@ -169,8 +169,10 @@ class Workload:
             s.outcome, s.queue_offset = "ok", int(rec["offset"])
             self.history.ack_times.append(s.end)
         else:
-            s.outcome, s.error = "unknown", rec.get("error") or rec.get("status")
-            self.history.errors["stock:" + (rec.get("status") or "error")] += 1
+            err = rec.get("error") or rec.get("status") or "?"
+            # "No route info": the C++ client sent nothing (it refreshes routes every 30 s).
+            s.outcome, s.error = ("refused" if "No route info" in err else "unknown"), err
+            self.history.errors["stock: " + (rec.get("error") or rec.get("status") or "?")[:70]] += 1
 
     # --- consumers -----------------------------------------------------------------------
 
