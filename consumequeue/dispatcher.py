@@ -127,7 +127,12 @@ class DispatchEngine:
         except ValueError as exc:
             return self._rebuild_reset(begin, f"unreadable dispatch state ({exc})")
         self.cqs.load()
-        self.index.load()
+        try:
+            self.index.load()
+        except InconsistentStateError as exc:
+            # A damaged index file (found by the consume queue fuzzer: a
+            # truncated one was a ValueError out of the broker's start).
+            return self._rebuild_reset(begin, exc.reason)
         if state is None:
             if self.cqs.queues or self.index.files:
                 return self._rebuild_reset(begin, "consume queue files without a dispatch checkpoint")
