@@ -33,7 +33,7 @@ from broker.remoting.codes import RequestCode
 from commitlog.scan import resolve_store_dir, walk_store
 from tools.chaos.cluster import ChaosCluster
 from tools.chaos.nemesis import Fault
-from tools.chaos.workload import DELAY_MARK, PULL_GROUP, QUEUES, RETRY_MARK, TOPIC, History
+from tools.chaos.workload import DELAY_MARK, QUEUES, RETRY_MARK, TOPIC, History
 from tools.mqadmin.adminapi import AdminError, MQAdmin
 from tools.quickstart import verify_node, wait_caught_up
 
