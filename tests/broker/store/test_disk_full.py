@@ -137,7 +137,7 @@ async def test_master_disk_full_refuses_writes_keeps_data_and_recovers(tmp_path)
     async def body(cluster, admin):
         # preferredLeaderId=n0: the tmpfs broker is (or soon becomes) the master
         with trio.fail_after(60):
-            while (master := await cluster.wait_master(timeout=60)) != "n0":
+            while await cluster.wait_master(timeout=60) != "n0":
                 await trio.sleep(0.2)
         acked: dict = {}
         async with client.open_producer("disk_pg", namesrv_addr=cluster.namesrv_addr, retries=0) as producer:
