@@ -74,6 +74,8 @@ from commitlog.replica import ReplicaNode
 log = logging.getLogger("ledgermq.broker")
 
 UNREGISTER_TIMEOUT = 3.0
+REGISTER_RETRY_FIRST = 0.5  # seconds before retrying a failed registration round, doubling ...
+REGISTER_RETRY_MAX = 4.0    # ... up to this (or the period, if shorter)
 
 
 @attrs.define(eq=False)
@@ -213,13 +215,25 @@ class Broker:
         return results
 
     async def serve_registration(self, period: float) -> None:
+        """Register every `period`, at once on a kick, and -- while a round
+        failed at some name server or was ignored there -- again after
+        REGISTER_RETRY_FIRST seconds, doubling up to REGISTER_RETRY_MAX.  Waiting a whole
+        period after a failed round left a master unknown to the name
+        server (so to clients) for up to registerNameServerPeriod (30 s by
+        default) after a registration that timed out or met a dropped
+        connection (issue 14's nemesis: a master cut from the name server)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_generation)
             nursery.start_soon(self._watch_topics)
+            retry = REGISTER_RETRY_FIRST
             while True:
                 self._kick = trio.Event()
-                await self.register_once()
-                with trio.move_on_after(period):
+                results = await self.register_once()
+                if all(not isinstance(r, RemotingError) and r.accepted for r in results.values()):
+                    wait, retry = period, REGISTER_RETRY_FIRST
+                else:
+                    wait, retry = min(retry, period), min(retry * 2, REGISTER_RETRY_MAX)
+                with trio.move_on_after(wait):
                     await self._kick.wait()
 
     async def _watch_generation(self) -> None:
