@@ -55,6 +55,7 @@ class Verdict:
     stored: int = 0
     windows: dict[str, float] = attrs.Factory(dict)      # fault kind -> max unavailability (s)
     fault_counts: dict[str, int] = attrs.Factory(dict)
+    fault_windows: list[tuple[str, str, float, float]] = attrs.Factory(list)  # (kind, what, start s, window s)
     problems: list[str] = attrs.Factory(list)
     replicas: dict[str, dict] = attrs.Factory(dict)
     by_client: dict[str, dict[str, int]] = attrs.Factory(dict)   # client -> outcome -> sends
@@ -231,6 +232,7 @@ async def check_online(cluster: ChaosCluster, admin: MQAdmin, history: History, 
 
     # --- availability -------------------------------------------------------------------------
     for f, window in unavailability(faults, history.ack_times):
+        verdict.fault_windows.append((f.kind, f.what, history.rel(f.start), round(window, 2)))
         verdict.fault_counts[f.kind] = verdict.fault_counts.get(f.kind, 0) + 1
         verdict.windows[f.kind] = max(verdict.windows.get(f.kind, 0.0), window)
         if window > STALL_LIMIT:

@@ -1,0 +1,31 @@
+# The checker's arithmetic on its own (tools/chaos/checker.py): the
+# unavailability window of a fault and the classification of client errors.
+import math
+
+import broker.client as client
+from tools.chaos.checker import unavailability
+from tools.chaos.nemesis import Fault
+from tools.chaos.workload import _classify
+
+
+def test_window_is_the_longest_gap_from_the_fault_to_the_first_ack_after_heal():
+    f = Fault("kill", "kill -9 n0", start=10.0, healed=13.0)
+    acks = [1.0, 9.9, 10.2, 12.5, 12.6, 13.4, 20.0]
+    [(fault, window)] = unavailability([f], acks)
+    assert fault is f and window == 12.5 - 10.2     # the gap inside; 13.4 ends it
+    [(_, none_after)] = unavailability([Fault("pause", "x", 30.0, 31.0)], acks)
+    assert none_after == math.inf                   # no SEND_OK after the heal: a stall
+    [(_, first)] = unavailability([Fault("slow", "x", 5.0, 6.0)], [1.0, 9.0])
+    assert first == 4.0                             # measured from the fault, not the last ack before it
+
+
+def test_only_refusals_that_prove_nothing_was_appended_count_as_refused():
+    not_leader = client.BrokerUnavailableError("a", 14, "broker b/n1 is not the DLedger leader (master); ...")
+    term_changed = client.BrokerUnavailableError("a", 14, "service not available now: term changed from 3 to 4")
+    timeout = client.RequestTimeoutError("a", "no response in 3 s")
+    disk = client.BrokerUnavailableError("a", 14, "service not available now: disk holding /x is 96% full; "
+                                                  "writes refused")
+    assert _classify(client.SendFailedError("T", [not_leader, client.NoRouteError("T")])) == "refused"
+    assert _classify(client.SendFailedError("T", [disk])) == "refused"
+    assert _classify(client.SendFailedError("T", [not_leader, timeout])) == "unknown"
+    assert _classify(client.SendFailedError("T", [term_changed])) == "unknown"  # may still commit
