@@ -19,6 +19,12 @@
 # reproduced from (target, seed, index); it is printed with the error.
 #
 #   python -m tools.chaos.fuzz [--target remoting,peer,record] [--seconds 60 | --inputs N] [--seed S]
+#   python -m tools.chaos.fuzz --atheris remoting --seconds 60   # coverage-guided (the `fuzz` extra)
+#
+# --atheris runs one target under atheris (libFuzzer's coverage guidance on
+# the instrumented Python decoders), seeded with the same corpus, with the
+# same check; libFuzzer reports the inputs run ("Done N runs") and exits
+# non-zero with the input saved on a broken rule.
 #
 # The store-recovery fuzzer (random corruption of segment, index,
 # checkpoint and consume queue files) lives in tests/commitlog, beside the
@@ -249,16 +255,41 @@ def fuzz(target: str, seed: int, *, max_inputs: int | None = None, seconds: floa
     return report
 
 
+def run_atheris(target: str, seconds: float, seed: int) -> None:
+    """Coverage-guided fuzzing of one target; libFuzzer ends the process."""
+    import os
+    import tempfile
+
+    import atheris
+
+    corpus_fn, check = TARGETS[target]
+    corpus_dir = tempfile.mkdtemp(prefix=f"ledgermq-atheris-{target}-")
+    for i, data in enumerate(corpus_fn()):
+        with open(os.path.join(corpus_dir, f"seed{i}"), "wb") as f:
+            f.write(data)
+    def one(data: bytes) -> None:
+        check(random.Random(0), data)  # raises on a broken rule: libFuzzer reports and saves the input
+
+    atheris.instrument_all()  # libFuzzer prints "Done N runs" at the end
+    atheris.Setup([sys.argv[0], f"-max_total_time={int(seconds)}", f"-seed={seed % 2 ** 31}",
+                   "-max_len=4096", corpus_dir], one)
+    atheris.Fuzz()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.chaos.fuzz", description="fuzz ledgermq's decoders")
     ap.add_argument("--target", default=",".join(TARGETS))
     ap.add_argument("--seconds", type=float, default=None, help="per target (default 30 unless --inputs)")
     ap.add_argument("--inputs", type=int, default=None, help="per target")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--atheris", metavar="TARGET", default=None, help="coverage-guided run of one target")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
     seconds = args.seconds if args.seconds is not None or args.inputs is not None else 30.0
     print(f"seed {seed}")
+    if args.atheris:
+        run_atheris(args.atheris, seconds, seed)
+        return 0
     failed = False
     for target in args.target.split(","):
         try:
