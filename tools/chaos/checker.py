@@ -21,6 +21,7 @@
 #               store passes verifyStore --cq
 #   windows     per fault kind, the longest stretch without any SEND_OK from
 #               the fault's start to the first SEND_OK after it healed
+import bisect
 import collections
 import json
 import math
@@ -84,6 +85,24 @@ class Verdict:
 
     def as_dict(self) -> dict:
         return attrs.asdict(self) | {"ok": self.ok}
+
+
+IN_FLIGHT_WINDOW = 3.0   # seconds: the push consumer commits every second; a pull and a commit may be in flight
+PULL_BATCH = 32
+
+
+def redelivery_bound(faults: list[Fault], history: History, duplicates: int) -> int:
+    """What the push group may see again: around each fault (and the
+    consumer's restart for the check) the messages it may have consumed
+    but not yet committed -- those acknowledged in the IN_FLIGHT_WINDOW
+    before -- plus one pull batch per queue, plus the duplicates in the
+    log (each is delivered too)."""
+    acks = sorted(history.ack_times)
+    total = duplicates
+    for t in [f.start for f in faults] + [max(acks, default=0.0)]:
+        total += bisect.bisect_right(acks, t) - bisect.bisect_left(acks, t - IN_FLIGHT_WINDOW)
+        total += QUEUES * PULL_BATCH * 2  # the topic's queues and %RETRY%'s
+    return total
 
 
 def unavailability(faults: list[Fault], ack_times: list[float]) -> list[tuple[Fault, float]]:
@@ -206,6 +225,11 @@ async def check_online(cluster: ChaosCluster, admin: MQAdmin, history: History, 
     verdict.redeliveries = sum(max(0, n - 1) for b, n in history.push_deliveries.items()
                                if not b.endswith(RETRY_MARK)) + sum(
         max(0, n - 2) for b, n in history.push_deliveries.items() if b.endswith(RETRY_MARK))
+    bound = redelivery_bound(faults, history, verdict.duplicates)
+    if verdict.redeliveries > bound:
+        verdict.problems.append(f"{verdict.redeliveries} redeliveries to the push group exceed what can have been "
+                                f"in flight ({bound}: per fault, the messages acknowledged in the "
+                                f"{IN_FLIGHT_WINDOW:.0f} s before it plus a pull batch per queue)")
 
     # --- metadata on every node -------------------------------------------------------------
     for node in cluster.node_ids():

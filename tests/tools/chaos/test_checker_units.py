@@ -29,3 +29,15 @@ def test_only_refusals_that_prove_nothing_was_appended_count_as_refused():
     assert _classify(client.SendFailedError("T", [disk])) == "refused"
     assert _classify(client.SendFailedError("T", [not_leader, timeout])) == "unknown"
     assert _classify(client.SendFailedError("T", [term_changed])) == "unknown"  # may still commit
+
+
+def test_redelivery_bound_counts_what_can_be_in_flight_around_each_fault():
+    from tools.chaos.checker import PULL_BATCH, redelivery_bound
+    from tools.chaos.workload import QUEUES, History
+
+    h = History(0.0)
+    h.ack_times = [0.5, 1.0, 8.0, 9.5, 9.9]
+    faults = [Fault("kill", "x", start=10.0, healed=12.0)]
+    per_fault = QUEUES * PULL_BATCH * 2
+    # fault at 10: acks in [7, 10] = 3; the check's own restart at 9.9: acks in [6.9, 9.9] = 3
+    assert redelivery_bound(faults, h, duplicates=5) == 5 + 3 + per_fault + 3 + per_fault
