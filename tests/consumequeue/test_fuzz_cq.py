@@ -21,7 +21,7 @@ from tests.consumequeue.test_dispatch import leader_store, open_store
 from tests.consumequeue.test_reader import open_service, split
 
 N = 400
-EXAMPLES = int(os.environ.get("LEDGERMQ_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("LEDGERMQ_FUZZ_EXAMPLES", "120"))
 _TEMPLATE: dict = {}
 
 
