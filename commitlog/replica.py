@@ -144,6 +144,10 @@ class ReplicaNode:
     stats: collections.Counter = attrs.Factory(collections.Counter)
     _durable_hard: HardState | None = None
     _no_space_logged: float | None = None
+    # trio time a message of the current term last arrived from each peer:
+    # a leader's evidence, in real time, that it still leads (a leader that
+    # was SIGSTOPped or cut off has not run its check-quorum ticks yet).
+    _peer_heard: dict = attrs.Factory(dict)
 
     def __attrs_post_init__(self) -> None:
         self.committed.advance(self.core.commit_index)
@@ -161,6 +165,17 @@ class ReplicaNode:
     @property
     def is_leader(self) -> bool:
         return self.core.role is Role.LEADER
+
+    def has_quorum_contact(self, within: float) -> bool:
+        """Leader, and heard from a quorum (itself included) within the last
+        `within` seconds of real time.  Decisions that would be wrong if
+        another leader had taken over (e.g. telling a consumer its offset
+        is illegal) ask this rather than the role alone."""
+        if not self.is_leader:
+            return False
+        since = trio.current_time() - within
+        heard = sum(1 for t in self._peer_heard.values() if t >= since)
+        return heard + 1 >= self.core.quorum
 
     def leader_error(self) -> NotLeaderError:
         leader = self.core.leader_id if self.core.leader_id != self.node_id else None
@@ -347,7 +362,10 @@ class ReplicaNode:
                 self.core.tick()
                 self._take_ready()
             inbox, self._inbox = self._inbox, []
+            now = trio.current_time()
             for msg in inbox:
+                if msg.term == self.core.term:
+                    self._peer_heard[msg.src] = now
                 if self.refused is not None and msg.src == self.refused.leader:
                     if msg.term <= self.refused.term:
                         continue  # fenced: see the module comment

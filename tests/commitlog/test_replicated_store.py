@@ -242,3 +242,23 @@ async def test_follower_out_of_space_acknowledges_nothing_and_catches_up(tmp_pat
         assert f.node.out_of_space is None
         assert_identical(leader.store, f.store)
         nursery.cancel_scope.cancel()
+
+
+async def test_quorum_contact_is_real_time_evidence_of_leadership(tmp_path, autojump_clock):
+    """has_quorum_contact: the leader heard from a quorum within the window;
+    a leader cut off from its followers loses it within that window, in real
+    time, whatever its ticks say (issue 14: a leader continued after SIGSTOP
+    moved consumers' offsets before its check-quorum ran)."""
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, seed=7)
+        await c.start()
+        leader = await c.wait_leader()
+        await trio.sleep(0.5)
+        assert leader.node.has_quorum_contact(0.3)
+        followers = [m for m in c.members.values() if m is not leader]
+        assert not any(f.node.has_quorum_contact(0.3) for f in followers)  # only a leader
+        for f in followers:
+            await f.stop()
+        await trio.sleep(0.31)
+        assert not leader.node.has_quorum_contact(0.3)
+        nursery.cancel_scope.cancel()
