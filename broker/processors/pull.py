@@ -37,7 +37,8 @@
 # PullProcessor.slave_read_lag_bytes.  Like a RocketMQ slave without
 # offsetCheckInSlave, a non-leader does not correct offsets: OFFSET_MOVED
 # becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset;
-# neither does a master whose dispatch is behind its commit index
+# neither does a master whose dispatch is behind its commit index, nor one
+# that has not heard from a quorum within an election timeout
 # (a follower's dispatch may lag, and resetting a consumer on a lagging view
 # would rewind it).
 import logging
@@ -182,12 +183,19 @@ class PullProcessor:
 
     def _may_correct(self, leader: bool) -> bool:
         """Whether this node may call an offset illegal and move the consumer:
-        only the writable master, and only while its consume queues hold
-        every committed entry.  A consumer can be ahead of a master whose
-        dispatch lags: it read further on a slave that dispatched faster
-        (the nemesis run saw offset 1907 moved to 0 by a master at 1905 after
-        the slave it pulled from died, redelivering the whole queue)."""
-        return leader and self.store.cq.dispatcher.dispatched.value >= self.store.replica.committed.value
+        only the writable master, only while its consume queues hold every
+        committed entry, and only while it has heard from a quorum within an
+        election timeout of real time.  A consumer can be ahead of a master
+        whose dispatch lags (it read further on a slave that dispatched
+        faster: the nemesis saw offset 1907 moved to 0 by a master at 1905
+        after that slave died) and ahead of a stale master (one just
+        continued after SIGSTOP, or cut off, still writable until its
+        check-quorum ticks run, while a newer master took writes); either
+        way moving it to 0 redelivered whole queues."""
+        replica = self.store.replica
+        if not leader or self.store.cq.dispatcher.dispatched.value < replica.committed.value:
+            return False
+        return replica.has_quorum_contact(replica.core.config.election_timeout_min * replica.tick_seconds)
 
     def _check(self, h: PullHeader) -> Subscription:
         cfg = self.config.current

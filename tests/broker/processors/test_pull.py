@@ -156,6 +156,14 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
         lag = await p.process(pull_req(10, suspend_ms=0))
         assert (lag.code, hdr(lag)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
         leader.bs.cq.dispatcher.dispatched = real
+        # nor a master that has not heard from a quorum within an election
+        # timeout (continued after SIGSTOP while a newer master took writes)
+        heard = dict(leader.bs.replica._peer_heard)
+        leader.bs.replica._peer_heard.clear()
+        stale = await p.process(pull_req(10, suspend_ms=0))
+        assert (stale.code, hdr(stale)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
+        leader.bs.replica._peer_heard.update(heard)
+        assert (await p.process(pull_req(10, suspend_ms=0))).code == ResponseCode.PULL_OFFSET_MOVED
 
         # a follower does not correct offsets (a slave without offsetCheckInSlave)
         follower = next(m for m in g.alive() if m is not leader)
