@@ -143,10 +143,12 @@ class BrokerConfig:
     def delete_when(self) -> tuple[int, ...]:
         return self.replication.delete_when
 
-    @property
-    def store_host(self) -> HostAddr:
-        """STOREHOST of every record this broker writes (brokerIP1:listenPort)."""
-        return HostAddr(self.broker_ip1, self.listen_port)
+    # STOREHOST of every record this broker writes (brokerIP1:listenPort);
+    # derived once per config (the send path reads it for every message).
+    store_host: HostAddr = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "store_host", HostAddr(self.broker_ip1, self.listen_port))
 
     @property
     def broker_addr(self) -> str:

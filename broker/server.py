@@ -234,15 +234,11 @@ class Broker:
             self.kick()
 
     async def _watch_topics(self) -> None:
-        topics = self.metadata.state.topics
-        seen = (topics.data_version, tuple(topics.topics))
+        version = self.metadata.applier.topics_version
+        seen = version.value
         while True:
-            await self.metadata.wait_applied(self.metadata.applied_index + 1)
-            topics = self.metadata.state.topics
-            now = (topics.data_version, tuple(topics.topics))
-            if now != seen:
-                seen = now
-                self.kick()
+            seen = await version.wait_changed(seen)
+            self.kick()
 
     async def unregister(self, timeout: float = UNREGISTER_TIMEOUT) -> None:
         """Unregister from every name server (own short-lived client, so it
@@ -285,7 +281,8 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     clients = ClientManager()
     async with trio.open_nursery() as nursery:
         server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
-                                                       cfg.listen_port, on_close=clients.on_connection_closed))
+                                                       cfg.listen_port, on_close=clients.on_connection_closed,
+                                                       bursts=dispatcher))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)
         config = LiveConfig(cfg)

@@ -52,26 +52,39 @@ log = logging.getLogger("ledgermq.replica")
 
 @attrs.define(eq=False)
 class _AppendRequest:
-    """One caller of append(), parked in the driver's queues.
-
-    `task` is the parked caller until the request is resolved -- released on
-    commit, failed, timed out, or abandoned by a cancelled caller -- and None
-    after: each request is resolved exactly once, and that is where its
-    entries leave the pending count.  The caller is parked with
+    """One append, from submit() until it is resolved -- released on commit,
+    failed, timed out, or abandoned by a cancelled waiter -- exactly once:
+    `done` turns True there, and that is where its entries leave the
+    pending count.  `task` is the waiter parked in wait(), if one is (with
     trio.lowlevel.wait_task_rescheduled rather than an Event and a cancel
     scope: at tens of thousands of appends per second those were most of
-    the append path's cost."""
+    the append path's cost)."""
 
     bodies: Sequence[bytes]
     deadline: float  # trio time after which the caller gets QuorumTimeoutError
-    task: object  # trio.lowlevel.Task while parked, None once resolved
+    task: object = None  # the waiter's trio.lowlevel.Task while parked
+    done: bool = False
     term: int = -1
     first_index: int = -1
     # The store's [(index, pos)] of the write holding these entries, and
-    # where they start in it (no per-request copy until the caller asks).
+    # where they start in it (no per-request copy until the caller asks);
+    # the store hooks' per-entry stamps of that write (queue offsets), if any.
     placed: list | None = None
+    stamps: object = None
     offset: int = 0
     error: BaseException | None = None
+
+    @property
+    def result(self) -> list[tuple[int, int]]:
+        """[(index, pos)] of this request's entries (once resolved)."""
+        return self.placed[self.offset:self.offset + len(self.bodies)]
+
+    @property
+    def stamped(self):
+        """The stamps of this request's entries (None without a stamping hook)."""
+        if self.stamps is None:
+            return None
+        return self.stamps[self.offset:self.offset + len(self.bodies)]
 
     @property
     def last_index(self) -> int:
@@ -154,32 +167,45 @@ class ReplicaNode:
         (not committed within max_wait_ack_ms, checked every tick; the
         entries may still commit later) or TermChangedError (leadership
         changed first)."""
-        n = len(bodies)
-        if not n:
+        if not bodies:
             return []
+        return (await self.wait(self.submit(bodies))).result
+
+    def submit(self, bodies: Sequence[bytes]) -> _AppendRequest:
+        """The synchronous half of append(): queue the entries for the next
+        driver round (so requests submitted one after another are appended
+        in that order) and return the request to wait() on.  Raises
+        NotLeaderError or PendingFullError at once."""
+        n = len(bodies)
         if self.core.role is not Role.LEADER:
             raise self.leader_error()
         if self._pending_entries + n > self.max_pending:
             self.stats["pending_full"] += 1
             raise PendingFullError(self._pending_entries, self.max_pending)
-        req = _AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000,
-                             trio.lowlevel.current_task())
+        req = _AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000)
         self._pending_entries += n
         self._proposals.append(req)
         self._wakeup.set()
+        return req
 
-        def abort(_raise_cancel):
-            # The caller was cancelled while parked: forget it.  Its entries
-            # may still be written and committed; nobody will be told.
-            if req.task is not None:
-                req.task = None
-                self._pending_entries -= n
-            return trio.lowlevel.Abort.SUCCEEDED
+    async def wait(self, req: _AppendRequest) -> _AppendRequest:
+        """Park until `req` is committed (or failed: its error is raised);
+        returns it, with `result` and `stamped`.  One waiter per request."""
+        if not req.done:
+            req.task = trio.lowlevel.current_task()
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+            def abort(_raise_cancel):
+                # The waiter was cancelled while parked: forget it.  Its
+                # entries may still be written and committed; nobody is told.
+                if not req.done:
+                    req.done, req.task = True, None
+                    self._pending_entries -= len(req.bodies)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
         if req.error is not None:
             raise req.error
-        return req.placed[req.offset:req.offset + n]
+        return req
 
     async def call(self, fn: Callable[[RaftCore], object]):
         """Run fn(core) inside the driver (between rounds, where the core
@@ -305,18 +331,19 @@ class ReplicaNode:
             self._time_out(r)
 
     def _time_out(self, r: _AppendRequest) -> None:
-        if r.task is not None:
+        if not r.done:
             self.stats["quorum_timeout"] += 1
             self._resolve(r, QuorumTimeoutError(r.last_index, self.max_wait_ack_ms))
 
     def _resolve(self, r: _AppendRequest, error: BaseException | None = None) -> None:
-        """Hand the outcome to a parked caller (once; later calls no-op)."""
-        task = r.task
-        if task is not None:
-            r.task = None
-            r.error = error
+        """Hand the outcome to the request (once; later calls no-op) and
+        wake its waiter if one is parked."""
+        if not r.done:
+            r.done, r.error = True, error
             self._pending_entries -= len(r.bodies)
-            trio.lowlevel.reschedule(task)
+            if r.task is not None:
+                task, r.task = r.task, None
+                trio.lowlevel.reschedule(task)
 
     async def _driver(self) -> None:
         # self.core, not a local: _refuse_leader may replace it.
@@ -344,7 +371,7 @@ class ReplicaNode:
             await self._publish()
 
     def _propose(self) -> None:
-        reqs = [r for r in self._proposals if r.task is not None]
+        reqs = [r for r in self._proposals if not r.done]
         self._proposals = []
         if not reqs:
             return
@@ -386,7 +413,7 @@ class ReplicaNode:
             if rd.leader_append is not None:
                 la = rd.leader_append
                 placed = logw.append_leader(la.bodies, la.term, la.magic)
-                self._assign_positions(la.first_index, placed)
+                self._assign_positions(la.first_index, placed, logw.last_stamps)
                 self._wrote = True
             if rd.follower_append is not None:
                 try:
@@ -419,12 +446,12 @@ class ReplicaNode:
         if ss != self.soft_state:
             self._on_soft_state(ss)
 
-    def _assign_positions(self, first_index: int, placed: list[tuple[int, int]]) -> None:
+    def _assign_positions(self, first_index: int, placed: list[tuple[int, int]], stamps) -> None:
         # Requests wait in index order; those of this write are at the tail.
         for r in reversed(self._waiting):
             if r.first_index < first_index:
                 break
-            r.placed, r.offset = placed, r.first_index - first_index
+            r.placed, r.offset, r.stamps = placed, r.first_index - first_index, stamps
 
     async def _publish(self) -> None:
         if self._wrote and self.log.sync_flush:
@@ -464,11 +491,13 @@ class ReplicaNode:
             if r.first_index + n > limit:
                 break
             waiting.popleft()
-            task = r.task
-            if task is not None:
-                r.task = None
+            if not r.done:
+                r.done = True
                 released += n
-                reschedule(task)
+                task = r.task
+                if task is not None:
+                    r.task = None
+                    reschedule(task)
         self._pending_entries -= released
 
     def _on_soft_state(self, ss: SoftState) -> None:
@@ -491,6 +520,6 @@ class ReplicaNode:
         for r in list(self._waiting) + self._proposals:
             if r.term != keep_term:
                 self._resolve(r, exc)
-        self._waiting = collections.deque(r for r in self._waiting if r.task is not None)
-        self._proposals = [r for r in self._proposals if r.task is not None]
+        self._waiting = collections.deque(r for r in self._waiting if not r.done)
+        self._proposals = [r for r in self._proposals if not r.done]
 

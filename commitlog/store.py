@@ -69,7 +69,32 @@ from native.entries import (
     scan_entries,
 )
 
-AppendHook = Callable[[EntryHeader, memoryview], None]
+@attrs.frozen
+class AppendBatch:
+    """What an append hook sees: the bytes of one leader append from
+    `start` on, entry headers laid out (index, term, pos assigned), CRCs not
+    yet computed, so the hook may still write into the bodies."""
+
+    out: memoryview
+    start: int  # log position of out[0]
+    first_index: int
+    term: int
+    magic: int
+    positions: array  # each entry's log position
+    lens: array  # each entry's body length
+
+    def entries(self):
+        """(EntryHeader, writable body view) per entry, for per-entry hooks."""
+        for i, (length, pos) in enumerate(zip(self.lens, self.positions)):
+            at = pos - self.start + HEADER_SIZE
+            yield (EntryHeader(self.magic, HEADER_SIZE + length, self.first_index + i, self.term, pos, 0, 0, 0,
+                               length), self.out[at:at + length])
+
+
+# A hook returns None, or one value per entry (an array aligned with the
+# append's result: the broker's queue offsets), kept as the store's
+# last_stamps so the appender learns them without reading the entries back.
+AppendHook = Callable[[AppendBatch], "array | None"]
 LOCK_FILE = "ledgermq.lock"
 
 
@@ -148,6 +173,8 @@ class SegmentedStore(StoreReads):
     _base: metafiles.StoreBase | None
     _lock_fd: int
     _hooks: list[AppendHook] = attrs.field(factory=list)
+    # What the hooks returned for the last append_leader (None: nothing).
+    last_stamps: array | None = None
     # Callables returning the lowest index their owner still needs on disk
     # (the metadata snapshot's applied index, a slow consumer, ...).
     _retention_floors: list = attrs.field(factory=list)
@@ -314,9 +341,9 @@ class SegmentedStore(StoreReads):
         return min(floors) if floors else None
 
     def add_append_hook(self, fn: AppendHook) -> None:
-        """Run fn(header, writable body view) on every leader append, after
-        index/term/pos are assigned and before CRCs are computed and bytes
-        are written (the broker writes PHYSICALOFFSET = pos + 48 here)."""
+        """Run fn(AppendBatch) on every leader append, after index/term/pos
+        are assigned and before CRCs are computed and bytes are written (the
+        broker writes QUEUEOFFSET and PHYSICALOFFSET = pos + 48 here)."""
         self._hooks.append(fn)
 
     def remove_append_hook(self, fn: AppendHook) -> None:
@@ -342,22 +369,19 @@ class SegmentedStore(StoreReads):
         first = self._end + 1
         out = bytearray(end - start)
         layout_fill(out, b"".join(bodies), lens, positions, start, first, term, magic)
+        self.last_stamps = None
         if self._hooks:
-            self._run_hooks(out, lens, positions, start, first, term, magic)
+            batch = AppendBatch(memoryview(out), start, first, term, magic, positions, lens)
+            for hook in self._hooks:
+                stamps = hook(batch)
+                if stamps is not None:
+                    self.last_stamps = stamps
         units = bytearray(UNIT * n)
         chain = layout_seal(out, positions, start, self._end_chain, True, units)
         self._write(start, out, first, units)
         self._advance(first + n - 1, term, end, chain, True)
         return list(zip(range(first, first + n), positions))
 
-    def _run_hooks(self, out, lens, positions, start, first, term, magic) -> None:
-        view = memoryview(out)
-        for i, (length, pos) in enumerate(zip(lens, positions)):
-            header = EntryHeader(magic, HEADER_SIZE + length, first + i, term, pos, 0, 0, 0, length)
-            at = pos - start + HEADER_SIZE
-            body = view[at:at + length]
-            for hook in self._hooks:
-                hook(header, body)
 
     def _write(self, pos: int, data, first_index: int, units) -> None:
         """Data first, then index units; on failure zero what was written so

@@ -15,8 +15,18 @@ import attrs
 from consumequeue.record import HostAddr, MessageFormatError
 
 
+_Q = struct.Struct(">q")
+
 def offset_msg_id(store_host: HostAddr, physical_offset: int) -> str:
     return (store_host.packed + struct.pack(">q", physical_offset)).hex().upper()
+
+
+def offset_msg_ids(store_host: HostAddr, physical_offsets) -> list[str]:
+    """offset_msg_id of each offset (the host packed once: the send path
+    answers every message with one)."""
+    host = store_host.packed
+    pack = _Q.pack
+    return [(host + pack(offset)).hex().upper() for offset in physical_offsets]
 
 
 def parse_offset_msg_id(msg_id: str) -> tuple[HostAddr, int]:
