@@ -282,7 +282,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
                                                        cfg.listen_port, on_close=clients.on_connection_closed,
-                                                       bursts=dispatcher))
+                                                       bursts=dispatcher, raw_sends=True))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)
         config = LiveConfig(cfg)
