@@ -131,7 +131,7 @@ def rebuild_plan(spark, plan: S.StorePlan, out_root: str, *, config: DispatchCon
                                                               f"entry {engine.last_index}")
             backends.add(end.backend)
             t1 = time.perf_counter()
-            engine.pos = split.start
+            engine.pos = split.start + split.skip
             for batch in batches:
                 blob, res = segscan.replay_result(engine.backend, batch)
                 # The dispatcher's own per-batch step (grouping, CQ staging,
