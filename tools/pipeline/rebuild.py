@@ -173,7 +173,9 @@ def out_root_for(root: str, out: str | None, several: bool) -> str:
 
 
 def run(spark, opts: J.JobOptions) -> tuple[dict, int]:
+    from tools.pipeline.hadoopfs import local_path
     from tools.pipeline.sparkenv import Progress
+    opts = attrs.evolve(opts, stores=tuple(local_path(r, "rebuild") for r in opts.stores))
     extra = dict(opts.extra)
     config = dispatch_config(extra)
     reports = []
