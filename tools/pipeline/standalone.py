@@ -71,25 +71,33 @@ def _children(pid: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
+    """Running (an exited child not yet reaped, a zombie, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
-def _end(pid: int, grace: float) -> None:
-    """SIGTERM, wait up to `grace`, then SIGKILL (a PID we started)."""
+def _end_all(pids: list[int], grace: float) -> None:
+    """SIGTERM to each PID (ours), wait up to `grace` for all, then SIGKILL
+    the ones still alive."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.1)
+        pids = [p for p in pids if _alive(p)]
+        if not pids:
+            return
 
 
 @attrs.define
@@ -120,7 +128,8 @@ class StandaloneCluster:
     def start(self, timeout: float = 90.0) -> "StandaloneCluster":
         os.makedirs(self.base, exist_ok=True)
         self.port, self.web_port = free_port(), free_port()
-        opts = "-Dspark.ui.showConsoleProgress=false -Dspark.worker.cleanup.enabled=false"
+        # The daemons only schedule: C1 is enough and starts them faster.
+        opts = "-XX:TieredStopAtLevel=1 -Dspark.worker.cleanup.enabled=false"
         try:
             self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
                                    str(self.port), "--webui-port", str(self.web_port)],
@@ -163,35 +172,35 @@ class StandaloneCluster:
         raise ClusterError(f"{alive} of {self.workers} workers registered within {timeout:.0f} s; "
                            f"see the logs in {self.base}")
 
-    def submit(self, script: str, args: list, *, conf: dict, env: dict | None = None,
+    def submit(self, script: str, args: list, *, conf: dict, env: dict | None = None, jvm_opts: str = "",
                timeout: float = 300.0) -> subprocess.CompletedProcess:
         """spark-submit `script args` in client mode; the driver runs this
-        interpreter (it has PySpark), executors whatever conf says."""
+        interpreter (it has PySpark), executors whatever conf says.
+        `jvm_opts` go to the driver's and the executors' JVMs (the tests pass
+        -XX:TieredStopAtLevel=1: their jobs are too short for C2 to pay)."""
         from tools.pipeline.sparkenv import driver_log_option
         cmd = [os.path.join(spark_home(), "bin", "spark-submit"), "--master", self.url,
                "--conf", f"spark.pyspark.driver.python={sys.executable}", "--conf", "spark.driver.host=127.0.0.1",
-               "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", f"spark.driver.extraJavaOptions="
-               f"{driver_log_option()}"]
+               "--conf", "spark.driver.bindAddress=127.0.0.1",
+               "--conf", f"spark.driver.extraJavaOptions={driver_log_option()} {jvm_opts}".rstrip()]
+        if jvm_opts:
+            cmd += ["--conf", f"spark.executor.extraJavaOptions={jvm_opts}"]
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
         return subprocess.run(cmd + [script, *args], capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **(env or {})),
                               stdin=subprocess.DEVNULL)
 
-    def stop(self) -> None:
-        workers = [(n, p) for n, p, _ in self.procs if n.startswith("worker")]
-        executors = [c for _, p in workers for c in _children(p.pid)]
-        for _, p in workers:
-            _end(p.pid, 15.0)
+    def stop(self, grace: float = 8.0) -> None:
+        """Workers first, all at once (each kills its executors on SIGTERM),
+        then executors a worker left behind, then the master."""
+        workers = [p for n, p, _ in self.procs if n.startswith("worker")]
+        executors = [c for p in workers for c in _children(p.pid)]
+        _end_all([p.pid for p in workers], grace)
+        _end_all([pid for pid in executors if _alive(pid)], grace)
+        _end_all([p.pid for n, p, _ in self.procs if n == "master"], grace)
+        for _, p, log in self.procs:
             p.wait()
-        for pid in executors:
-            if _alive(pid):
-                _end(pid, 5.0)
-        for n, p, _ in self.procs:
-            if n == "master":
-                _end(p.pid, 15.0)
-                p.wait()
-        for _, _, log in self.procs:
             log.close()
         self.procs.clear()
 
