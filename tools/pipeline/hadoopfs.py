@@ -16,6 +16,7 @@
 import functools
 import hashlib
 import json
+import os
 import re
 
 import attrs
@@ -26,8 +27,8 @@ MANIFEST = "ledgermq-stage.json"
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def is_uri(root: str) -> bool:
-    return bool(_URI.match(root))
+def is_uri(root) -> bool:
+    return bool(_URI.match(os.fspath(root)))
 
 
 def local_path(root: str, job: str) -> str:
@@ -36,6 +37,7 @@ def local_path(root: str, job: str) -> str:
     are refused."""
     if not is_uri(root):
         return root
+    root = os.fspath(root)
     if root.startswith("file://"):
         return root[len("file://"):] or "/"
     raise S.PipelineInputError(f"{root}: {job} reads store files directly and needs a local or shared "
