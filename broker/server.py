@@ -11,6 +11,10 @@
 #                         processor that fails to import fails the start.
 #   services              the client registry (notifications, expiry), the
 #                         delay-level schedule service, the admin TPS meter
+#   metrics               broker/metrics.py: the send and pull processors
+#                         registered through their metered wrappers, the
+#                         stats sampler (VIEW_BROKER_STATS_DATA), and with
+#                         metricsExporterType=PROM the Prometheus endpoint
 #   registration          REGISTER_BROKER with every name server in
 #                         namesrvAddr every registerNameServerPeriod, and at
 #                         once when the role gate's generation moves (the
@@ -49,6 +53,7 @@ from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.common.values import TopicConfig
 from broker.config import BrokerConfig, LiveConfig, load_broker_config
 from broker.metadata.service import MetadataService
+from broker.metrics import BrokerMetrics, MeteredPulls, MeteredSends, serve_broker_metrics
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerRegistration, DataVersion
 from broker.processors.admin import AdminProcessor
@@ -69,6 +74,7 @@ from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remo
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
+from broker.telemetry.stats import StatsBook
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.broker")
@@ -97,7 +103,8 @@ class Processors:
             p.register(dispatcher)
 
 
-def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager) -> Processors:
+def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
+                    stats: StatsBook | None = None) -> Processors:
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
     return Processors(
         send=send,
@@ -105,7 +112,7 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager)
         pull=PullProcessor(config, bs, clients),
         clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate)),
         offsets=ConsumerOffsetProcessor(bs),
-        admin=AdminProcessor(config, bs),
+        admin=AdminProcessor(config, bs, stats=stats if stats is not None else StatsBook()),
         admin_clients=ClientsAdminProcessor(config, bs, clients),
         admin_dledger=DLedgerAdminProcessor(config, bs),
         schedule=ScheduleService(bs, config.current),
@@ -129,6 +136,8 @@ class Broker:
     last_results: dict = attrs.Factory(dict)
     _kick: trio.Event = attrs.Factory(trio.Event)
     registered: "trio.Event" = attrs.Factory(trio.Event)  # set after the first round
+    metrics: BrokerMetrics | None = None
+    metrics_server: object = None  # MetricsServer while metricsExporterType=PROM
 
     # --- what callers read ---------------------------------------------------------
 
@@ -288,10 +297,18 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         config = LiveConfig(cfg)
         bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
         remoting = RemotingClient(nursery)
-        processors = wire_processors(config, bs, clients)
+        stats = StatsBook()
+        processors = wire_processors(config, bs, clients, stats)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
         processors.register(dispatcher)
+        # Sends and pulls are timed and counted: their wrappers take the
+        # processors' codes over (each hands every request on unchanged).
+        sends, pulls = MeteredSends(processors.send), MeteredPulls(processors.pull)
+        sends.register(dispatcher)
+        pulls.register(dispatcher)
+        broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats)
+        broker.metrics_server = await nursery.start(serve_broker_metrics, broker.metrics, cfg.metrics, cfg.broker_ip1)
         for service in (clients, processors.schedule, processors.admin):
             await nursery.start(service.run)
         # brokerPermission changes the topic permissions the name servers must see.
