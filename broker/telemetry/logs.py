@@ -93,3 +93,25 @@ def log_options(default_level: str = "INFO"):
         return fn
 
     return decorate
+
+
+def cli_logging(level: str, log_file: str | None, fmt: str, *, log_dir: str | None = None,
+                file_name: str = "ledgermq.log") -> str | None:
+    """setup_logging for a command: --log-file wins, else <logDir>/<file_name>
+    when the config names a logDir.  An unusable file is a one-line
+    click error naming the path.  Returns the log file used (or None)."""
+    path = log_file or (os.path.join(log_dir, file_name) if log_dir else None)
+    try:
+        setup_logging(level, path, fmt)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    return path
+
+
+def version_text() -> str:
+    """`<prog> --version`: the installed ledgermq version."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ledgermq")
+    except PackageNotFoundError:
+        return "unknown (not installed)"

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from broker.telemetry.logs import cli_logging, log_options
 from commitlog.errors import CommitLogError
 
 # Each area of the tree adds its commands in its own module, so parallel work
@@ -40,7 +41,8 @@ class MQAdminGroup(click.Group):
 
 @click.group(cls=MQAdminGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ledgermq")
-def cli():
+@log_options(default_level="WARNING")
+def cli(log_level: str, log_file: str | None, log_format: str):
     """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands).
 
     Online commands take -n/--namesrvAddr (default $NAMESRV_ADDR) and --json;
@@ -60,6 +62,7 @@ def cli():
     3 could not run (unreachable server, unknown topic/group, unreadable store).
     Shell completion (bash): eval "$(_MQADMIN_COMPLETE=bash_source mqadmin)"
     """
+    cli_logging(log_level, log_file, log_format)
 
 
 def _load_commands() -> None:
