@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from broker.config import LiveConfig
+from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import split_offset_key
 from broker.processors.admin import disk_ratio
 from broker.remoting.codes import ResponseCode
@@ -64,6 +65,8 @@ class PutCounter:
 
     def update(self, budget: int = READ_UNITS) -> None:
         for key, cq in list(self.cqs.queues.items()):
+            if is_internal_topic(key[0]):
+                continue  # the replicated metadata's own records are no client's puts
             pos = max(self.cursor.get(key, 0), cq.min_offset)
             end = cq.max_offset
             if pos >= end:
@@ -157,6 +160,7 @@ class BrokerMetrics:
     def __attrs_post_init__(self) -> None:
         self.puts = PutCounter(self.store.cq.engine.cqs)
         self.start_term = self.store.gate.term
+        self.stats.source = self.totals
 
     def totals(self) -> dict:
         """(stats name, key) -> (value, calls) for StatsBook.sample."""
@@ -179,6 +183,9 @@ class BrokerMetrics:
 
     def sample(self, now: float) -> None:
         self.stats.sample(now, self.totals())
+
+    def refresh(self) -> None:
+        self.stats.refresh()
 
     def collector(self) -> "BrokerCollector":
         return BrokerCollector(self)
@@ -205,6 +212,7 @@ class BrokerCollector:
         bs = m.store
         base = {"cluster": cfg.broker_cluster_name, "broker": cfg.broker_name}
         bl, bv = list(base), list(base.values())
+        m.refresh()
         m.puts.update()
 
         # --- puts per topic
@@ -212,7 +220,8 @@ class BrokerCollector:
                                    "topic's consume queues", labels=bl + ["topic"])
         by_topic: dict[str, int] = {}
         for (topic, _), cq in list(bs.cq.engine.cqs.queues.items()):
-            by_topic[topic] = by_topic.get(topic, 0) + cq.max_offset
+            if not is_internal_topic(topic):
+                by_topic[topic] = by_topic.get(topic, 0) + cq.max_offset
         for topic, n in sorted(by_topic.items()):
             offset.add_metric(bv + [topic], n)
         yield offset
@@ -350,5 +359,5 @@ async def serve_broker_metrics(metrics: BrokerMetrics, mcfg: MetricsConfig, defa
                                          mcfg.prom_host or default_host, mcfg.prom_port)
         task_status.started(server)
         while True:
-            metrics.sample(time.monotonic())
+            metrics.sample(metrics.stats.clock())
             await trio.sleep(S.SAMPLE_S)

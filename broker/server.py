@@ -366,12 +366,11 @@ def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str]) ->
 def main(argv=None) -> None:
     import click
 
+    from broker.telemetry.logs import cli_logging, log_options, version_text
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
     from commitlog.profiling import profiled
     from commitlog.stallwatch import instruments_from_env
-
-    from broker.telemetry.logs import cli_logging, log_options, version_text
 
     @click.command(name="mqbroker", context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("-c", "--config-file", required=True, type=click.Path(exists=True, dir_okay=False),

@@ -30,9 +30,8 @@ async def _run(cfg: NamesrvConfig) -> None:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_namesrv, cfg)
             host, port = ns.server.sockname
-            click.echo(f"The Name Server boot success. serializeType=JSON, listening on {host}:{port}")
-            if ns.metrics_server is not None:
-                click.echo(f"Prometheus metrics on {ns.metrics_server.url}")
+            metrics = f", Prometheus metrics on {ns.metrics_server.url}" if ns.metrics_server is not None else ""
+            click.echo(f"The Name Server boot success. serializeType=JSON, listening on {host}:{port}{metrics}")
             sys.stdout.flush()
             async for _ in signals:
                 nursery.cancel_scope.cancel()

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
+from broker.common.conf_keys import unknown_key_warning
+from broker.namesrv.metrics import namesrv_registry
 from broker.namesrv.protocol import parse_registration
 from broker.namesrv.routes import DEFAULT_BROKER_TIMEOUT, RouteInfoManager
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
@@ -33,8 +35,6 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import Connection
 from broker.remoting.header import HeaderReader, encode_json
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
-from broker.common.conf_keys import unknown_key_warning
-from broker.namesrv.metrics import namesrv_registry
 from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError, serve_metrics
 from commitlog.config import ConfigError, load_properties
 
@@ -238,7 +238,7 @@ class NameServer:
         topics = sorted(set(routes.cluster_addr_table) | set(routes.broker_addr_table))
         body: dict = {"topicList": topics}
         for bd in routes.broker_addr_table.values():
-            addr = bd.master_addr() or next(iter(bd.broker_addrs.values()), None)
+            addr = bd.master_addr or next(iter(bd.broker_addrs.values()), None)
             if addr:
                 body["brokerAddr"] = addr
                 break

@@ -355,8 +355,9 @@ class AdminProcessor(RequestProcessor):
         return table
 
     def _stats_value(self, name: str, key: str) -> int:
+        self.stats.refresh()
         item = self.stats.get(name, key)
-        return item.fine[-1][1] if item is not None and item.fine else 0
+        return item.value if item is not None else 0
 
     async def get_broker_runtime_info(self, request: RemotingCommand) -> RemotingCommand:
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json({"table": self.runtime_info()}))
@@ -408,6 +409,7 @@ class AdminProcessor(RequestProcessor):
         stats = self.consume_stats(group, topic)
         wire = {k: {f: v for f, v in w.items() if f != "lag"} for k, w in stats.items()}
         topics = {t for t, _, _ in stats}
+        self.stats.refresh()
         items = [self.stats.get(S.GROUP_GET_NUMS, f"{t}@{group}") for t in topics]
         tps = sum((item.rate(60) for item in items if item is not None), 0.0)
         return request.make_response(ResponseCode.SUCCESS, None, None,

@@ -15,6 +15,8 @@
 #   GROUP_GET_NUMS / GROUP_GET_SIZE     key "topic@group"
 #   BROKER_PUT_NUMS / BROKER_GET_NUMS   key the cluster name
 import collections
+import time
+from collections.abc import Callable
 
 import attrs
 
@@ -48,18 +50,30 @@ class Snapshot:
 
 @attrs.define(eq=False)
 class StatsItem:
+    """The rings hold the timer's samples only (evenly spaced); `latest` is
+    the freshest reading, the end of every window."""
+
     fine: collections.deque = attrs.Factory(lambda: collections.deque(maxlen=int(FINE_SPAN_S / SAMPLE_S) + 1))
     coarse: collections.deque = attrs.Factory(lambda: collections.deque(maxlen=int(DAY_S / COARSE_EVERY_S) + 1))
+    latest: tuple | None = None
 
     def sample(self, now: float, value: int, times: int) -> None:
         self.fine.append((now, value, times))
         if not self.coarse or now - self.coarse[-1][0] >= COARSE_EVERY_S:
             self.coarse.append((now, value, times))
+        self.latest = (now, value, times)
+
+    def observe(self, now: float, value: int, times: int) -> None:
+        self.latest = (now, value, times)
+
+    @property
+    def value(self) -> int:
+        return self.latest[1] if self.latest else 0
 
     def snapshot(self, window: float) -> Snapshot:
         if not self.fine:
             return Snapshot(0, 0.0, 0.0)
-        t1, v1, n1 = self.fine[-1]
+        t1, v1, n1 = self.latest
         ring = self.fine if window <= FINE_SPAN_S else self.coarse
         # The oldest sample inside the window (or the oldest there is).
         t0, v0, n0 = next(((t, v, n) for t, v, n in ring if t >= t1 - window), ring[0])
@@ -72,15 +86,37 @@ class StatsItem:
 
 @attrs.define(eq=False)
 class StatsBook:
+    """`source` (set by whoever owns the totals: broker/metrics.py) gives
+    the totals; sample() is called by a timer, refresh() by readers, so
+    that each window ends at what is true now."""
+
     items: dict[tuple[str, str], StatsItem] = attrs.Factory(dict)
+    source: Callable[[], dict] | None = None
+    clock: Callable[[], float] = time.monotonic
+    last_sample: float | None = None
 
     def sample(self, now: float, totals: dict[tuple[str, str], tuple[int, int]]) -> None:
-        """totals: (stats name, key) -> (value so far, calls so far)."""
+        """totals: (stats name, key) -> (value so far, calls so far), each
+        counted from 0 when the process started."""
         for key, (value, times) in totals.items():
             item = self.items.get(key)
             if item is None:
                 item = self.items[key] = StatsItem()
+                # Not in the previous sample: it was 0 then (totals start at 0).
+                item.sample(self.last_sample if self.last_sample is not None else now, 0, 0)
             item.sample(now, value, times)
+        self.last_sample = now
+
+    def refresh(self) -> None:
+        if self.source is None:
+            return
+        now = self.clock()
+        for key, (value, times) in self.source().items():
+            item = self.items.get(key)
+            if item is None:
+                item = self.items[key] = StatsItem()
+                item.sample(self.last_sample if self.last_sample is not None else now, 0, 0)
+            item.observe(now, value, times)
 
     def get(self, name: str, key: str) -> StatsItem | None:
         return self.items.get((name, key))
@@ -88,6 +124,7 @@ class StatsBook:
     def broker_stats_data(self, name: str, key: str) -> dict | None:
         """The BrokerStatsData body of VIEW_BROKER_STATS_DATA, or None when
         the item does not exist (RocketMQ answers SYSTEM_ERROR then)."""
+        self.refresh()
         item = self.items.get((name, key))
         if item is None:
             return None
