@@ -350,7 +350,8 @@ def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str]) ->
     from broker.processors.admin_clients import broker_config_properties, properties_text
 
     for warning in warnings:
-        click.echo(f"mqbroker: warning: {config_file}: {warning}", err=True)
+        if not warning.startswith("listenPort=0:"):  # a note for embedders, not for operators
+            click.echo(f"mqbroker: warning: {config_file}: {warning}", err=True)
     root = cfg.store_path_root_dir
     probe = root
     while probe and not os.path.exists(probe):

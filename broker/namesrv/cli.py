@@ -54,7 +54,7 @@ def main(config_file: str | None, listen_port: int | None, log_level: str, log_f
         raise click.ClickException(f"{config_file}: {e}" if config_file and config_file not in str(e)
                                    else str(e)) from None
     for warning in warnings:
-        click.echo(f"mqnamesrv: warning: {warning}", err=True)
+        click.echo(f"mqnamesrv: warning: {config_file}: {warning}", err=True)
     cli_logging(log_level, log_file, log_format, log_dir=cfg.log_dir, file_name="namesrv.log")
     try:
         trio.run(_run, cfg)

@@ -72,7 +72,7 @@ def setup_logging(level: str = "INFO", log_file: str | None = None, fmt: str = "
             file_handler = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups,
                                                                 encoding="utf-8")
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot write the log file {log_file}: {exc.strerror or exc}") from None
+            raise OSError(f"cannot write the log file {log_file}: {exc.strerror or exc}") from None
         file_handler.setFormatter(_formatter(fmt))
         root.addHandler(file_handler)
     return file_handler

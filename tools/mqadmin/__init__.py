@@ -35,13 +35,22 @@ class MQAdminGroup(click.Group):
             return super().invoke(ctx)
         except (CommitLogError, OSError, ValueError) as exc:
             # A user mistake or an environment problem: one line, no traceback.
-            click.echo(f"mqadmin: error: {exc}", err=True)
+            click.echo(f"mqadmin: error: {describe(exc)}", err=True)
             sys.exit(EXIT_ERROR)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the path and the cause: an OSError reads
+    "/data/x: No such file or directory", not "[Errno 2] ...: '/data/x'"."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        other = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+        return f"{exc.filename}{other}: {exc.strerror}"
+    return str(exc)
 
 
 @click.group(cls=MQAdminGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ledgermq")
-@log_options(default_level="WARNING")
+@log_options(default_level="ERROR")
 def cli(log_level: str, log_file: str | None, log_format: str):
     """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands).
 

@@ -155,7 +155,7 @@ class MQAdmin:
         try:
             resp = await self.remoting.invoke(addr, request, self.timeout if timeout is None else timeout)
         except (RemotingConnectError, RemotingTimeoutError, RemotingConnectionLostError) as e:
-            raise UnreachableError(f"broker {e}") from None
+            raise UnreachableError(f"broker {addr} unreachable: {e}") from None
         except RemotingError as e:
             raise AdminError(f"{addr}: {e}") from None
         if resp.code in accept:
@@ -200,7 +200,7 @@ class MQAdmin:
             try:
                 return await self.call(addr, code, fields)
             except UnreachableError as e:
-                error = UnreachableError(f"name server {addr}: {str(e).removeprefix('broker ')}")
+                error = UnreachableError(str(e).replace(f"broker {addr}", f"name server {addr}", 1))
         raise error
 
     async def topics_by_cluster(self, cluster: str) -> list[str]:

@@ -182,7 +182,10 @@ def migrate_apply_cmd(conf, root, self_id, segment_size, dry_run, as_json):
     index_size = None
     if conf is not None:
         from broker.config import load_broker_config
-        rc = load_broker_config(conf)[0].replication
+        try:
+            rc = load_broker_config(conf)[0].replication
+        except ValueError as e:  # ConfigError: name the file it is in
+            raise ValueError(f"{conf}: {e}") from None
         root, self_id = root or rc.store_path_root_dir, self_id or rc.self_id
         segment_size = segment_size or rc.mapped_file_size_commitlog
         index_size = rc.mapped_file_size_entry_index
