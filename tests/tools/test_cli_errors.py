@@ -4,7 +4,9 @@
 # RocketMQ remoting, unknown log levels.  Each must end in one line that
 # names the path or host and the cause, with no traceback; --version and
 # --check-config answer.  (No cluster is started: every target is dead or
-# fake, so the module stays quick.)
+# fake, so the module stays quick.  The table of mqadmin's store paths runs
+# in-process through click's runner -- the same command code and exit
+# status, without a Python start-up per case; the rest are processes.)
 import functools
 import socket
 import sys
@@ -69,9 +71,16 @@ async def test_mqadmin_paths_name_the_path_and_the_cause(tmp_path):
          f"{missing}: No such file or directory"),
         (["migrate", "apply", "-c", str(a_file)], f"{a_file}: dLegerGroup: required but not set"),
     ]
+    from click.testing import CliRunner
+
+    from tools.mqadmin import cli
+    runner = CliRunner()
     for args, expected in cases:
-        _, err = await run([*MQADMIN, *args], expect=3)
-        assert one_line(err) == f"mqadmin: error: {expected}", args
+        result = runner.invoke(cli, args, prog_name="mqadmin")
+        assert result.exit_code == 3, (args, result.output, result.exception)
+        assert one_line(result.stderr) == f"mqadmin: error: {expected}", args
+    _, err = await run([*MQADMIN, "verifyStore", "--store", missing], expect=3)  # and once as a process
+    assert one_line(err) == f"mqadmin: error: {missing}: no such directory"
 
 
 async def test_mqadmin_hosts_name_the_host_and_the_cause():
