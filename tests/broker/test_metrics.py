@@ -7,6 +7,8 @@
 # checked as they move (puts, lag while the consumer is away, a new term
 # after the master is killed).
 import json
+import re
+import sys
 
 import pytest
 import trio
@@ -15,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.client import ConsumeFromWhere, ConsumeStatus, Message, open_producer, open_push_consumer
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from tests.helpers import REPO_ROOT
 from tools.bench.broker import create_topic_request
 from tools.brokercluster import open_broker_cluster
 
@@ -92,7 +95,8 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
             return s
         s = await eventually(puts_counted)
         assert value(s, "ledgermq_send_latency_seconds_count") >= n
-        assert value(s, "ledgermq_send_latency_seconds_bucket", le="+Inf") == value(s, "ledgermq_send_latency_seconds_count")
+        count = value(s, "ledgermq_send_latency_seconds_count")
+        assert value(s, "ledgermq_send_latency_seconds_bucket", le="+Inf") == count
         assert value(s, "ledgermq_send_latency_seconds_sum") > 0
         assert value(s, "ledgermq_dledger_role", role="leader") == 1
         assert value(s, "ledgermq_dledger_writable") == 1
@@ -113,6 +117,23 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
             assert value(f, "rocketmq_producer_offset", topic=TOPIC) == n
             assert value(f, "ledgermq_dledger_role", role="follower") == 1
         await eventually(follower_dispatched)
+
+        # --- mqbench pointed at the running cluster (-n): its puts show up in the metrics
+        r = await trio.run_process([sys.executable, "-m", "tools.bench.mqbench", "producer", "-n", ns, "-t", "BenchT",
+                                    "--count", "100", "-c", "8", "-s", "64", "--json"], capture_stdout=True,
+                                   capture_stderr=True, cwd=str(REPO_ROOT), check=False)
+        assert r.returncode == 0, r.stderr.decode()
+        bench = json.loads(r.stdout)
+        assert (bench["messages"], bench["failed"]) == (100, 0) and bench["latencyMs"]["p99"] > 0
+
+        async def bench_counted():
+            s = await scrape(url[master])
+            assert value(s, "rocketmq_messages_in_total", topic="BenchT") == 100
+        await eventually(bench_counted)
+        r = await trio.run_process([sys.executable, "-m", "tools.bench.mqbench", "consumer", "-n", ns, "-t", "BenchT",
+                                    "--count", "100", "--seconds", "30", "--json"], capture_stdout=True,
+                                   capture_stderr=True, cwd=str(REPO_ROOT), check=False)
+        assert r.returncode == 0 and json.loads(r.stdout)["messages"] >= 100, r.stderr.decode()
 
         # --- gets and lag: a group consumes everything, leaves; more is sent; the lag is what it missed
         got = []
@@ -150,6 +171,13 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
             assert len(lags) == 4  # per queue
         await eventually(lag_rose)
 
+        # --- the Grafana dashboard asks only for metrics the endpoints serve
+        with open(REPO_ROOT / "deploy" / "grafana" / "ledgermq-dashboard.json") as f:
+            exprs = [t["expr"] for p in json.load(f)["panels"] for t in p["targets"]]
+        served = {name for u in url.values() for name, _, _ in await scrape(u)}
+        wanted = {m for e in exprs for m in re.findall(r"\b((?:rocketmq|ledgermq|process)_[a-z_]+)\b", e)}
+        assert wanted and wanted <= served, wanted - served
+
         # --- VIEW_BROKER_STATS_DATA (315), as rocketmq-exporter asks it
         resp = await call(cluster, cluster.addr(master), RequestCode.VIEW_BROKER_STATS_DATA,
                           {"statsName": "TOPIC_PUT_NUMS", "statsKey": TOPIC})
@@ -160,7 +188,8 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
         assert set(data["statsMinute"]) == {"sum", "tps", "avgpt"} and data["statsMinute"]["tps"] >= 0
         resp = await call(cluster, cluster.addr(master), RequestCode.VIEW_BROKER_STATS_DATA,
                           {"statsName": "BROKER_PUT_NUMS", "statsKey": "LedgerCluster"})
-        assert resp.code == ResponseCode.SUCCESS and json.loads(resp.body)["statsDay"]["sum"] == n + m
+        assert resp.code == ResponseCode.SUCCESS
+        assert json.loads(resp.body)["statsDay"]["sum"] == n + m + 100  # and mqbench's
         resp = await call(cluster, cluster.addr(master), RequestCode.VIEW_BROKER_STATS_DATA,
                           {"statsName": "TOPIC_PUT_NUMS", "statsKey": "NoSuchTopic"})
         assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR,
@@ -196,7 +225,8 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
                 assert TOPIC in [sd["topic"] for sd in info["subscriptionSet"]]
             resp = await call(cluster, cluster.addr(master), RequestCode.GET_CONSUMER_RUNNING_INFO,
                               {"consumerGroup": GROUP, "clientId": "nobody@1", "jstackEnable": False})
-            assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, f"The Consumer <{GROUP}> <nobody@1> not online")
+            assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR,
+                                                f"The Consumer <{GROUP}> <nobody@1> not online")
 
         # --- the name server: 224, 304 and its own endpoint
         ns_addr = cluster.namesrv_addrs[0]
