@@ -173,7 +173,7 @@ class ClientInstance:
                          conn.remote_address)
                 callback(topic)
             return None if cmd.is_oneway else cmd.make_response(ResponseCode.SUCCESS)
-        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # issue 17: mqadmin consumerStatus, dashboards
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # issue 17: dashboards, RocketMQ mqadmin consumerStatus
             return running_info_response(cmd, self.client_id, self.consumers)
         return await not_supported(conn, cmd)
 
