@@ -64,26 +64,39 @@ _NO_SPACE_LOG_EVERY = 10.0  # seconds between repeats of the out-of-space error
 
 @attrs.define(eq=False)
 class _AppendRequest:
-    """One caller of append(), parked in the driver's queues.
-
-    `task` is the parked caller until the request is resolved -- released on
-    commit, failed, timed out, or abandoned by a cancelled caller -- and None
-    after: each request is resolved exactly once, and that is where its
-    entries leave the pending count.  The caller is parked with
+    """One append, from submit() until it is resolved -- released on commit,
+    failed, timed out, or abandoned by a cancelled waiter -- exactly once:
+    `done` turns True there, and that is where its entries leave the
+    pending count.  `task` is the waiter parked in wait(), if one is (with
     trio.lowlevel.wait_task_rescheduled rather than an Event and a cancel
     scope: at tens of thousands of appends per second those were most of
-    the append path's cost."""
+    the append path's cost)."""
 
     bodies: Sequence[bytes]
     deadline: float  # trio time after which the caller gets QuorumTimeoutError
-    task: object  # trio.lowlevel.Task while parked, None once resolved
+    task: object = None  # the waiter's trio.lowlevel.Task while parked
+    done: bool = False
     term: int = -1
     first_index: int = -1
     # The store's [(index, pos)] of the write holding these entries, and
-    # where they start in it (no per-request copy until the caller asks).
+    # where they start in it (no per-request copy until the caller asks);
+    # the store hooks' per-entry stamps of that write (queue offsets), if any.
     placed: list | None = None
+    stamps: object = None
     offset: int = 0
     error: BaseException | None = None
+
+    @property
+    def result(self) -> list[tuple[int, int]]:
+        """[(index, pos)] of this request's entries (once resolved)."""
+        return self.placed[self.offset:self.offset + len(self.bodies)]
+
+    @property
+    def stamped(self):
+        """The stamps of this request's entries (None without a stamping hook)."""
+        if self.stamps is None:
+            return None
+        return self.stamps[self.offset:self.offset + len(self.bodies)]
 
     @property
     def last_index(self) -> int:
@@ -130,6 +143,8 @@ class ReplicaNode:
     _wakeup: trio.Event = attrs.Factory(trio.Event)
     _role_changed: trio.Event = attrs.Factory(trio.Event)
     _inbox: list = attrs.Factory(list)
+    max_inbox: int = 1024  # received messages the driver has not taken; then readers wait
+    _inbox_room: trio.Event | None = None
     _ticks_due: int = 0
     _proposals: list[_AppendRequest] = attrs.Factory(list)
     _commands: list = attrs.Factory(list)
@@ -188,32 +203,45 @@ class ReplicaNode:
         (not committed within max_wait_ack_ms, checked every tick; the
         entries may still commit later) or TermChangedError (leadership
         changed first)."""
-        n = len(bodies)
-        if not n:
+        if not bodies:
             return []
+        return (await self.wait(self.submit(bodies))).result
+
+    def submit(self, bodies: Sequence[bytes]) -> _AppendRequest:
+        """The synchronous half of append(): queue the entries for the next
+        driver round (so requests submitted one after another are appended
+        in that order) and return the request to wait() on.  Raises
+        NotLeaderError or PendingFullError at once."""
+        n = len(bodies)
         if self.core.role is not Role.LEADER:
             raise self.leader_error()
         if self._pending_entries + n > self.max_pending:
             self.stats["pending_full"] += 1
             raise PendingFullError(self._pending_entries, self.max_pending)
-        req = _AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000,
-                             trio.lowlevel.current_task())
+        req = _AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000)
         self._pending_entries += n
         self._proposals.append(req)
         self._wakeup.set()
+        return req
 
-        def abort(_raise_cancel):
-            # The caller was cancelled while parked: forget it.  Its entries
-            # may still be written and committed; nobody will be told.
-            if req.task is not None:
-                req.task = None
-                self._pending_entries -= n
-            return trio.lowlevel.Abort.SUCCEEDED
+    async def wait(self, req: _AppendRequest) -> _AppendRequest:
+        """Park until `req` is committed (or failed: its error is raised);
+        returns it, with `result` and `stamped`.  One waiter per request."""
+        if not req.done:
+            req.task = trio.lowlevel.current_task()
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+            def abort(_raise_cancel):
+                # The waiter was cancelled while parked: forget it.  Its
+                # entries may still be written and committed; nobody is told.
+                if not req.done:
+                    req.done, req.task = True, None
+                    self._pending_entries -= len(req.bodies)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
         if req.error is not None:
             raise req.error
-        return req.placed[req.offset:req.offset + n]
+        return req
 
     async def call(self, fn: Callable[[RaftCore], object]):
         """Run fn(core) inside the driver (between rounds, where the core
@@ -285,8 +313,11 @@ class ReplicaNode:
     # ------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # Received messages go straight from the transport's reader tasks
+        # into the driver's inbox (no queue and task in between: an append
+        # and its acks each cross one task switch less).
+        self.transport.set_sink(self._deliver)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._receiver)
             nursery.start_soon(self._ticker)
             task_status.started(self)
             try:
@@ -297,20 +328,26 @@ class ReplicaNode:
     def _wake(self) -> None:
         self._wakeup.set()
 
-    async def _receiver(self) -> None:
-        async for src, payload in self.transport.incoming():
-            try:
-                msg = wire.decode(payload)
-            except wire.WireError as exc:
-                self.stats["bad_messages"] += 1
-                log.warning("%s: dropping undecodable message from %s: %s", self.node_id, src, exc)
-                continue
-            if msg.src != src:
-                self.stats["bad_messages"] += 1
-                log.warning("%s: message claims to be from %s but came from %s", self.node_id, msg.src, src)
-                continue
-            self._inbox.append(msg)
-            self._wake()
+    def _deliver(self, src: str, payload: bytes) -> trio.Event | None:
+        """The transport's sink: decode and queue for the driver; returns an
+        Event to wait for while the driver's inbox is full."""
+        try:
+            msg = wire.decode(payload)
+        except wire.WireError as exc:
+            self.stats["bad_messages"] += 1
+            log.warning("%s: dropping undecodable message from %s: %s", self.node_id, src, exc)
+            return None
+        if msg.src != src:
+            self.stats["bad_messages"] += 1
+            log.warning("%s: message claims to be from %s but came from %s", self.node_id, msg.src, src)
+            return None
+        self._inbox.append(msg)
+        self._wakeup.set()
+        if len(self._inbox) < self.max_inbox:
+            return None
+        if self._inbox_room is None:
+            self._inbox_room = trio.Event()
+        return self._inbox_room
 
     async def _ticker(self) -> None:
         # A timer, not polling: the core's clock advances once per tick, and
@@ -339,18 +376,19 @@ class ReplicaNode:
             self._time_out(r)
 
     def _time_out(self, r: _AppendRequest) -> None:
-        if r.task is not None:
+        if not r.done:
             self.stats["quorum_timeout"] += 1
             self._resolve(r, QuorumTimeoutError(r.last_index, self.max_wait_ack_ms))
 
     def _resolve(self, r: _AppendRequest, error: BaseException | None = None) -> None:
-        """Hand the outcome to a parked caller (once; later calls no-op)."""
-        task = r.task
-        if task is not None:
-            r.task = None
-            r.error = error
+        """Hand the outcome to the request (once; later calls no-op) and
+        wake its waiter if one is parked."""
+        if not r.done:
+            r.done, r.error = True, error
             self._pending_entries -= len(r.bodies)
-            trio.lowlevel.reschedule(task)
+            if r.task is not None:
+                task, r.task = r.task, None
+                trio.lowlevel.reschedule(task)
 
     async def _driver(self) -> None:
         # self.core, not a local: _refuse_leader may replace it.
@@ -363,6 +401,9 @@ class ReplicaNode:
                 self._take_ready()
             inbox, self._inbox = self._inbox, []
             now = trio.current_time()
+            if self._inbox_room is not None:  # readers waiting for room: there is
+                self._inbox_room.set()
+                self._inbox_room = None
             for msg in inbox:
                 if msg.term == self.core.term:
                     self._peer_heard[msg.src] = now
@@ -381,7 +422,7 @@ class ReplicaNode:
             await self._publish()
 
     def _propose(self) -> None:
-        reqs = [r for r in self._proposals if r.task is not None]
+        reqs = [r for r in self._proposals if not r.done]
         self._proposals = []
         if not reqs:
             return
@@ -438,7 +479,7 @@ class ReplicaNode:
             if rd.leader_append is not None:
                 la = rd.leader_append
                 placed = logw.append_leader(la.bodies, la.term, la.magic)
-                self._assign_positions(la.first_index, placed)
+                self._assign_positions(la.first_index, placed, logw.last_stamps)
                 self._wrote = True
             if rd.follower_append is not None:
                 try:
@@ -491,18 +532,18 @@ class ReplicaNode:
         if ss != self.soft_state:
             self._on_soft_state(ss)
 
-    def _assign_positions(self, first_index: int, placed: list[tuple[int, int]]) -> None:
+    def _assign_positions(self, first_index: int, placed: list[tuple[int, int]], stamps) -> None:
         # Requests wait in index order; those of this write are at the tail.
         for r in reversed(self._waiting):
             if r.first_index < first_index:
                 break
-            r.placed, r.offset = placed, r.first_index - first_index
+            r.placed, r.offset, r.stamps = placed, r.first_index - first_index, stamps
 
     async def _publish(self) -> None:
         if self._wrote and self.log.sync_flush:
             # fdatasync off the event loop; the driver waits, inputs queue up
             # and become the next round's group commit.
-            await trio.to_thread.run_sync(self.log.flush)
+            await self.log.flush_async()
         self._wrote = False
         # Everything below happens only after this round's writes are
         # durable (per policy); between the two steps the order is free.
@@ -536,11 +577,13 @@ class ReplicaNode:
             if r.first_index + n > limit:
                 break
             waiting.popleft()
-            task = r.task
-            if task is not None:
-                r.task = None
+            if not r.done:
+                r.done = True
                 released += n
-                reschedule(task)
+                task = r.task
+                if task is not None:
+                    r.task = None
+                    reschedule(task)
         self._pending_entries -= released
 
     def _on_soft_state(self, ss: SoftState) -> None:
@@ -563,6 +606,6 @@ class ReplicaNode:
         for r in list(self._waiting) + self._proposals:
             if r.term != keep_term:
                 self._resolve(r, exc)
-        self._waiting = collections.deque(r for r in self._waiting if r.task is not None)
-        self._proposals = [r for r in self._proposals if r.task is not None]
+        self._waiting = collections.deque(r for r in self._waiting if not r.done)
+        self._proposals = [r for r in self._proposals if not r.done]
 

@@ -73,7 +73,33 @@ from native.entries import (
 
 log = logging.getLogger("ledgermq.store")
 
-AppendHook = Callable[[EntryHeader, memoryview], None]
+
+@attrs.frozen
+class AppendBatch:
+    """What an append hook sees: the bytes of one leader append from
+    `start` on, entry headers laid out (index, term, pos assigned), CRCs not
+    yet computed, so the hook may still write into the bodies."""
+
+    out: memoryview
+    start: int  # log position of out[0]
+    first_index: int
+    term: int
+    magic: int
+    positions: array  # each entry's log position
+    lens: array  # each entry's body length
+
+    def entries(self):
+        """(EntryHeader, writable body view) per entry, for per-entry hooks."""
+        for i, (length, pos) in enumerate(zip(self.lens, self.positions)):
+            at = pos - self.start + HEADER_SIZE
+            yield (EntryHeader(self.magic, HEADER_SIZE + length, self.first_index + i, self.term, pos, 0, 0, 0,
+                               length), self.out[at:at + length])
+
+
+# A hook returns None, or one value per entry (an array aligned with the
+# append's result: the broker's queue offsets), kept as the store's
+# last_stamps so the appender learns them without reading the entries back.
+AppendHook = Callable[[AppendBatch], "array | None"]
 LOCK_FILE = "ledgermq.lock"
 
 
@@ -152,6 +178,8 @@ class SegmentedStore(StoreReads):
     _base: metafiles.StoreBase | None
     _lock_fd: int
     _hooks: list[AppendHook] = attrs.field(factory=list)
+    # What the hooks returned for the last append_leader (None: nothing).
+    last_stamps: array | None = None
     # Callables returning the lowest index their owner still needs on disk
     # (the metadata snapshot's applied index, a slow consumer, ...).
     _retention_floors: list = attrs.field(factory=list)
@@ -325,9 +353,9 @@ class SegmentedStore(StoreReads):
         return min(floors) if floors else None
 
     def add_append_hook(self, fn: AppendHook) -> None:
-        """Run fn(header, writable body view) on every leader append, after
-        index/term/pos are assigned and before CRCs are computed and bytes
-        are written (the broker writes PHYSICALOFFSET = pos + 48 here)."""
+        """Run fn(AppendBatch) on every leader append, after index/term/pos
+        are assigned and before CRCs are computed and bytes are written (the
+        broker writes QUEUEOFFSET and PHYSICALOFFSET = pos + 48 here)."""
         self._hooks.append(fn)
 
     def remove_append_hook(self, fn: AppendHook) -> None:
@@ -353,22 +381,19 @@ class SegmentedStore(StoreReads):
         first = self._end + 1
         out = bytearray(end - start)
         layout_fill(out, b"".join(bodies), lens, positions, start, first, term, magic)
+        self.last_stamps = None
         if self._hooks:
-            self._run_hooks(out, lens, positions, start, first, term, magic)
+            batch = AppendBatch(memoryview(out), start, first, term, magic, positions, lens)
+            for hook in self._hooks:
+                stamps = hook(batch)
+                if stamps is not None:
+                    self.last_stamps = stamps
         units = bytearray(UNIT * n)
         chain = layout_seal(out, positions, start, self._end_chain, True, units)
         self._write(start, out, first, units)
         self._advance(first + n - 1, term, end, chain, True)
         return list(zip(range(first, first + n), positions))
 
-    def _run_hooks(self, out, lens, positions, start, first, term, magic) -> None:
-        view = memoryview(out)
-        for i, (length, pos) in enumerate(zip(lens, positions)):
-            header = EntryHeader(magic, HEADER_SIZE + length, first + i, term, pos, 0, 0, 0, length)
-            at = pos - start + HEADER_SIZE
-            body = view[at:at + length]
-            for hook in self._hooks:
-                hook(header, body)
 
     def _write(self, pos: int, data, first_index: int, units) -> None:
         """Data first, then index units; on failure zero what was written so
@@ -561,10 +586,24 @@ class SegmentedStore(StoreReads):
         """fdatasync every data segment written since the last flush, then
         every such index segment.  Callable from a worker thread while the
         trio thread appends; concurrent flushes run one after the other."""
+        flushed = self._sync_to_disk()
+        if flushed is not None:
+            self._publish_flushed(flushed)
+
+    async def flush_async(self) -> None:
+        """flush() in a worker thread, off the event loop.  The flushed
+        watermark advances back in the trio thread when the worker returns:
+        no second round trip from the worker into trio per flush."""
+        flushed = await trio.to_thread.run_sync(self._sync_to_disk)
+        if flushed is not None:
+            self.flushed_watermark.advance(flushed)
+
+    def _sync_to_disk(self) -> int | None:
+        """The flush itself; returns the new flushed end (None: nothing to do)."""
         with self._flush_lock:
             job = self._begin_flush()
             if job is None:
-                return
+                return None
             try:
                 _run_flush(job)
             except BaseException:
@@ -572,11 +611,7 @@ class SegmentedStore(StoreReads):
                 raise
             self.flush_count += 1
             self._flushed_end = flushed = min(job.end_index, self._end)
-        self._publish_flushed(flushed)
-
-    async def flush_async(self) -> None:
-        """flush() in a worker thread, off the event loop."""
-        await trio.to_thread.run_sync(self.flush)
+        return flushed
 
     def _publish_flushed(self, end: int) -> None:
         # Watermark waiters are trio tasks: wake them from the trio thread.

@@ -37,11 +37,18 @@ class Watermark:
     async def wait_for(self, target: int, timeout: float = math.inf) -> int:
         """Return the watermark once it is >= target.  Raises trio.TooSlowError
         after `timeout` seconds, or the close() exception."""
+        if self.value >= target:
+            return self.value
+        if timeout == math.inf:  # the usual case: no cancel scope to set up and tear down
+            return await self._wait(target)
         with trio.fail_after(timeout):
-            while self.value < target:
-                if self._closed is not None:
-                    raise self._closed
-                await self._changed.wait()
+            return await self._wait(target)
+
+    async def _wait(self, target: int) -> int:
+        while self.value < target:
+            if self._closed is not None:
+                raise self._closed
+            await self._changed.wait()
         return self.value
 
     async def wait_changed(self, seen: int) -> int:

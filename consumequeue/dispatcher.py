@@ -28,6 +28,7 @@ import trio
 
 from commitlog.watermark import Watermark
 from consumequeue import checkpoint as ck
+from consumequeue.arrivals import QueueArrivals
 from consumequeue.cq import DEFAULT_FILE_SIZE, ConsumeQueueStore
 from consumequeue.errors import BadTopicError, DispatchError, InconsistentStateError
 from consumequeue.files import sync_paths
@@ -473,7 +474,10 @@ class Dispatcher:
         self.end_of_index = end_of_index
         self.checkpoint_interval = checkpoint_interval
         self.chunk_bytes = chunk_bytes
-        self.dispatched = Watermark(engine.last_index)  # for pull long-polling
+        self.dispatched = Watermark(engine.last_index)  # how far dispatch got
+        # Per-queue waiters (long-polling pulls, delay levels): woken only
+        # when their queue moved, checked after every dispatch step.
+        self.arrivals = QueueArrivals(self._max_offset)
         self.checkpointed = Watermark(engine.last_index)  # durable dispatch progress
         self._last_checkpoint = time.monotonic()
         self._checkpointed_pos = engine.pos
@@ -498,6 +502,7 @@ class Dispatcher:
         if end is None:  # below the log's first entry (retention, reset_to): nothing to do
             self.engine.last_index = max(self.engine.last_index, index)
             self.dispatched.advance(index)
+            self.arrivals.check()
             return
         generation = self.engine.generation
         while self.engine.pos < end:
@@ -509,6 +514,7 @@ class Dispatcher:
             raise DispatchError(end, f"dispatched through entry {self.engine.last_index}, "
                                      f"expected the committed entry {index}")
         self.dispatched.advance(index)
+        self.arrivals.check()
         if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval:
             await self.checkpoint()
 
@@ -537,3 +543,8 @@ class Dispatcher:
         self._checkpointed_pos = self.engine.pos
         self.dispatched.advance(self.engine.last_index)
         self.checkpointed.advance(self.engine.last_index)
+        self.arrivals.reset()  # every queue may have moved: waiters re-read
+
+    def _max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.engine.cqs.get(topic, queue_id)
+        return -1 if cq is None else cq.max_offset

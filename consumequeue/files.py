@@ -14,8 +14,7 @@ from collections import OrderedDict
 from commitlog.atomicfile import fsync_dir
 from commitlog.segments import segment_name
 
-__all__ = ["MAX_OPEN", "FdCache", "fsync_dir", "makedirs_durable", "segment_name", "sync_paths",
-           "write_atomic"]
+__all__ = ["MAX_OPEN", "FdCache", "fsync_dir", "makedirs_durable", "segment_name", "sync_paths"]
 
 MAX_OPEN = 256
 

@@ -14,32 +14,42 @@
 # earlier leader) is scanned for higher offsets.  Followers never use the
 # table; they store the leader's bytes.
 import logging
+import struct
+from array import array
 
 import attrs
 
-from commitlog.entry import BODY_OFFSET, MAGIC_NORMAL
-from consumequeue.record import (
-    MAGIC_V1,
-    MAGIC_V2,
-    TRANSACTION_MASK,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    MessageFormatError,
-    read_topic_queue,
-    set_physical_offset,
-    set_queue_offset,
-)
-from native.dispatch import REC_BAD, REC_NO_CQ, STOP_BLANK, STOP_END, STOP_FULL, default_backend
+from commitlog.entry import MAGIC_NORMAL
+from consumequeue.record import POS_PHYSICALOFFSET, POS_QUEUEOFFSET
+from native.dispatch import MODE_DLEDGER, REC, REC_BAD, REC_NO_CQ, STOP_BLANK, STOP_END, STOP_FULL, default_backend
 
 log = logging.getLogger(__name__)
 
-_NO_OFFSET_TYPES = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+_I64 = struct.Struct(">q")
 
 
 @attrs.define
 class QueueOffsetTable:
     _next: dict[tuple[str, int], int] = attrs.field(factory=dict)
     assigned: int = 0  # offsets handed out since the last rebuild
+    _backend: object = attrs.field(factory=default_backend)
+    _names: dict[bytes, str] = attrs.field(factory=dict)  # topic bytes -> str, for the hook
+    _recs: object = None  # the hook's scan records, grown to the largest append
+    _recs_cap: int = 0
+
+    def _stamp_grouped(self, view, base: int, res, first_index: int, stamps: array) -> None:
+        be = self._backend
+        g = be.group(view, res)
+        firsts = array("q", bytes(8 * g.ngroups))
+        names, assign, recs = self._names, self.assign, self._recs
+        for k in range(g.ngroups):
+            r = be.record(recs, g.order[g.starts[k]])
+            raw = bytes(view[r.topic_off:r.topic_off + r.topic_len])
+            topic = names.get(raw)
+            if topic is None:
+                topic = names[raw] = raw.decode("utf-8", "replace")
+            firsts[k] = assign(topic, r.queue_id, g.starts[k + 1] - g.starts[k])
+        be.stamp_offsets(view, base, res, g, firsts, first_index, stamps)
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         return self._next.get((topic, queue_id), 0)
@@ -98,24 +108,54 @@ class QueueOffsetTable:
                 break
         return seen
 
-    def append_hook(self, header, body) -> None:
-        """The commitlog append hook (store.add_append_hook(table.append_hook))."""
-        if header.magic != MAGIC_NORMAL or len(body) < 8:
-            return
-        if int.from_bytes(body[4:8], "big", signed=True) not in (MAGIC_V1, MAGIC_V2):
-            return  # not a message record: nothing to fill in
-        try:
-            if int.from_bytes(body[0:4], "big", signed=True) != len(body):
-                raise MessageFormatError(f"TOTALSIZE differs from the entry body size {len(body)}")
-            topic, queue_id, sysflag = read_topic_queue(body)
-        except MessageFormatError as exc:
-            # Stored as is; dispatch flags and skips it.
-            log.error("entry %d: malformed message record (%s); not assigning a queue offset",
-                      header.index, exc)
-            return
-        if sysflag & TRANSACTION_MASK in _NO_OFFSET_TYPES:
-            queue_offset = 0
-        else:
-            queue_offset = self.assign(topic, queue_id)
-        set_queue_offset(body, queue_offset)
-        set_physical_offset(body, header.pos + BODY_OFFSET)
+    def append_hook(self, batch) -> array:
+        """The commitlog append hook (store.add_append_hook(table.append_hook)):
+        one native scan of the batch's records, grouped by queue; each
+        queue's offsets are taken from the table once per group and
+        written into the records (QUEUEOFFSET, and PHYSICALOFFSET) by the
+        backend.  Returns each entry's queue offset (-1 where an entry holds
+        no message record), which the store hands to the appender (no
+        read-back).  A scan that found a malformed record takes the record
+        by record path, which skips it."""
+        n = len(batch.lens)
+        stamps = array("q", [-1]) * n
+        if batch.magic != MAGIC_NORMAL or n == 0:
+            return stamps
+        if self._recs_cap < n:
+            self._recs_cap = max(n, 256)
+            self._recs = self._backend.new_records(self._recs_cap)
+        out, start, first, positions = batch.out, batch.start, batch.first_index, batch.positions
+        names, assign = self._names, self.assign
+        pack = _I64.pack_into
+        done = 0  # entries scanned so far
+        while done < n:
+            base = positions[done]
+            view = out[base - start:]
+            res = self._backend.scan(view, base, self._recs, mode=MODE_DLEDGER, expect_index=first + done)
+            if res.bad == 0:
+                self._stamp_grouped(view, base, res, first, stamps)
+                done += res.entries
+                if res.stop not in (STOP_END, STOP_FULL, STOP_BLANK):
+                    break
+                continue
+            for rec in REC.iter_unpack(res.raw()):
+                index, _, phy, _, _, _, _, qid, _, flags, toff, tlen = rec[:12]
+                if flags & REC_BAD:
+                    log.error("entry %d: malformed message record; not assigning a queue offset", index)
+                    continue
+                if flags & REC_NO_CQ:  # transaction PREPARED / ROLLBACK: consumes no offset
+                    queue_offset = 0
+                else:
+                    raw = bytes(view[toff:toff + tlen])
+                    topic = names.get(raw)
+                    if topic is None:
+                        topic = names[raw] = raw.decode("utf-8", "replace")
+                    queue_offset = assign(topic, qid)
+                at = phy - start
+                pack(out, at + POS_QUEUEOFFSET, queue_offset)
+                pack(out, at + POS_PHYSICALOFFSET, phy)
+                stamps[index - first] = queue_offset
+            done += res.entries
+            if res.stop not in (STOP_END, STOP_FULL, STOP_BLANK):
+                break  # (the store's own layout: not expected) the rest stays unstamped
+        return stamps

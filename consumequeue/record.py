@@ -286,6 +286,21 @@ def encode(msg: MessageRecord) -> bytes:
     topic = msg.topic.encode("utf-8", "surrogatepass")
     props = properties_to_string(msg.properties).encode("utf-8", "surrogatepass")
     magic = msg.magic if msg.magic is not None else choose_magic(msg.topic)
+    return encode_parts(magic, topic, props, msg.body, queue_id=msg.queue_id, flag=msg.flag,
+                        queue_offset=msg.queue_offset, physical_offset=msg.physical_offset,
+                        sysflag=msg.effective_sysflag, born_timestamp=msg.born_timestamp,
+                        born_host=msg.born_host.packed, store_timestamp=msg.store_timestamp,
+                        store_host=msg.store_host.packed, reconsume_times=msg.reconsume_times,
+                        prepared_transaction_offset=msg.prepared_transaction_offset, body_crc=msg.body_crc)
+
+
+def encode_parts(magic: int, topic: bytes, props: bytes, body: bytes, *, queue_id: int, flag: int,
+                 queue_offset: int = 0, physical_offset: int = 0, sysflag: int, born_timestamp: int,
+                 born_host: bytes, store_timestamp: int, store_host: bytes, reconsume_times: int = 0,
+                 prepared_transaction_offset: int = 0, body_crc: int | None = None) -> bytes:
+    """The record bytes from fields already in wire form (UTF-8 topic and
+    properties string, packed hosts, SYSFLAG with its V6 bits matching the
+    hosts): the send path builds records this way, without a MessageRecord."""
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise MessageFormatError(f"bad magic {magic:#x}")
     v2 = magic == MAGIC_V2
@@ -295,18 +310,17 @@ def encode(msg: MessageRecord) -> bytes:
                                  f"{'v2' if v2 else 'v1'} record")
     if len(props) > MAX_PROPERTIES_LEN:
         raise MessageFormatError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_LEN}")
-    sysflag = msg.effective_sysflag
-    body = msg.body
     total = record_length(len(body), len(topic), len(props), sysflag=sysflag, v2=v2)
-    crc = masked_crc32(body) if msg.body_crc is None else msg.body_crc
+    crc = masked_crc32(body) if body_crc is None else body_crc
     # One join, no growing bytearray and final copy: the broker encodes every message it takes.
     out = b"".join((
-        _HEAD.pack(total, magic, crc, msg.queue_id, msg.flag, msg.queue_offset, msg.physical_offset, sysflag,
-                   msg.born_timestamp),
-        msg.born_host.packed, _I64.pack(msg.store_timestamp), msg.store_host.packed,
-        _TAIL.pack(msg.reconsume_times, msg.prepared_transaction_offset, len(body)), body,
+        _HEAD.pack(total, magic, crc, queue_id, flag, queue_offset, physical_offset, sysflag, born_timestamp),
+        born_host, _I64.pack(store_timestamp), store_host,
+        _TAIL.pack(reconsume_times, prepared_transaction_offset, len(body)), body,
         (_I16 if v2 else _U8).pack(len(topic)), topic, _I16.pack(len(props)), props))
-    assert len(out) == total
+    if len(out) != total:
+        raise MessageFormatError(f"record of {len(out)} bytes, TOTALSIZE {total}: the hosts do not match "
+                                 f"SYSFLAG {sysflag:#x}")
     return out
 
 

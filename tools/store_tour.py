@@ -35,7 +35,10 @@ def main(argv=None) -> int:
         follower = SegmentedStore.open(StoreConfig(root=root, self_id="n1", **sizes))
         # The broker's hook writes PHYSICALOFFSET = pos + 48 into each message; here the
         # first 8 body bytes stand in for it.
-        leader.add_append_hook(lambda h, body: struct.pack_into(">q", body, 0, h.pos + 48))
+        def stamp(batch):
+            for h, body in batch.entries():
+                struct.pack_into(">q", body, 0, h.pos + 48)
+        leader.add_append_hook(stamp)
         for first in range(0, args.entries, 50):
             n = min(50, args.entries - first)
             leader.append_leader([b"\0" * 8 + f"message {i}".encode() * 20 for i in range(first, first + n)],

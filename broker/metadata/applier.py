@@ -101,6 +101,10 @@ class MetadataApplier:
     max_batch_entries: int = 4096
     max_batch_bytes: int = 4 << 20
     applied: Watermark = attrs.field(init=False)
+    # The topic table's version (the log index of its last change): the
+    # broker re-registers with the name servers when it moves, woken only
+    # by topic changes rather than by every commit.
+    topics_version: Watermark = attrs.field(init=False)
     error: BaseException | None = attrs.field(default=None, init=False)
     stats: collections.Counter = attrs.Factory(collections.Counter)
     _recs: object = attrs.field(init=False)
@@ -108,6 +112,7 @@ class MetadataApplier:
 
     def __attrs_post_init__(self) -> None:
         self.applied = Watermark(self.state.applied_index)
+        self.topics_version = Watermark(self.state.topics.data_version.counter)
         self._recs = self.backend.new_records(self.max_batch_entries)
 
     @property
@@ -135,6 +140,7 @@ class MetadataApplier:
             end = first + batch.count - 1
             self.state.applied_index = end
             self.applied.advance(end)
+            self.topics_version.advance(self.state.topics.data_version.counter)
             done += batch.count
             batches += 1
         return done

@@ -165,7 +165,7 @@ class PullProcessor:
 
         leader = self.store.gate.writable
         judge = self._may_correct(leader)
-        result, seen = self._read(header, sub, judge), self.store.cq.dispatcher.dispatched.value
+        result = self._read(header, sub, judge)
         code = self._code(result, header.queue_offset, judge)
         if header.commit and leader and header.commit_offset >= 0:
             self._commit(header)
@@ -173,7 +173,7 @@ class PullProcessor:
             timeout_ms = header.suspend_timeout_ms if self.long_polling_enable else self.short_polling_ms
             timeout_ms = min(max(timeout_ms, 0), MAX_SUSPEND_MS)
             if timeout_ms > 0:
-                await self._hold(header, seen, timeout_ms / 1000)
+                await self._hold(header, timeout_ms / 1000)
                 judge = self._may_correct(self.store.gate.writable)
                 result = self._read(header, sub, judge)
                 code = self._code(result, header.queue_offset, judge)
@@ -250,21 +250,14 @@ class PullProcessor:
             log.debug("pull's commitOffset %s@%s/%d=%d not stored: %s", h.topic, h.consumer_group, h.queue_id,
                       h.commit_offset, e)
 
-    def _queue_max(self, h: PullHeader) -> int:
-        cq = self.store.cq.engine.cqs.get(h.topic, h.queue_id)
-        return -1 if cq is None else cq.max_offset
-
-    async def _hold(self, h: PullHeader, seen: int, timeout: float) -> None:
-        """Park until dispatch moved and the queue holds a message at or after
-        the request offset, or `timeout` seconds passed."""
-        dispatched = self.store.cq.dispatcher.dispatched
+    async def _hold(self, h: PullHeader, timeout: float) -> None:
+        """Park until the queue holds a message at or after the request
+        offset (or its queues were rebuilt), or `timeout` seconds passed:
+        only dispatches into this queue wake the pull."""
         self.held += 1
         try:
             with trio.move_on_after(timeout):
-                while True:
-                    seen = await dispatched.wait_changed(seen)
-                    if self._queue_max(h) > h.queue_offset:
-                        return
+                await self.store.cq.dispatcher.arrivals.wait_beyond(h.topic, h.queue_id, h.queue_offset)
         finally:
             self.held -= 1
 

@@ -15,9 +15,16 @@
 #      from the hosts, UNIQ_KEY added when missing, CLUSTER property;
 #   6. append through the replica; the reply is sent only after the entries
 #      are committed on a quorum (the append hook has stamped QUEUEOFFSET and
-#      PHYSICALOFFSET; the queue offset is read back from the stored bytes);
+#      PHYSICALOFFSET, and the append returns the queue offsets it stamped);
 #   7. reply: msgId = offset message id (comma-separated for a batch),
 #      queueId, queueOffset (the first), transactionId = UNIQ_KEY.
+#
+# Bursts: the remoting connection hands over every send one read brought
+# (accept_burst, in its read loop, so bursts keep the connection's order):
+# each message is checked and encoded on its own (one that fails is
+# answered alone), all records go to the log as ONE append, and one task
+# waits for the commit and answers them all in one write.  Sends to a topic
+# that must be auto-created first take the one-at-a-time path (process).
 #
 # Error translation happens in one place, _failure(): SendError carries a
 # code of its own; commitlog errors map as the issue asks (spec §6.8 maps a
@@ -44,12 +51,14 @@ import typing
 
 import attrs
 
-from broker.common.msgid import UniqKeyGenerator, offset_msg_id
+from broker.common.msgid import UniqKeyGenerator, offset_msg_ids
 from broker.common.permissions import PERM_WRITE
 from broker.common.values import InvalidMetadataError, TopicConfig, check_topic_name
 from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.service import MetadataService
+from broker.processors import send_native
+from broker.remoting.codec import RawSend, encode_response
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -103,7 +112,7 @@ class SendError(Exception):
         return f"{ResponseCode(self.code).name}: {self.remark}"
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # (slots off: `properties` is cached per header)
 class SendHeader:
     producer_group: str
     topic: str
@@ -113,24 +122,59 @@ class SendHeader:
     sys_flag: int
     born_timestamp: int
     flag: int
-    properties: dict
+    properties_text: str  # as the producer sent it: parsed only when something needs a property
     reconsume_times: int = 0
     max_reconsume_times: int | None = None
     batch: bool = False
 
+    @functools.cached_property
+    def properties(self) -> dict:
+        return M.string_to_properties(self.properties_text)
+
+
+class _NotPlain(Exception):
+    """Internal: a header field the fast parse leaves to HeaderReader."""
+
+
+def _plain_int(fields: dict, key: str, digits: int) -> int:
+    value = fields.get(key)
+    # Unsigned ASCII digits only: anything else (signs, blanks, Java's
+    # other spellings, errors) goes through HeaderReader's rules.
+    if value is None or not (value.isascii() and value.isdigit() and len(value) <= digits):
+        raise _NotPlain
+    return int(value)
+
 
 def parse_send_header(request: RemotingCommand) -> SendHeader:
     """SEND_MESSAGE's full names, or V2/BATCH's short ones.  RequestError
-    (SYSTEM_ERROR, Java's wording) when a required field is missing or bad."""
-    h = HeaderReader(request.ext_fields)
+    (SYSTEM_ERROR, Java's wording) when a required field is missing or bad.
+    Headers of plain digits and present fields (what producers send) take a
+    fast path; any other spelling is read by HeaderReader, field by field."""
     # V2/BATCH carry the same fields under short names; errors name the wire name, as Java's do.
     short = request.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
     pg, tp, dt, dqn, qid, sf, bts, fl, pr, rt, mrt, bt = _SHORT_FIELDS if short else _FULL_FIELDS
+    f = request.ext_fields
+    try:
+        batch = f.get(bt)
+        if batch not in (None, "false", "true", "0", "1"):
+            raise _NotPlain
+        max_times = f.get(mrt)
+        return SendHeader(
+            producer_group=f[pg], topic=f[tp], default_topic=f[dt],
+            default_topic_queue_nums=_plain_int(f, dqn, 9), queue_id=_plain_int(f, qid, 9),
+            sys_flag=_plain_int(f, sf, 9), born_timestamp=_plain_int(f, bts, 18), flag=_plain_int(f, fl, 9),
+            properties_text=f.get(pr) or "",
+            reconsume_times=_plain_int(f, rt, 9) if rt in f else 0,
+            max_reconsume_times=None if max_times is None else _plain_int(f, mrt, 9),
+            batch=request.code == RequestCode.SEND_BATCH_MESSAGE or batch == "true")  # ("1": false, as Java)
+    except (_NotPlain, KeyError):
+        pass
+    h = HeaderReader(f)
     return SendHeader(
         producer_group=h.str(pg), topic=h.str(tp), default_topic=h.str(dt),
         default_topic_queue_nums=h.int(dqn), queue_id=h.int(qid),
         sys_flag=h.int(sf), born_timestamp=h.long(bts), flag=h.int(fl),
-        properties=M.string_to_properties(h.str(pr, "")),
+        properties_text=h.str(pr, ""),
         reconsume_times=h.int(rt, 0), max_reconsume_times=h.int(mrt, None),
         batch=request.code == RequestCode.SEND_BATCH_MESSAGE or h.bool(bt, False))
 
@@ -143,6 +187,29 @@ def validate_topic(topic: str) -> None:
         raise SendError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
     if topic in NOT_ALLOWED_SEND_TOPICS or is_internal_topic(topic):
         raise SendError(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+
+
+def _topic_ok(topic: str) -> bool:
+    try:
+        validate_topic(topic)
+    except SendError:
+        return False
+    return True
+
+
+_UNIQ_NAME = M.PROPERTY_UNIQ_KEY + "\x01"
+_V6_FLAGS = M.BORNHOST_V6_FLAG | M.STOREHOST_V6_FLAG
+
+
+@functools.lru_cache(maxsize=4096)  # topics are few and stable; this runs per send
+def _topic_wire(topic: str) -> tuple[bytes, int]:
+    """A topic's UTF-8 bytes and the record magic it needs."""
+    return topic.encode("utf-8", "surrogatepass"), M.choose_magic(topic)
+
+
+@functools.lru_cache(maxsize=4096)
+def _host_wire(host: M.HostAddr) -> tuple[bytes, bool]:
+    return host.packed, host.is_v6
 
 
 @functools.lru_cache(maxsize=4096)  # peers are few and stable; this runs per send
@@ -170,6 +237,7 @@ class SendProcessor:
     uniq_keys: UniqKeyGenerator = attrs.Factory(UniqKeyGenerator)
     rng: random.Random = attrs.Factory(random.Random)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
+    _native: send_native.NativeSends = attrs.Factory(lambda: send_native.NativeSends(_topic_ok))
 
     @property
     def cfg(self) -> BrokerConfig:
@@ -183,10 +251,13 @@ class SendProcessor:
 
     def register(self, dispatcher) -> None:
         for code in self.CODES:
-            dispatcher.register(code, self)
+            dispatcher.register_burst(code, self)
 
     async def process(self, request: RemotingCommand, peer) -> RemotingCommand:
+        """One send, start to answer (also the path of a burst's sends to a
+        topic that is auto-created first)."""
         records: list[bytes] = []
+        req = None
         try:
             header = parse_send_header(request)
             self.gate.check_writable()
@@ -197,10 +268,119 @@ class SendProcessor:
                 topic_cfg = await self._topic_config(header)
             queue_id = self._queue_id(header, topic_cfg)
             records, uniq = self._records(header, topic_cfg, queue_id, request.body, host_of(peer))
-            placed = await self.replica.append(records)
-            return self._success(request, queue_id, placed, uniq)
+            req = self.replica.submit(records)
+            await self.replica.wait(req)
+            return self._success(request, queue_id, req.result, req.stamped, uniq)
         except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
-            return self._failure(request, exc, records)
+            return self._failure(request, exc, records, req.first_index if req is not None else -1)
+
+    def accept_burst(self, conn, cmds: list):
+        """The synchronous half of a burst of sends read together from one
+        connection (see the module comment); returns the async half, which
+        answers each request in order.  RawSends the native path takes are
+        encoded a run at a time (send_native.py); every other request, and
+        every RawSend it does not take, is served here one by one."""
+        replies: list = [None] * len(cmds)
+        try:
+            self.gate.check_writable()
+        except CommitLogError as exc:  # not the writable leader: all of them alike
+            for i, cmd in enumerate(cmds):
+                replies[i] = self._failure(cmd, exc, [])
+            return _answered(replies)
+        born_host = host_of(conn.remote_address)
+        parts: list[tuple[int, int, int, int, str | None]] = []  # (i, first record, count, queueId, uniq)
+        records: list[bytes] = []
+        slow: list[int] = []
+        runs: list[send_native.NativeRun] = []
+        run = None
+        cfg = self.cfg
+        cluster = cfg.broker_cluster_name.encode()
+        born, born_v6 = _host_wire(born_host)
+        store_host, _ = _host_wire(cfg.store_host)
+
+        def flush() -> None:
+            send_native.encode(run, records, born, store_host, self.clock_ms(), cluster, self.uniq_keys)
+            runs.append(run)
+
+        for i, cmd in enumerate(cmds):
+            if type(cmd) is RawSend:
+                if run is not None and run.scan is not cmd.scan:
+                    flush()
+                    run = None
+                if run is None:
+                    run = send_native.new_run(cmd.scan, cluster, self.uniq_keys.prefix)
+                if self._native.take(self, run, i, cmd, born_v6):
+                    continue
+                request = cmd.command()
+            else:
+                request = cmd
+            if run is not None and run.at:  # records stay in arrival order
+                flush()
+                run = None
+            try:
+                header = parse_send_header(request)
+                validate_topic(header.topic)
+                topic_cfg = self.metadata.topic_config(header.topic)
+                if topic_cfg is None or not topic_cfg.perm & PERM_WRITE:
+                    slow.append(i)  # auto-create first, or answer why not
+                    continue
+                queue_id = self._queue_id(header, topic_cfg)
+                recs, uniq = self._records(header, topic_cfg, queue_id, request.body, born_host)
+            except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
+                replies[i] = self._failure(request, exc, [])
+                continue
+            parts.append((i, len(records), len(recs), queue_id, uniq))
+            records.extend(recs)
+        if run is not None and run.at:
+            flush()
+        req, error = None, None
+        if records:
+            try:
+                req = self.replica.submit(records)  # now, so bursts reach the log in arrival order
+            except CommitLogError as exc:
+                error = exc
+
+        async def finish() -> list:
+            for i in slow:
+                cmd = cmds[i]
+                replies[i] = await self.process(cmd.command() if type(cmd) is RawSend else cmd,
+                                                conn.remote_address)
+            failed = error
+            if req is not None:
+                try:
+                    await self.replica.wait(req)
+                except CommitLogError as exc:
+                    failed = exc
+            if failed is None and req is not None:
+                placed, stamps = req.result, req.stamped
+                for i, first, count, queue_id, uniq in parts:
+                    replies[i] = self._success_frame(cmds[i], queue_id, placed[first:first + count],
+                                                     stamps[first:first + count] if stamps is not None else None,
+                                                     uniq)
+                for r in runs:
+                    if not send_native.answer(r, replies, placed, stamps, store_host):
+                        self._answer_run_slowly(r, cmds, replies, placed)
+            else:
+                base = req.first_index if req is not None else -1
+                for i, first, count, _, _ in parts:
+                    replies[i] = self._failure(cmds[i], failed, records[first:first + count],
+                                               base + first if base >= 0 else -1)
+                for r in runs:
+                    for k, i in enumerate(r.at):
+                        first = r.first + k
+                        replies[i] = self._failure(cmds[i], failed, records[first:first + 1],
+                                                   base + first if base >= 0 else -1)
+            return replies
+
+        return finish
+
+    def _answer_run_slowly(self, run, cmds, replies, placed) -> None:
+        """A native run's answers the general way (no stamps to answer from)."""
+        for k, i in enumerate(run.at):
+            first = run.first + k
+            o, n = run.uniq_off[k], run.uniq_len[k]
+            replies[i] = self._success_frame(cmds[i].command(), run.queue_ids[k], placed[first:first + 1], None,
+                                             run.records[o:o + n].decode())
 
     # --- steps --------------------------------------------------------------------
 
@@ -241,6 +421,41 @@ class SendProcessor:
         props[M.PROPERTY_CLUSTER] = self.cfg.broker_cluster_name
         return props, uniq
 
+    def _plain_record(self, header: SendHeader, sysflag: int, queue_id: int, body: bytes, born_host: M.HostAddr,
+                      store_timestamp: int) -> tuple[bytes, str] | None:
+        """The usual single message, the quick way: (record, UNIQ_KEY), or
+        None for the general path.  Its properties string is kept as sent,
+        plus UNIQ_KEY when missing and CLUSTER -- what Java's parse and
+        re-serialization (and _properties below) make of a well-formed
+        string -- and the record is encoded from wire-form fields, without a
+        MessageRecord.  DELAY (a scheduled message), a CLUSTER of its own or
+        a string that does not look well-formed take the general path."""
+        text = header.properties_text
+        if text and (text[-1] != "\x02" or text.count("\x01") != text.count("\x02")):
+            return None
+        if "DELAY\x01" in text or "CLUSTER\x01" in text:
+            return None
+        at = 0 if text.startswith(_UNIQ_NAME) else text.find("\x02" + _UNIQ_NAME)
+        if at >= 0:
+            value_at = (at if at == 0 else at + 1) + len(_UNIQ_NAME)
+            uniq = text[value_at:text.index("\x02", value_at)]
+            if not uniq or text.find(_UNIQ_NAME, value_at) >= 0:
+                return None  # empty (Java drops it) or given twice
+            tail = ""
+        else:
+            uniq = self.uniq_keys.next()
+            tail = _UNIQ_NAME + uniq + "\x02"
+        cfg = self.cfg
+        topic, magic = _topic_wire(header.topic)
+        born, born_v6 = _host_wire(born_host)
+        store, store_v6 = _host_wire(cfg.store_host)
+        sysflag = (sysflag & ~_V6_FLAGS) | (M.BORNHOST_V6_FLAG if born_v6 else 0) | \
+            (M.STOREHOST_V6_FLAG if store_v6 else 0)
+        props = (text + tail + "CLUSTER\x01" + cfg.broker_cluster_name + "\x02").encode("utf-8", "surrogatepass")
+        return M.encode_parts(magic, topic, props, body, queue_id=queue_id, flag=header.flag, sysflag=sysflag,
+                              born_timestamp=header.born_timestamp, born_host=born, store_timestamp=store_timestamp,
+                              store_host=store, reconsume_times=header.reconsume_times), uniq
+
     def _records(self, header: SendHeader, cfg: TopicConfig, queue_id: int, body: bytes,
                  born_host: M.HostAddr) -> tuple[list[bytes], str | None]:
         max_size = self.cfg.max_message_size
@@ -254,6 +469,9 @@ class SendProcessor:
             sysflag |= M.MULTI_TAGS_FLAG
         store_timestamp = self.clock_ms()
         if not header.batch:
+            plain = self._plain_record(header, sysflag, queue_id, body, born_host, store_timestamp)
+            if plain is not None:
+                return [plain[0]], plain[1]
             props, uniq = self._properties(header.properties)
             # Built once (no template + evolve): this runs per message.
             rec = M.MessageRecord(
@@ -289,31 +507,44 @@ class SendProcessor:
 
     # --- replies --------------------------------------------------------------------
 
-    def _stamped(self, placed) -> tuple[list[str], int]:
-        """(offset msg ids, first queue offset) of stored records."""
-        ids, first = [], None
-        for index, pos in placed:
-            ids.append(offset_msg_id(self.cfg.store_host, pos + 48))
-            if first is None:
-                first = _I64.unpack_from(self.store.get(index).body, M.POS_QUEUEOFFSET)[0]
-        return ids, first
+    def _stamped(self, placed, stamps=None) -> tuple[list[str], int]:
+        """(offset msg ids, first queue offset) of stored records: the queue
+        offset the append hook stamped, else read back from the log."""
+        ids = offset_msg_ids(self.cfg.store_host, [pos + 48 for _, pos in placed])
+        if stamps is not None and stamps[0] >= 0:
+            return ids, stamps[0]
+        return ids, _I64.unpack_from(self.store.get(placed[0][0]).body, M.POS_QUEUEOFFSET)[0]
+
+    @staticmethod
+    def _reply_fields(queue_id, ids, queue_offset, uniq) -> dict[str, str]:
+        """SendMessageResponseHeader, as text."""
+        fields = {"msgId": ",".join(ids), "queueId": str(queue_id), "queueOffset": str(queue_offset),
+                  PROPERTY_MSG_REGION: DEFAULT_REGION, PROPERTY_TRACE_SWITCH: "true"}
+        if uniq is not None:
+            fields["transactionId"] = uniq
+        return fields
 
     def _reply(self, request, code, queue_id, ids, queue_offset, uniq, remark=None) -> RemotingCommand:
-        fields = {"msgId": ",".join(ids), "queueId": queue_id, "queueOffset": queue_offset,
-                  "transactionId": uniq, PROPERTY_MSG_REGION: DEFAULT_REGION, PROPERTY_TRACE_SWITCH: True}
-        return request.make_response(code, remark, ext_fields=fields)
+        return request.make_response(code, remark, ext_fields=self._reply_fields(queue_id, ids, queue_offset, uniq))
 
-    def _success(self, request, queue_id, placed, uniq) -> RemotingCommand:
-        ids, queue_offset = self._stamped(placed)
+    def _success_frame(self, request, queue_id, placed, stamps, uniq) -> bytes:
+        """_success, encoded directly (the burst path answers every message so)."""
+        ids, queue_offset = self._stamped(placed, stamps)
+        return encode_response(request, ResponseCode.SUCCESS, None,
+                               self._reply_fields(queue_id, ids, queue_offset, uniq))
+
+    def _success(self, request, queue_id, placed, stamps, uniq) -> RemotingCommand:
+        ids, queue_offset = self._stamped(placed, stamps)
         return self._reply(request, ResponseCode.SUCCESS, queue_id, ids, queue_offset, uniq)
 
-    def _timed_out_reply(self, request, exc: QuorumTimeoutError, records) -> RemotingCommand | None:
+    def _timed_out_reply(self, request, exc: QuorumTimeoutError, records, first: int) -> RemotingCommand | None:
         """FLUSH_SLAVE_TIMEOUT with ids, if the log still holds exactly our
-        records (offsets aside) at the entries the append was given."""
-        first = exc.index - len(records) + 1
+        records (offsets aside) at the entries the append was given (from
+        index `first`)."""
+        records = [bytes(r) for r in records]  # (the native path's are views)
         placed = []
         try:
-            for index, rec in zip(range(first, exc.index + 1), records):
+            for index, rec in zip(range(first, first + len(records)), records):
                 e = self.store.get(index)
                 stored = bytes(e.body)
                 if stored[:M.POS_QUEUEOFFSET] + stored[M.POS_SYSFLAG:] != rec[:M.POS_QUEUEOFFSET] + rec[M.POS_SYSFLAG:]:
@@ -327,8 +558,9 @@ class SendProcessor:
         return self._reply(request, ResponseCode.FLUSH_SLAVE_TIMEOUT, rec.queue_id, ids, queue_offset, uniq,
                            remark=str(exc))
 
-    def _failure(self, request: RemotingCommand, exc: Exception, records) -> RemotingCommand:
-        """The one translation point from errors to response codes."""
+    def _failure(self, request: RemotingCommand, exc: Exception, records, first_index: int = -1) -> RemotingCommand:
+        """The one translation point from errors to response codes
+        (`records` and `first_index`: where they were appended, if they were)."""
         if isinstance(exc, (SendError, RequestError)):
             code, remark = exc.code, exc.remark
         elif isinstance(exc, NotLeaderError):
@@ -336,7 +568,10 @@ class SendProcessor:
         elif isinstance(exc, PendingFullError):
             code, remark = ResponseCode.SYSTEM_BUSY, f"[PCBUSY_CLEAN_QUEUE]broker busy: {exc}"
         elif isinstance(exc, QuorumTimeoutError):
-            reply = self._timed_out_reply(request, exc, records) if records else None
+            if first_index < 0:  # one append of exactly these records: it ended at exc.index
+                first_index = exc.index - len(records) + 1
+            reply = self._timed_out_reply(request, exc, records, first_index) if records and first_index >= 0 \
+                else None
             if reply is not None:
                 return reply
             code, remark = ResponseCode.FLUSH_SLAVE_TIMEOUT, str(exc)
@@ -370,3 +605,10 @@ class SendProcessor:
         broker_addr = (writable.broker_addr if writable is not None else None) or self._broker_addr_of(exc.leader_id)
         who = describe_leader(exc.leader_id, exc.leader_addr, broker_addr)
         return f"broker {self.cfg.broker_name}/{self.cfg.self_id} is not the DLedger leader (master); {who}"
+
+
+def _answered(replies: list):
+    """The async half of a burst answered already in its synchronous half."""
+    async def finish() -> list:
+        return replies
+    return finish

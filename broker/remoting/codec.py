@@ -16,17 +16,33 @@
 # is never buffered.  Decoding is tolerant where stock clients differ
 # (client-compat #1, #2): numeric strings for ints, any JSON type in
 # extFields, unknown languages, missing fields with Java's defaults.
+#
+# Raw sends: a decoder made with raw_sends=True scans the whole frames of
+# each read at once in C (native/sendpath.py); a plain SEND_MESSAGE_V2
+# comes out as a RawSend -- its header parsed there, no RemotingCommand --
+# for the send processor's native path.  Every other frame, and every send
+# the scanner declines, is decoded here exactly as without it.
 import json
 import re
 import struct
 from typing import Literal
 
-from broker.remoting.codes import LanguageCode, SerializeType
+import orjson
+
+from broker.remoting.codes import (
+    CURRENT_VERSION,
+    RPC_ONEWAY,
+    RPC_TYPE_RESPONSE,
+    LanguageCode,
+    RequestCode,
+    SerializeType,
+)
 from broker.remoting.command import RemotingCommand, coerce_fields
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
 from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, _Event
+from native import sendpath
 
-__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "encode_command",
+__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "RawSend", "encode_command",
            "encode_header", "decode_header"]
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
@@ -56,9 +72,10 @@ def _utf8(text: str, what: str) -> bytes:
 
 # --- encoding ------------------------------------------------------------------
 
-# json.dumps() with any non-default argument builds a new JSONEncoder per
-# call; one shared instance gives the same text (encode() keeps no state).
-_JSON_HEADER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# orjson (sorted keys, no spaces, UTF-8 as is) writes the same bytes as
+# json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False) in a
+# fraction of the time: every response pays this.
+_SORTED = orjson.OPT_SORT_KEYS
 
 
 def encode_json_header(cmd: RemotingCommand) -> bytes:
@@ -72,8 +89,10 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
         obj["extFields"] = cmd.ext_fields
     if cmd.remark is not None:
         obj["remark"] = cmd.remark
-    text = _JSON_HEADER.encode(obj)
-    return _utf8(text, "header")
+    try:
+        return orjson.dumps(obj, option=_SORTED)
+    except TypeError as e:  # a lone surrogate in a text field
+        raise LocalProtocolError(f"header is not encodable as UTF-8: {e}") from None
 
 
 def encode_binary_header(cmd: RemotingCommand) -> bytes:
@@ -98,6 +117,26 @@ def encode_header(cmd: RemotingCommand) -> bytes:
     if cmd.serialize_type == SerializeType.ROCKETMQ:
         return encode_binary_header(cmd)
     return encode_json_header(cmd)
+
+
+def encode_response(request: RemotingCommand, code: int, remark: str | None, ext_fields: dict[str, str]) -> bytes:
+    """The frame answering `request` with `code` (no body), built directly:
+    the same bytes as encode_command(request.make_response(code, remark,
+    ext_fields)) without the intermediate commands -- the send path answers
+    every message this way.  `ext_fields` values must be text already."""
+    if request.serialize_type != SerializeType.JSON:
+        return encode_command(request.make_response(code, remark, ext_fields))
+    obj = {"code": code, "flag": RPC_TYPE_RESPONSE, "language": "JAVA", "opaque": request.opaque,
+           "serializeTypeCurrentRPC": "JSON", "version": CURRENT_VERSION}
+    if ext_fields:
+        obj["extFields"] = ext_fields
+    if remark is not None:
+        obj["remark"] = remark
+    try:
+        header = orjson.dumps(obj, option=_SORTED)
+    except TypeError as e:
+        raise LocalProtocolError(f"header is not encodable as UTF-8: {e}") from None
+    return _PREFIX.pack(4 + len(header), len(header)) + header
 
 
 def encode_command(cmd: RemotingCommand, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
@@ -152,9 +191,14 @@ def _json_language(value: object) -> LanguageCode:
 
 def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
     try:
-        obj = json.loads(raw.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError) as e:
-        raise _HeaderError(f"header is not valid JSON: {e}") from None
+        obj = orjson.loads(raw)  # the usual case: valid UTF-8, strict JSON
+    except orjson.JSONDecodeError:
+        # Java decodes malformed UTF-8 to U+FFFD: so do we, then parse again
+        # (json also names the position of a syntax error).
+        try:
+            obj = json.loads(raw.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError) as e:
+            raise _HeaderError(f"header is not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise _HeaderError(f"header is JSON {type(obj).__name__}, not an object")
     found["opaque"] = opaque = _json_int(obj, "opaque", 0)
@@ -166,7 +210,8 @@ def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand
     return RemotingCommand.trusted(
         _json_int(obj, "code", 0), _json_language(obj.get("language")), _json_int(obj, "version", 0),
         opaque, _json_int(obj, "flag", 0), None if remark is None else coerce_fields({"r": remark})["r"],
-        coerce_fields(ext), body, SerializeType.JSON)
+        ext if ext is not None and all(type(v) is str for v in ext.values()) else coerce_fields(ext),
+        body, SerializeType.JSON)  # (a decoded extFields of text values is used as is: nobody else holds it)
 
 
 def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
@@ -235,6 +280,55 @@ def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> Remotin
                                   serialize_type if serialize_type in (0, 1) else None) from None
 
 
+# --- raw sends ------------------------------------------------------------------
+
+class RawSend:
+    """One plain SEND_MESSAGE_V2 the native scanner parsed: frame `index`
+    of `scan` (a native.sendpath.SendScan).  The send processor reads its
+    fields from the scan; everything else -- the connection's bookkeeping,
+    error answers, the general send path -- gets the RemotingCommand
+    interface it needs, decoded from the same header on first use
+    (command(); the scanner takes only headers that decode without error)."""
+
+    __slots__ = ("scan", "index", "opaque", "flag", "_command")
+
+    code = int(RequestCode.SEND_MESSAGE_V2)
+    serialize_type = SerializeType.JSON
+    is_response = False
+
+    def __init__(self, scan, index: int, opaque: int, flag: int) -> None:
+        self.scan, self.index, self.opaque, self.flag = scan, index, opaque, flag
+        self._command: RemotingCommand | None = None
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & RPC_ONEWAY)
+
+    def command(self) -> RemotingCommand:
+        if self._command is None:
+            self._command = decode_header(SerializeType.JSON, self.scan.header(self.index),
+                                          self.scan.body(self.index))
+        return self._command
+
+    @property
+    def ext_fields(self) -> dict[str, str]:
+        return self.command().ext_fields
+
+    @property
+    def body(self) -> bytes:
+        return self.scan.body(self.index)
+
+    def make_response(self, code: int, remark: str | None = None, ext_fields=None,
+                      body: bytes = b"") -> RemotingCommand:
+        """As RemotingCommand.make_response (same opaque, JSON)."""
+        return RemotingCommand.trusted(int(code), LanguageCode.JAVA, CURRENT_VERSION, self.opaque,
+                                       RPC_TYPE_RESPONSE, remark, coerce_fields(ext_fields), bytes(body),
+                                       SerializeType.JSON)
+
+    def __repr__(self) -> str:
+        return f"RawSend(opaque={self.opaque}, index={self.index})"
+
+
 # --- the stream decoder -----------------------------------------------------------
 
 class CommandDecoder(ByteStreamDecoder):
@@ -243,15 +337,31 @@ class CommandDecoder(ByteStreamDecoder):
     RemoteProtocolError the decoder stays failed: every later call raises
     the same error, because the stream has lost its frame boundaries."""
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, raw_sends: bool = False) -> None:
         if not 12 <= max_frame_size <= 0x7FFFFFFF:
             raise ValueError(f"max_frame_size must be in [12, 2**31), got {max_frame_size}")
         super().__init__()
         self.max_frame_size = max_frame_size
+        self.raw_sends = raw_sends and sendpath.AVAILABLE
+        self._scan = None  # the frames scanned at _pos and after; _scan_next is the next one's index
+        self._scan_next = 0
 
-    def next_command(self) -> RemotingCommand | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+    def next_command(self) -> RemotingCommand | RawSend | Literal[_Event.NEED_DATA, _Event.CLOSED]:
         if self._error is not None:
             raise self._error
+        if self.raw_sends:
+            scan = self._scan
+            if scan is None or self._scan_next >= scan.n:
+                scan = self._scan = sendpath.scan_requests(self._buf, self._pos, self.max_frame_size)
+                self._scan_next = 0
+            if scan is not None:
+                i = self._scan_next
+                self._scan_next = i + 1
+                r = scan.reqs[i]
+                if r.status == sendpath.SEND_OK:
+                    self._pos += r.frame_len
+                    return RawSend(scan, i, r.opaque, r.flag)
+                # Declined: the frame at _pos is this one; decoded below as always.
         avail = len(self._buf) - self._pos
         if avail < 8:
             if not self._eof:

@@ -2,7 +2,11 @@
 # wraps each accepted socket in one, RemotingClient each dialed one.  It
 #   * reads frames and routes them: responses to the invoke() waiting on that
 #     opaque, requests to the handler, each in its own task, so a long-poll
-#     pull suspended for seconds never blocks the requests behind it;
+#     pull suspended for seconds never blocks the requests behind it -- except
+#     that the requests of one read that a BurstHandler takes (the broker's
+#     sends) go to it together: its synchronous half runs right here, in
+#     arrival order, and one task per burst waits and writes all the answers
+#     in one write;
 #   * writes whole frames under a lock (responses and requests interleave
 #     per frame, never within one); frames queued while the lock is held go
 #     out in the holder's write, one syscall for a burst of responses;
@@ -40,6 +44,17 @@ from broker.remoting.errors import (
 log = logging.getLogger(__name__)
 
 RequestHandler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+# The async half of a burst: one answer per request, in order (None: none).
+BurstFinish = Callable[[], Awaitable[list]]
+
+
+class BurstHandler(Protocol):
+    """Takes the requests of one read that it serves as a burst."""
+
+    def split_burst(self, conn: "Connection", cmds: list[RemotingCommand]) -> \
+            tuple[list[RemotingCommand], list[tuple[list[RemotingCommand], BurstFinish]]]:
+        """(the requests to serve one by one, [(requests, finish)] taken as
+        bursts).  Runs in the connection's read loop: synchronous, in order."""
 
 
 class ClientConnection(Protocol):
@@ -56,7 +71,7 @@ class ClientConnection(Protocol):
 
 
 DEFAULT_MAX_IN_FLIGHT = 1024
-RECV_CHUNK = 64 * 1024
+RECV_CHUNK = 256 * 1024
 _CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 _MAX_OPAQUE = (1 << 31) - 1
 
@@ -93,8 +108,10 @@ class Connection:
     server or the client does); it returns when the connection is over."""
 
     def __init__(self, stream: trio.SocketStream, handler: RequestHandler | None = None, *,
+                 bursts: BurstHandler | None = None,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 raw_sends: bool = False,
                  eof_grace: float = 1.0, linger: float = 1.0) -> None:
         self.stream = stream
         self.remote_address = peer_address(stream)
@@ -107,7 +124,10 @@ class Connection:
         self.attributes: dict[str, object] = {}
         self.close_reason: str | None = None
         self._handler = handler or not_supported
-        self._decoder = CommandDecoder(max_frame_size)
+        self._bursts = bursts
+        # raw_sends: plain SEND_MESSAGE_V2 requests arrive as RawSend (see
+        # codec); only a server whose burst handler takes them asks for that.
+        self._decoder = CommandDecoder(max_frame_size, raw_sends=raw_sends)
         self._send_lock = trio.Lock()
         self._outbox: list[bytes] = []  # frames waiting for the send lock
         self._queued = 0  # frames queued so far; the last one is frame number _queued
@@ -262,13 +282,17 @@ class Connection:
 
     async def _read_loop(self, tasks: trio.Nursery) -> RemoteProtocolError | str | None:
         """Returns None on a clean EOF, else why reading stopped."""
+        requests: list[RemotingCommand] = []  # those of the bytes read so far
         while True:
             try:
                 cmd = self._decoder.next_command()
             except RemoteProtocolError as e:
                 self.close_reason = f"malformed frame: {e}"
+                await self._dispatch(tasks, requests)  # the ones before it are answered
                 return e
             if cmd is NEED_DATA:
+                await self._dispatch(tasks, requests)
+                requests = []
                 try:
                     data = await self.stream.receive_some(RECV_CHUNK)
                 except _CONN_ERRORS as e:
@@ -277,19 +301,38 @@ class Connection:
                 self._decoder.receive_data(data)
                 continue
             if cmd is CLOSED:
+                await self._dispatch(tasks, requests)
                 self.close_reason = self.close_reason or "closed by peer"
                 return None
             if cmd.is_response:
                 self._deliver(cmd)
                 continue
-            # Backpressure: stop reading when full.  Not `await acquire()`
-            # every time: that is a checkpoint, and yielding after each
-            # command hands the handlers one request per scheduler pass, so
-            # a pipelined burst never reaches the log's group commit together.
+            requests.append(cmd)
+
+    async def _dispatch(self, tasks: trio.Nursery, requests: list[RemotingCommand]) -> None:
+        """Hand over the requests of one read: bursts first (in order), then
+        a task each for the rest."""
+        if not requests:
+            return
+        # Backpressure: stop reading when full.  Not `await acquire()` every
+        # time: that is a checkpoint, and yielding after each command hands
+        # the handlers one request per scheduler pass, so a pipelined burst
+        # never reaches the log's group commit together.
+        for _ in requests:
             try:
                 self._in_flight.acquire_nowait()
             except trio.WouldBlock:
                 await self._in_flight.acquire()
+        singles = requests
+        if self._bursts is not None:
+            try:
+                singles, bursts = self._bursts.split_burst(self, requests)
+            except Exception:  # a bug in a burst handler: answer, never kill the connection
+                log.exception("%s: burst handler failed", self.remote_address)
+                singles, bursts = requests, []
+            for cmds, finish in bursts:
+                tasks.start_soon(self._serve_burst, cmds, finish)
+        for cmd in singles:
             tasks.start_soon(self._serve, cmd)
 
     def _deliver(self, response: RemotingCommand) -> None:
@@ -325,6 +368,31 @@ class Connection:
             pass  # the reader notices and ends the connection
         finally:
             self._in_flight.release()
+
+    async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish) -> None:
+        try:
+            try:
+                responses = await finish()
+            except Exception as e:
+                log.exception("%s: burst of %d requests failed", self.remote_address, len(cmds))
+                responses = [cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e)) for cmd in cmds]
+            frames = []
+            for cmd, response in zip(cmds, responses):
+                if response is None or cmd.is_oneway:
+                    continue
+                try:
+                    frames.append(response if isinstance(response, bytes) else
+                                  encode_command(response.as_response_to(cmd), self.max_frame_size))
+                except LocalProtocolError as e:
+                    frames.append(encode_command(cmd.make_response(
+                        ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {e}"), self.max_frame_size))
+            if frames:
+                await self._send_bytes(b"".join(frames))  # one write for the burst's answers
+        except RemotingConnectionLostError:
+            pass  # the reader notices and ends the connection
+        finally:
+            for _ in cmds:
+                self._in_flight.release()
 
     async def _reject(self, error: RemoteProtocolError) -> None:
         log.warning("%s: %s; closing the connection", self.remote_address, error)

@@ -9,20 +9,36 @@
 #
 # The handler gets (connection, request) and returns the response, or None
 # when it has nothing to send (oneway requests never get one; a handler may
-# also answer later through conn.send_response).
+# also answer later through conn.send_response).  A processor registered
+# with register_burst() instead gets every request of its codes that one
+# read brought, at once (RequestDispatcher is a connection.BurstHandler):
+# accept_burst(conn, cmds) runs synchronously in the read loop and returns
+# the async half that answers them.
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import DEFAULT_MAX_IN_FLIGHT, Connection, RequestHandler, not_supported
+from broker.remoting.connection import (
+    DEFAULT_MAX_IN_FLIGHT,
+    BurstFinish,
+    BurstHandler,
+    Connection,
+    RequestHandler,
+    not_supported,
+)
 
 log = logging.getLogger(__name__)
 
 Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+class BurstProcessor(Protocol):
+    def accept_burst(self, conn: Connection, cmds: list[RemotingCommand]) -> BurstFinish: ...
 
 
 class RequestDispatcher:
@@ -30,14 +46,34 @@ class RequestDispatcher:
 
     def __init__(self, default: Processor = not_supported) -> None:
         self._processors: dict[int, Processor] = {}
+        self._bursts: dict[int, BurstProcessor] = {}
         self._default = default
 
     def register(self, code: int, processor: Processor) -> None:
         self._processors[int(code)] = processor
 
+    def register_burst(self, code: int, processor: BurstProcessor) -> None:
+        """Requests of `code` read together go to processor.accept_burst
+        (a code registered both ways is served as a burst)."""
+        self._bursts[int(code)] = processor
+
     @property
     def codes(self) -> frozenset[int]:
-        return frozenset(self._processors)
+        return frozenset(self._processors) | frozenset(self._bursts)
+
+    def split_burst(self, conn: Connection, cmds: list[RemotingCommand]) -> tuple[list, list]:
+        bursts = self._bursts
+        if not bursts:
+            return cmds, []
+        singles: list[RemotingCommand] = []
+        groups: dict[int, tuple[BurstProcessor, list[RemotingCommand]]] = {}  # by processor, in arrival order
+        for cmd in cmds:
+            processor = bursts.get(cmd.code)
+            if processor is None:
+                singles.append(cmd)
+            else:
+                groups.setdefault(id(processor), (processor, []))[1].append(cmd)
+        return singles, [(group, processor.accept_burst(conn, group)) for processor, group in groups.values()]
 
     async def __call__(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         processor = self._processors.get(cmd.code, self._default)
@@ -75,14 +111,18 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
                          max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                          on_connect: Callable[[Connection], None] | None = None,
                          on_close: Callable[[Connection], None] | None = None,
+                         bursts: BurstHandler | None = None,
+                         raw_sends: bool = False,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port (port 0 picks one; host None means every
-    interface) and serve until cancelled."""
+    interface) and serve until cancelled.  raw_sends: plain SEND_MESSAGE_V2
+    requests reach `bursts` as codec.RawSend (its send processor takes them)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     server = RemotingServer(listeners)
 
     async def serve_one(stream: trio.SocketStream) -> None:
-        conn = Connection(stream, handler, max_frame_size=max_frame_size, max_in_flight=max_in_flight)
+        conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
+                          max_in_flight=max_in_flight, raw_sends=raw_sends)
         server.connections.add(conn)
         server.accepted += 1
         log.debug("accepted %r", conn)

@@ -160,15 +160,15 @@ class ScheduleService:
 
     async def _serve_level(self, level: int) -> None:
         qid = queue_of_level(level)
-        engine, dispatched = self.bs.cq.engine, self.bs.cq.dispatcher.dispatched
+        engine, arrivals = self.bs.cq.engine, self.bs.cq.dispatcher.arrivals
         offset = self.bs.metadata.delay_offset(level) or 0
         while True:
-            seen = dispatched.value
             cq = engine.cqs.get(SCHEDULE_TOPIC, qid)
             if cq is not None:
                 offset = max(offset, cq.min_offset)
             if cq is None or cq.max_offset <= offset:
-                await dispatched.wait_changed(seen)  # new committed messages
+                # Woken by committed messages of this level only.
+                await arrivals.wait_beyond(SCHEDULE_TOPIC, qid, offset)
                 continue
             now = self.clock_ms()
             due, next_due = self._due(cq, level, offset, now)

@@ -31,7 +31,9 @@ from commitlog.raft.roles.leader import LeaderRole
 from commitlog.raft.state import HardState, LeaderAppend, LogReset, RaftConfig, RaftStatus, Ready, Role, SoftState
 
 
-@attrs.define(eq=False, repr=False)
+# on_setattr NO_OP: `voters` has a converter, which would otherwise make
+# every attribute assignment of this hot object run attrs' Python hook.
+@attrs.define(eq=False, repr=False, on_setattr=attrs.setters.NO_OP)
 class RaftCore:
     """One Raft replica as a deterministic state machine.
 

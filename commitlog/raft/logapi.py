@@ -28,6 +28,9 @@ class RaftLog(Protocol):
     # SYNC_FLUSH: the shell flush()es once per round before anything is
     # acknowledged (commitlog.config.FlushDiskType).
     sync_flush: bool
+    # What the store's append hooks returned for the last append_leader:
+    # one value per entry (the broker's queue offsets), or None.
+    last_stamps: object
 
     @property
     def begin_index(self) -> int: ...

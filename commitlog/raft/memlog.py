@@ -35,6 +35,7 @@ _I64 = struct.Struct(">q")
 
 class MemLog:
     sync_flush = False  # nothing to fdatasync in memory
+    last_stamps = None  # no append hooks here
 
     def __init__(self) -> None:
         self._data = bytearray()

@@ -25,6 +25,15 @@ from tests.commitlog.store_helpers import DATA_SEG, body, cfg, data_path, fill, 
 from tests.helpers.spec_vectors import ENTRY_HEADER, INDEX_UNIT, message_with_physical_offset
 
 
+def per_entry(fn):
+    """An append hook calling fn(header, writable body view) for each entry."""
+    def hook(batch):
+        for header, view in batch.entries():
+            fn(header, view)
+    return hook
+
+
+@per_entry
 def physical_offset_hook(header, view):
     """What the broker does: PHYSICALOFFSET (message offset 28) = pos + 48."""
     struct.pack_into(">q", view, 28, header.pos + 48)
@@ -66,12 +75,12 @@ def test_hooks_see_assigned_fields_and_a_failing_hook_writes_nothing(tmp_path):
     with SegmentedStore.open(cfg(tmp_path)) as s:
         s.append_leader([b"a" * 10], term=1)
         seen = []
-        s.add_append_hook(lambda h, v: seen.append((h.index, h.term, h.pos, h.size, len(v), v.readonly)))
+        s.add_append_hook(per_entry(lambda h, v: seen.append((h.index, h.term, h.pos, h.size, len(v), v.readonly))))
         s.append_leader([b"b" * 20, b"c" * 30], term=2)
         assert seen == [(1, 2, 58, 68, 20, False), (2, 2, 126, 78, 30, False)]
         before = snapshot(s.store_dir)
 
-        def boom(h, v):
+        def boom(batch):
             raise RuntimeError("hook failed")
 
         s.add_append_hook(boom)
@@ -148,7 +157,7 @@ def test_get_read_batch_and_terms_across_segments(tmp_path):
 
 def test_follower_files_are_byte_identical_to_the_leader(tmp_path):
     with SegmentedStore.open(cfg(tmp_path, "n0")) as leader, SegmentedStore.open(cfg(tmp_path, "n1")) as follower:
-        leader.add_append_hook(lambda h, v: v.__setitem__(slice(0, min(8, len(v))), bytes(min(8, len(v)))))
+        leader.add_append_hook(per_entry(lambda h, v: v.__setitem__(slice(0, min(8, len(v))), bytes(min(8, len(v))))))
         fill(leader, 40, batch=3)
         fill(leader, 25, term=3, batch=7)
         replicate(leader, follower, max_bytes=450, max_count=6)

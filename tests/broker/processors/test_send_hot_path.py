@@ -7,6 +7,7 @@
 import json
 import struct
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -134,3 +135,96 @@ def test_encode_matches_reference(magic, hosts):
     assert type(raw) is bytes
     assert raw == reference_encode(m)
     assert M.encode(M.decode(raw)) == raw
+
+
+# --- the plain-record fast path vs the general path (its oracle) -----------------
+
+_PROP_NAMES = st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "a", "näme", "DELAY", "CLUSTER", "X"])
+_PROP_VALUES = st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                       max_size=12)
+
+
+def _processor_with_keys():
+    """A SendProcessor whose only collaborators in use are its config and a
+    UNIQ_KEY generator that counts (the fast path touches nothing else)."""
+    import itertools
+
+    from broker.config import BrokerConfig, LiveConfig
+    from broker.processors.send import SendProcessor
+
+    cfg, _ = BrokerConfig.from_dict({"brokerName": "b", "brokerIP1": "10.0.0.7", "listenPort": "10911",
+                                     "brokerClusterName": "DefaultCluster", "dLegerGroup": "b",
+                                     "dLegerPeers": "n0-127.0.0.1:40911", "dLegerSelfId": "n0",
+                                     "storePathRootDir": "/nonexistent"})
+    seq = itertools.count()
+
+    class Keys:
+        def next(self):
+            return f"GEN{next(seq)}"
+    return SendProcessor(LiveConfig(cfg), None, None, None, None, uniq_keys=Keys()), cfg
+
+
+@given(props=st.lists(st.tuples(_PROP_NAMES, _PROP_VALUES), max_size=5),
+       raw=st.one_of(st.none(), st.text(alphabet="ab\x01\x02", max_size=8)),
+       born_v6=st.booleans(), sysflag=st.sampled_from([0, 1, 0x10, 0x30, 0x100]))
+def test_plain_record_equals_the_general_path(props, raw, born_v6, sysflag):
+    """Whatever the properties, the fast path either declines or builds a
+    record that means what the general path's means (same fields, same
+    properties as any reader parses them; a generated UNIQ_KEY aside), and
+    for a well-formed string (every segment name\x01value\x02, names
+    unique) the very same bytes."""
+    from broker.processors.send import SendHeader, host_of
+
+    proc, cfg = _processor_with_keys()
+    text = raw if raw is not None else "".join(f"{k}\x01{v}\x02" for k, v in props)
+    header = SendHeader("pg", "TopicA", "TBW102", 8, 3, sysflag, 1_700_000_000_000, 5, text, 2)
+    born = host_of("[::1]:5555" if born_v6 else "127.0.0.1:5555")
+    fast = proc._plain_record(header, sysflag, 3, b"body", born, 42)
+    if fast is None:
+        return  # declined: the general path serves it
+    rec, uniq = fast
+    general = M.MessageRecord(topic="TopicA", body=b"body", properties={
+        **header.properties, "UNIQ_KEY": header.properties.get("UNIQ_KEY") or uniq, "CLUSTER": "DefaultCluster"},
+        queue_id=3, flag=5, sysflag=sysflag, born_timestamp=1_700_000_000_000, born_host=born,
+        store_timestamp=42, store_host=cfg.store_host, reconsume_times=2)
+    got = M.decode(rec)
+    assert got.properties == general.properties and got.uniq_key == uniq
+    assert attrs.evolve(got, properties={}) == attrs.evolve(M.decode(M.encode(general)), properties={})
+    segments = text.split("\x02")[:-1] if text else []
+    names = [seg.partition("\x01")[0] for seg in segments]
+    well_formed = all(seg.count("\x01") == 1 and not seg.startswith("\x01") and not seg.endswith("\x01")
+                      for seg in segments) and len(set(names)) == len(names)
+    if well_formed:
+        assert rec == M.encode(attrs.evolve(general, properties=dict(
+            [*((k, v) for k, v in header.properties.items()), ("UNIQ_KEY", uniq), ("CLUSTER", "DefaultCluster")])))
+
+
+def test_plain_record_serves_the_usual_message_and_declines_the_rest():
+    from broker.processors.send import SendHeader, host_of
+
+    proc, _ = _processor_with_keys()
+    born = host_of("127.0.0.1:5555")
+
+    def fast(text):
+        header = SendHeader("pg", "TopicA", "TBW102", 8, 3, 0, 1, 0, text)
+        return proc._plain_record(header, 0, 3, b"b", born, 1)
+    rec, uniq = fast("TAGS\x01t\x02KEYS\x01k\x02")
+    assert uniq == "GEN0" and M.decode(rec).properties == {"TAGS": "t", "KEYS": "k", "UNIQ_KEY": "GEN0",
+                                                          "CLUSTER": "DefaultCluster"}
+    assert fast("UNIQ_KEY\x01mine\x02")[1] == "mine"
+    assert fast("")[1] == "GEN1"
+    for declined in ("DELAY\x013\x02", "CLUSTER\x01c\x02", "TAGS\x01t", "UNIQ_KEY\x01\x02",
+                     "UNIQ_KEY\x01a\x02UNIQ_KEY\x01b\x02", "a\x01b\x01\x02"):
+        assert fast(declined) is None, declined
+
+
+@pytest.mark.parametrize("stype", [SerializeType.JSON, SerializeType.ROCKETMQ])
+@pytest.mark.parametrize("remark", [None, "rémark \x01"])
+def test_encode_response_equals_the_command_path(stype, remark):
+    from broker.remoting.codec import encode_response
+    req = RemotingCommand(RequestCode.SEND_MESSAGE_V2, opaque=77, serialize_type=stype)
+    fields = {"msgId": "0A00000700002A9F", "queueId": "3", "queueOffset": "12", "transactionId": "ü\"\\",
+              "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+    for code in (0, 12):
+        assert encode_response(req, code, remark, fields) == \
+            encode_command(req.make_response(code, remark, fields).as_response_to(req))
