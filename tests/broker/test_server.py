@@ -280,16 +280,22 @@ def test_every_request_code_has_one_processor():
     assert len(codes) == len(set(codes)) and len(codes) > 25
 
 
-async def test_failed_registration_round_is_retried_before_the_next_period(tmp_path):
-    """A registration round that failed (here: no name server listening yet)
-    is retried within seconds, not a whole registerNameServerPeriod later: a
-    master the name server does not know is unreachable for clients (issue
-    14: a master cut from its name server stayed unroutable for the period)."""
+def solo_broker_config(tmp_path) -> tuple[int, BrokerConfig]:
+    """(name server port, config) of a one-node group registering every 30 s."""
     ns_port, peer_port = free_ports(2)
     cfg, _ = BrokerConfig.from_dict({
         "brokerName": "solo", "brokerIP1": "127.0.0.1", "listenPort": "0", "dLegerGroup": "solo",
         "dLegerPeers": f"n0-127.0.0.1:{peer_port}", "dLegerSelfId": "n0", "storePathRootDir": str(tmp_path / "n0"),
         "namesrvAddr": f"127.0.0.1:{ns_port}", "registerNameServerPeriod": "30000"})
+    return ns_port, cfg
+
+
+async def test_failed_registration_round_is_retried_before_the_next_period(tmp_path):
+    """A registration round that failed (here: no name server listening yet)
+    is retried within seconds, not a whole registerNameServerPeriod later: a
+    master the name server does not know is unreachable for clients (issue
+    14: a master cut from its name server stayed unroutable for the period)."""
+    ns_port, cfg = solo_broker_config(tmp_path)
     async with trio.open_nursery() as nursery:
         broker = await nursery.start(lambda task_status: serve_broker(
             cfg, bind_host="127.0.0.1", task_status=task_status))
@@ -316,11 +322,7 @@ async def test_registration_dropped_on_connection_close_is_renewed_before_the_ne
     master cut from its name server between two rounds measured 9.5-13.6 s
     with a 10 s period (issue 14).  It now re-registers when that
     connection closes."""
-    ns_port, peer_port = free_ports(2)
-    cfg, _ = BrokerConfig.from_dict({
-        "brokerName": "solo", "brokerIP1": "127.0.0.1", "listenPort": "0", "dLegerGroup": "solo",
-        "dLegerPeers": f"n0-127.0.0.1:{peer_port}", "dLegerSelfId": "n0", "storePathRootDir": str(tmp_path / "n0"),
-        "namesrvAddr": f"127.0.0.1:{ns_port}", "registerNameServerPeriod": "30000"})
+    ns_port, cfg = solo_broker_config(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(serve_namesrv, NamesrvConfig(listen_port=ns_port, bind_address="127.0.0.1"))
         broker = await nursery.start(lambda task_status: serve_broker(
