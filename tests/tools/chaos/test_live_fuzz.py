@@ -108,7 +108,7 @@ async def test_fuzzed_frames_on_live_broker_and_peer_ports(tmp_path):
         await trio.sleep(1.0)
         for n, pid in pids.items():
             assert cluster.brokers[n].alive and cluster.brokers[n].pid == pid, cluster.log_tail(n)
-            rss, fds, _anon = proc_stats(pid)
+            rss, fds, _anon, _store = proc_stats(pid)
             assert fds <= before[n][1] + FD_SLACK, (n, before[n], fds)
             assert rss <= before[n][0] + RSS_GROWTH, (n, before[n], rss)
 
