@@ -137,7 +137,13 @@ class Connection:
         self._reading = True
         self._pending: dict[int, _Waiter] = {}
         self._opaques = itertools.count(1)
-        self._in_flight = trio.Semaphore(max_in_flight)
+        # Requests handed over and not yet answered; the reader stops
+        # reading at max_in_flight and waits on _room (set when answers
+        # bring the count back under).  A counter, not a Semaphore: a read
+        # is admitted with one addition, not one acquire per request.
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._room: trio.Event | None = None
         self._scope = trio.CancelScope()
         self._closed = trio.Event()
 
@@ -310,19 +316,27 @@ class Connection:
             requests.append(cmd)
 
     async def _dispatch(self, tasks: trio.Nursery, requests: list[RemotingCommand]) -> None:
-        """Hand over the requests of one read: bursts first (in order), then
-        a task each for the rest."""
-        if not requests:
-            return
-        # Backpressure: stop reading when full.  Not `await acquire()` every
-        # time: that is a checkpoint, and yielding after each command hands
-        # the handlers one request per scheduler pass, so a pipelined burst
-        # never reaches the log's group commit together.
-        for _ in requests:
-            try:
-                self._in_flight.acquire_nowait()
-            except trio.WouldBlock:
-                await self._in_flight.acquire()
+        """Hand over the requests of one read: as many as max_in_flight
+        admits at once, bursts first (in order), then a task each for the
+        rest; then wait for room for the next ones (backpressure: the
+        reader stops reading while the connection is full).  Admitting a
+        read whole, not one awaited acquire per request, keeps a pipelined
+        burst together until the log's group commit; admitting it in
+        pieces keeps a read of more requests than the limit from waiting
+        for answers to requests it has not handed over."""
+        start = 0
+        while start < len(requests):
+            room = self.max_in_flight - self._in_flight
+            if room <= 0:
+                self._room = trio.Event()
+                await self._room.wait()
+                continue
+            part = requests if start == 0 and room >= len(requests) else requests[start:start + room]
+            start += len(part)
+            self._in_flight += len(part)
+            self._hand_over(tasks, part)
+
+    def _hand_over(self, tasks: trio.Nursery, requests: list) -> None:
         singles = requests
         if self._bursts is not None:
             try:
@@ -334,6 +348,12 @@ class Connection:
                 tasks.start_soon(self._serve_burst, cmds, finish)
         for cmd in singles:
             tasks.start_soon(self._serve, cmd)
+
+    def _answered(self, n: int) -> None:
+        self._in_flight -= n
+        if self._room is not None and self._in_flight < self.max_in_flight:
+            self._room.set()
+            self._room = None
 
     def _deliver(self, response: RemotingCommand) -> None:
         waiter = self._pending.get(response.opaque)
@@ -367,7 +387,7 @@ class Connection:
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
         finally:
-            self._in_flight.release()
+            self._answered(1)
 
     async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish) -> None:
         try:
@@ -391,8 +411,7 @@ class Connection:
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
         finally:
-            for _ in cmds:
-                self._in_flight.release()
+            self._answered(len(cmds))
 
     async def _reject(self, error: RemoteProtocolError) -> None:
         log.warning("%s: %s; closing the connection", self.remote_address, error)
