@@ -23,8 +23,17 @@ import trio
 
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import (DEFAULT_MAX_IN_FLIGHT, BurstFinish, BurstHandler, Connection,
-                                       RequestHandler, not_supported)
+from broker.remoting.connection import (
+    DEFAULT_MAX_IN_FLIGHT,
+    BurstFinish,
+    BurstHandler,
+    Connection,
+    RequestHandler,
+    not_supported,
+    peer_address,
+)
+from broker.remoting.streams import ConnectionGate, ServerLimits, accepted
+from broker.remoting.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +90,7 @@ class RemotingServer:
         self.listeners = listeners
         self.connections: set[Connection] = set()
         self.accepted = 0
+        self.gate: ConnectionGate | None = None  # the connection caps, when limits are set
 
     @property
     def sockname(self) -> tuple[str, int]:
@@ -106,13 +116,26 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
                          on_connect: Callable[[Connection], None] | None = None,
                          on_close: Callable[[Connection], None] | None = None,
                          bursts: BurstHandler | None = None,
+                         tls: ServerTls | None = None,
+                         limits: ServerLimits | None = None,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port (port 0 picks one; host None means every
-    interface) and serve until cancelled."""
+    interface) and serve until cancelled.  `tls` and `limits` (streams.py:
+    connection caps, idle/frame/write timeouts) apply to every accepted
+    socket before it becomes a Connection; without them a socket is served
+    as it comes."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     server = RemotingServer(listeners)
+    gate = ConnectionGate(limits) if limits is not None else None
+    server.gate = gate
 
     async def serve_one(stream: trio.SocketStream) -> None:
+        address = peer_address(stream).rpartition(":")[0]
+        async with accepted(stream, address, gate, limits, tls) as admitted:
+            if admitted is not None:
+                await serve_connection(admitted)
+
+    async def serve_connection(stream) -> None:
         conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
                           max_in_flight=max_in_flight)
         server.connections.add(conn)
