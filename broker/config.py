@@ -25,6 +25,9 @@ import socket
 
 import attrs
 
+from broker.remoting.streams import LIMIT_KEYS, ServerLimits, limits_from_props
+from broker.remoting.tls import KNOWN_KEYS as TLS_KEYS
+from broker.remoting.tls import ClientTls, ServerTls
 from commitlog.config import ConfigError, FlushDiskType, ReplicationConfig, iter_properties, read_properties_text
 from commitlog.config import parse_bool as _bool
 from commitlog.config import parse_int as _int
@@ -101,6 +104,15 @@ KEYS = {
     "registerNameServerPeriod": ("register_name_server_period_ms", _int(10000, 60000)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "messageDelayLevel": ("message_delay_levels_ms", parse_delay_levels),
+    # ACL (README "Security"): RocketMQ's aclEnable; where plain_acl.yml is
+    # (RocketMQ reads $ROCKETMQ_HOME/conf/plain_acl.yml; rocketmqHome is its
+    # BrokerConfig key for that home, aclFile ours for a file elsewhere);
+    # and the credentials this broker signs its name server calls with.
+    "aclEnable": ("acl_enable", _bool),
+    "rocketmqHome": ("rocketmq_home", _nonempty),
+    "aclFile": ("acl_file", _nonempty),
+    "brokerAccessKey": ("broker_access_key", _nonempty),
+    "brokerSecretKey": ("broker_secret_key", _nonempty),
 }
 
 
@@ -120,6 +132,16 @@ class BrokerConfig:
     register_name_server_period_ms: int = 30000
     broker_permission: int = 6  # PERM_READ | PERM_WRITE
     message_delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # level n is entry n-1
+    acl_enable: bool = False
+    rocketmq_home: str | None = None
+    acl_file: str | None = None
+    broker_access_key: str | None = attrs.field(default=None, repr=False)
+    broker_secret_key: str | None = attrs.field(default=None, repr=False)
+    # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
+    # (to the name servers), and the limits against hostile clients.
+    tls: ServerTls = ServerTls()
+    client_tls: ClientTls = ClientTls()
+    limits: ServerLimits = ServerLimits()
 
     # --- derived -------------------------------------------------------------
 
@@ -155,6 +177,15 @@ class BrokerConfig:
         """What the broker registers at the name server."""
         return str(self.store_host)
 
+    @property
+    def acl_path(self) -> str | None:
+        """The plain_acl.yml this broker enforces: aclFile, else
+        <rocketmqHome or $ROCKETMQ_HOME>/conf/plain_acl.yml (RocketMQ 4.x)."""
+        if self.acl_file:
+            return self.acl_file
+        home = self.rocketmq_home or os.environ.get("ROCKETMQ_HOME")
+        return os.path.join(home, "conf", "plain_acl.yml") if home else None
+
     def broker_id_for(self, role: Role | None) -> int:
         return broker_id_for(role, self.self_id, self.replication.peer_ids)
 
@@ -167,12 +198,22 @@ class BrokerConfig:
         warnings = list(warnings or ())
         values: dict[str, object] = {}
         rest: dict[str, object] = {}
+        remoting: dict[str, object] = {}  # TLS and the limits
         for key, value in props.items():
             if key in KEYS:
                 field, parse = KEYS[key]
                 values[field] = parse(key, value)
+            elif key in LIMIT_KEYS or key.startswith("tls."):
+                remoting[key] = value
+                if key.startswith("tls.") and key not in TLS_KEYS:
+                    warnings.append(f"unknown key {key!r} ignored")
             else:
                 rest[key] = value
+        values["limits"] = limits_from_props(remoting)
+        values["tls"] = ServerTls.from_props(remoting)
+        values["client_tls"] = ClientTls.from_props(remoting)
+        if ("broker_access_key" in values) != ("broker_secret_key" in values):
+            raise ConfigError("brokerAccessKey/brokerSecretKey", None, "set both or neither")
         replication, more = ReplicationConfig.from_dict(rest)
         warnings += more
         if "broker_id" in values and values["broker_id"] != MASTER_ID:
@@ -184,6 +225,9 @@ class BrokerConfig:
                             "(int(selfId[1:]) + 1); using position in dLegerPeers + 1 instead: "
                             + ", ".join(f"{p}={i}" for p, i in ids.items()))
         cfg = cls(replication=replication, **values)
+        if cfg.acl_enable and cfg.acl_path is None:
+            raise ConfigError("aclEnable", "true", "plain_acl.yml not found: set ROCKETMQ_HOME (RocketMQ reads "
+                                                   "$ROCKETMQ_HOME/conf/plain_acl.yml), rocketmqHome or aclFile")
         if cfg.listen_port == 0:
             warnings.append("listenPort=0: the bound port must be put back into the config "
                             "(attrs.evolve) before messages are stored, it is their STOREHOST")

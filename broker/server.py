@@ -45,6 +45,9 @@ import sys
 import attrs
 import trio
 
+from broker.acl.service import AclService
+from broker.acl.signing import Credentials
+from broker.acl.validator import BROKER_POLICY
 from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.common.values import TopicConfig
 from broker.config import BrokerConfig, LiveConfig, load_broker_config
@@ -65,6 +68,7 @@ from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import not_supported
 from broker.remoting.errors import RemotingError
+from broker.remoting.guard import GuardedDispatcher, InFlightLimiter
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
@@ -124,6 +128,8 @@ class Broker:
     clients: ClientManager
     processors: Processors
     namesrv: NamesrvClient | None = None
+    guard: GuardedDispatcher | None = None  # admission in front of `dispatcher`
+    acl: AclService | None = None  # when aclEnable
     registrations: int = 0  # completed registration rounds
     last_registered_id: int | None = None
     last_results: dict = attrs.Factory(dict)
@@ -247,7 +253,8 @@ class Broker:
             return
         broker_id = self.last_registered_id if self.last_registered_id is not None else self.gate.broker_id
         with trio.CancelScope(shield=True), trio.move_on_after(timeout):
-            async with open_remoting_client() as rc:
+            async with open_remoting_client(rpc_hook=broker_credentials(self.cfg),
+                                            tls=self.cfg.client_tls) as rc:
                 results = await NamesrvClient(rc, self.cfg.namesrv_addr, timeout=timeout).unregister_broker(
                     self.cfg.broker_cluster_name, self.broker_addr, self.cfg.broker_name, broker_id)
             for addr, result in results.items():
@@ -255,6 +262,13 @@ class Broker:
                     log.warning("unregister %s from %s failed: %s", self.broker_addr, addr, result)
                 else:
                     log.info("unregistered %s from %s", self.broker_addr, addr)
+
+
+def broker_credentials(cfg: BrokerConfig) -> Credentials | None:
+    """What the broker signs its name server calls with (brokerAccessKey)."""
+    if cfg.broker_access_key is None:
+        return None
+    return Credentials(cfg.broker_access_key, cfg.broker_secret_key)
 
 
 def _bind_host(cfg: BrokerConfig) -> str:
@@ -275,22 +289,37 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         return await not_supported(conn, cmd)
 
     dispatcher = RequestDispatcher(default)
+    # Admission, in front of every processor (both the one-by-one and the
+    # burst path): the ACL when aclEnable (a missing or bad plain_acl.yml
+    # fails the start: a broker told to enforce ACL must not start open),
+    # then the in-flight cap (SYSTEM_BUSY past serverMaxInFlightRequests).
+    acl = AclService.load(cfg.acl_path, BROKER_POLICY) if cfg.acl_enable else None
+    guard = GuardedDispatcher(dispatcher, checks=[acl.check] if acl is not None else [],
+                              limiter=InFlightLimiter(cfg.limits.max_in_flight))
     # One registry of connected clients: heartbeats fill it, pulls read
     # their subscriptions from it, and a closed connection's clients leave
     # their groups at once (the rest of the group is notified).
     clients = ClientManager()
+
+    def closed(conn) -> None:
+        guard.forget(conn)
+        clients.on_connection_closed(conn)
+
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
-                                                       cfg.listen_port, on_close=clients.on_connection_closed,
-                                                       bursts=dispatcher))
+        if acl is not None:
+            await nursery.start(acl.run)  # reloads plain_acl.yml when it changes
+        server = await nursery.start(functools.partial(
+            serve_remoting, guard, bind_host or _bind_host(cfg), cfg.listen_port, on_close=closed,
+            bursts=guard, tls=cfg.tls, limits=cfg.limits, max_frame_size=cfg.limits.max_frame_size,
+            max_in_flight=cfg.limits.max_in_flight_per_connection))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)
         config = LiveConfig(cfg)
         bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
-        remoting = RemotingClient(nursery)
+        remoting = RemotingClient(nursery, rpc_hook=broker_credentials(cfg), tls=cfg.client_tls)
         processors = wire_processors(config, bs, clients)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
-                        NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
+                        NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
         processors.register(dispatcher)
         for service in (clients, processors.schedule, processors.admin):
             await nursery.start(service.run)
@@ -325,6 +354,7 @@ def _leaves(exc: BaseException):
 def main(argv=None) -> None:
     import click
 
+    from broker.acl.plain import AclConfigError
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
     from commitlog.profiling import profiled
@@ -371,7 +401,8 @@ def main(argv=None) -> None:
             leaves = list(_leaves(e))
             if all(isinstance(x, KeyboardInterrupt) for x in leaves):
                 pass
-            elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError))), None)):
+            elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError, AclConfigError))),
+                               None)):
                 raise click.ClickException(str(err)) from None
             elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
                 raise click.ClickException(

@@ -65,6 +65,8 @@ class LocalBrokerCluster:
     broker_name: str = "broker-a"
     namesrv_count: int = 1
     extra_conf: dict = attrs.Factory(dict)  # more broker.conf keys for every broker
+    namesrv_conf: dict = attrs.Factory(dict)  # more namesrv.conf keys for every name server
+    client_options: dict = attrs.Factory(dict)  # open_remoting_client keywords (rpc_hook, tls) for `remoting`
     log_level: str = "WARNING"
     remoting: RemotingClient | None = None
     namesrvs: list[ManagedProcess] = attrs.Factory(list)
@@ -135,6 +137,7 @@ class LocalBrokerCluster:
                 conf = os.path.join(self.root, f"namesrv{i}.conf")
                 with open(conf, "w") as f:  # loopback only: nothing listens beyond this machine
                     f.write(f"listenPort={port}\nbindAddress=127.0.0.1\n")
+                    f.writelines(f"{key}={value}\n" for key, value in self.namesrv_conf.items())
                 self.namesrvs.append(ManagedProcess(f"namesrv{i}", [*_console("mqnamesrv"), "-c", conf],
                                                     os.path.join(self.root, f"namesrv{i}.log")))
         for ns in self.namesrvs:
@@ -272,7 +275,7 @@ async def open_broker_cluster(root, **kw) -> AsyncIterator[LocalBrokerCluster]:
     on failure the processes' log tails are printed to stderr."""
     cluster = LocalBrokerCluster(str(root), **kw)
     try:
-        async with open_remoting_client() as rc:
+        async with open_remoting_client(**cluster.client_options) as rc:
             cluster.remoting = rc
             await cluster.start()
             yield cluster
