@@ -3,6 +3,7 @@
 # vector, key order, what the server leaves out, and the client hook.
 import pytest
 
+from broker.acl.plain import parse_plain_acl
 from broker.acl.signing import (
     Credentials,
     content_to_sign,
@@ -12,7 +13,6 @@ from broker.acl.signing import (
     signature_matches,
 )
 from broker.acl.validator import validate
-from broker.acl.plain import parse_plain_acl
 from broker.remoting.command import RemotingCommand
 
 VECTOR = "Zsd7jyGm5P42DQPsUvyGT52ekt8="
