@@ -148,6 +148,9 @@ class LocalBrokerCluster:
                 if m is None:
                     raise RuntimeError(f"{ns.name}: unexpected start-up line {line!r}")
                 ns.addr = f"{m.group(1).decode()}:{m.group(2).decode()}"
+                metrics = re.search(rb"Prometheus metrics on (\S+)", line)
+                if metrics is not None:
+                    ns.info["metrics"] = metrics.group(1).decode()
         if not self.brokers:
             self.write_confs()
         pending = [n for n, p in self.brokers.items() if not p.alive]

@@ -6,6 +6,7 @@ from broker.client.errors import (
                                   AccessDeniedError,
                                   BrokerBusyError,
                                   BrokerError,
+                                  BrokerSystemError,
                                   BrokerUnavailableError,
                                   ClientClosedError,
                                   ClientError,
@@ -13,10 +14,13 @@ from broker.client.errors import (
                                   InvalidArgumentError,
                                   InvalidMessageError,
                                   MessageIllegalError,
+                                  NoPermissionError,
                                   NoRouteError,
                                   NotSupportedError,
                                   RequestTimeoutError,
                                   SendFailedError,
+                                  SubscriptionError,
+                                  SystemError_,
                                   TopicNotExistError,
 )
 from broker.client.model import (
@@ -36,11 +40,12 @@ from broker.client.rebalance import allocate_averagely
 from broker.common.values import ConsumeFromWhere
 
 __all__ = [
-    "AccessDeniedError", "Credentials", "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
+    "AccessDeniedError", "Credentials",
+    "BrokerBusyError", "BrokerError", "BrokerSystemError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
     "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
-    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoRouteError", "NotSupportedError", "Producer",
+    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoPermissionError", "NoRouteError", "NotSupportedError", "Producer",
     "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
-    "SendResult", "SendStatus", "TopicNotExistError", "allocate_averagely", "open_producer",
+    "SendResult", "SendStatus", "SubscriptionError", "SystemError_", "TopicNotExistError", "allocate_averagely", "open_producer",
     "open_pull_consumer", "open_push_consumer",
 ]

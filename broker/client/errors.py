@@ -8,6 +8,8 @@
 # (retryResponseCodes: TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR,
 # NO_PERMISSION, NO_BUYER_ID, NOT_IN_CURRENT_UNIT) and on every remoting
 # failure; MESSAGE_ILLEGAL and friends would fail again anywhere.
+import itertools
+
 import attrs
 
 from broker.acl.validator import EXCEPTION_PREFIX as _ACL_REFUSAL
@@ -110,6 +112,10 @@ class SystemError_(BrokerError):
     retriable = True
 
 
+# The public name (SystemError_ stays for code that used it).
+BrokerSystemError = SystemError_
+
+
 class AccessDeniedError(BrokerError):
     """The broker's ACL refused the request (RocketMQ answers SYSTEM_ERROR
     with an AclException remark naming what was refused: an unknown access
@@ -178,5 +184,7 @@ class SendFailedError(ClientError):
         return self.errors[-1] if self.errors else None
 
     def __str__(self) -> str:
-        tail = "; ".join(str(e) for e in self.errors[-3:])
+        # The same cause three times is said once, with the count.
+        runs = [(text, len(list(group))) for text, group in itertools.groupby(str(e) for e in self.errors[-3:])]
+        tail = "; ".join(text if n == 1 else f"{text} (x{n})" for text, n in runs)
         return f"send to {self.topic!r} failed after {len(self.errors)} attempt(s): {tail}"

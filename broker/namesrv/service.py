@@ -11,6 +11,12 @@
 # registration connection closes is removed at once (upstream's
 # onChannelDestroy), so a crashed leader leaves the routes immediately.
 #
+# Besides routes it answers GET_TOPICS_BY_CLUSTER (224, `mqadmin topicList
+# -c`) and GET_SYSTEM_TOPIC_LIST_FROM_NS (304, the dashboard), and with
+# metricsExporterType=PROM serves Prometheus metrics (broker/namesrv/metrics.py).
+# namesrv.conf: unknown keys are warnings with "did you mean"; logDir writes
+# namesrv.log there.
+#
 # Security (README "Security"): with aclEnable=true every write to the route
 # tables (REGISTER_BROKER, UNREGISTER_BROKER, DELETE_TOPIC_IN_NAMESRV, ...)
 # must be signed by the cluster's broker credentials (brokerAccessKey /
@@ -31,6 +37,8 @@ import trio
 from broker.acl.plain import Account
 from broker.acl.service import AclService, default_acl_path
 from broker.acl.validator import NAMESRV_POLICY
+from broker.common.conf_keys import unknown_key_warning
+from broker.namesrv.metrics import namesrv_registry
 from broker.namesrv.protocol import parse_registration
 from broker.namesrv.routes import DEFAULT_BROKER_TIMEOUT, RouteInfoManager
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
@@ -43,6 +51,7 @@ from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remo
 from broker.remoting.streams import LIMIT_KEYS, ServerLimits, limits_from_props
 from broker.remoting.tls import KNOWN_KEYS as TLS_KEYS
 from broker.remoting.tls import ServerTls
+from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError, serve_metrics
 from commitlog.config import ConfigError, load_properties
 
 log = logging.getLogger(__name__)
@@ -58,6 +67,8 @@ class NamesrvConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     delete_topic_with_broker_registration: bool = False
     enable_all_topic_list: bool = True
+    metrics: MetricsConfig = attrs.Factory(MetricsConfig)
+    log_dir: str | None = None
     acl_enable: bool = False
     rocketmq_home: str | None = None
     acl_file: str | None = None
@@ -71,17 +82,23 @@ class NamesrvConfig:
         """From namesrv.conf keys; unknown keys come back as warnings."""
         values: dict[str, object] = {}
         warnings: list[str] = []
+        metrics: dict[str, str] = {}
         remoting: dict[str, object] = {}
         for key, raw in props.items():
             if key in _KEYS:
                 field, parse = _KEYS[key]
                 values[field] = parse(key, raw.strip())
-            if key in LIMIT_KEYS or key.startswith("tls."):
+            elif key in LIMIT_KEYS or key in TLS_KEYS:
                 remoting[key] = raw
-                if key.startswith("tls.") and key not in TLS_KEYS:
-                    warnings.append(f"unknown key {key!r} ignored")
-            elif key not in _KEYS and key not in _UPSTREAM_IGNORED:
-                warnings.append(f"unknown key {key!r} ignored")
+            elif key in METRICS_KEYS:
+                metrics[key] = raw
+            elif key not in _UPSTREAM_IGNORED:
+                warnings.append(unknown_key_warning(key, set(_KEYS) | set(METRICS_KEYS) | set(LIMIT_KEYS) | TLS_KEYS
+                                                    | _UPSTREAM_IGNORED))
+        try:
+            values["metrics"], more = MetricsConfig.from_props(metrics)
+        except MetricsConfigError as e:
+            raise ConfigError(e.key, e.value, e.reason) from None
         values["limits"] = limits_from_props(remoting)
         values["tls"] = ServerTls.from_props(remoting)
         cfg = cls(**values)
@@ -90,7 +107,7 @@ class NamesrvConfig:
         if cfg.acl_enable and cfg.broker_access_key is None and cfg.acl_path is None:
             raise ConfigError("aclEnable", "true", "the name server needs brokerAccessKey/brokerSecretKey "
                                                    "or a plain_acl.yml with an admin account (aclFile)")
-        return cfg, warnings
+        return cfg, warnings + more
 
     @property
     def acl_path(self) -> str | None:
@@ -137,6 +154,7 @@ _KEYS = {
     "frameMaxLength": ("max_frame_size", _int(1024, 2**31 - 1)),
     "deleteTopicWithBrokerRegistration": ("delete_topic_with_broker_registration", _bool),
     "enableAllTopicList": ("enable_all_topic_list", _bool),
+    "logDir": ("log_dir", lambda key, text: text or None),
     "aclEnable": ("acl_enable", _bool),
     "rocketmqHome": ("rocketmq_home", lambda key, text: text or None),
     "aclFile": ("acl_file", lambda key, text: text or None),
@@ -186,6 +204,9 @@ class NameServer:
         d.register(RequestCode.GET_BROKER_CLUSTER_INFO, self._get_cluster_info)
         d.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._get_topic_list)
         d.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic)
+        d.register(RequestCode.GET_TOPICS_BY_CLUSTER, self._get_topics_by_cluster)
+        d.register(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS, self._get_system_topics)
+        self.metrics_server = None  # MetricsServer with metricsExporterType=PROM
         # Admission in front of dispatch: the route-write ACL, the in-flight cap.
         self.guard = GuardedDispatcher(d, checks=[self.acl.check] if self.acl is not None else [],
                                        limiter=InFlightLimiter(cfg.limits.max_in_flight))
@@ -267,6 +288,26 @@ class NameServer:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "disable")
         return cmd.make_response(body=encode_json({"topicList": self.routes.topic_list()}))
 
+    async def _get_topics_by_cluster(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        cluster = HeaderReader(cmd.ext_fields).str("cluster")
+        names = self.routes.cluster_addr_table.get(cluster, set())
+        topics = sorted(t for t, queues in self.routes.topic_queue_table.items() if names & set(queues))
+        return cmd.make_response(body=encode_json({"topicList": topics}))
+
+    async def _get_system_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        # RocketMQ lists every cluster name and broker name (the topics a
+        # broker of old versions created for itself), with one broker
+        # address to ask; ledgermq brokers create no such topics.
+        routes = self.routes
+        topics = sorted(set(routes.cluster_addr_table) | set(routes.broker_addr_table))
+        body: dict = {"topicList": topics}
+        for bd in routes.broker_addr_table.values():
+            addr = bd.master_addr or next(iter(bd.broker_addrs.values()), None)
+            if addr:
+                body["brokerAddr"] = addr
+                break
+        return cmd.make_response(body=encode_json(body))
+
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(cmd.ext_fields)
         if self.routes.delete_topic(h.str("topic"), h.str("clusterName", None) or None):
@@ -285,4 +326,7 @@ async def serve_namesrv(cfg: NamesrvConfig, *, task_status=trio.TASK_STATUS_IGNO
             max_frame_size=cfg.max_frame_size, on_close=ns.connection_closed, tls=cfg.tls, limits=cfg.limits,
             max_in_flight=cfg.limits.max_in_flight_per_connection))
         log.info("name server listening on %s", ns.address)
+        if cfg.metrics.enabled:
+            ns.metrics_server = await nursery.start(serve_metrics, namesrv_registry(ns),
+                                                    cfg.metrics.prom_host or cfg.bind_address, cfg.metrics.prom_port)
         task_status.started(ns)

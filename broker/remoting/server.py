@@ -116,14 +116,16 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
                          on_connect: Callable[[Connection], None] | None = None,
                          on_close: Callable[[Connection], None] | None = None,
                          bursts: BurstHandler | None = None,
+                         raw_sends: bool = False,
                          tls: ServerTls | None = None,
                          limits: ServerLimits | None = None,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port (port 0 picks one; host None means every
-    interface) and serve until cancelled.  `tls` and `limits` (streams.py:
-    connection caps, idle/frame/write timeouts) apply to every accepted
-    socket before it becomes a Connection; without them a socket is served
-    as it comes."""
+    interface) and serve until cancelled.  raw_sends: plain SEND_MESSAGE_V2
+    requests reach `bursts` as codec.RawSend (its send processor takes them).
+    `tls` and `limits` (streams.py: connection caps, idle/frame/write
+    timeouts) apply to every accepted socket before it becomes a Connection;
+    without them a socket is served as it comes."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     server = RemotingServer(listeners)
     gate = ConnectionGate(limits) if limits is not None else None
@@ -137,7 +139,7 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
 
     async def serve_connection(stream) -> None:
         conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
-                          max_in_flight=max_in_flight)
+                          max_in_flight=max_in_flight, raw_sends=raw_sends)
         server.connections.add(conn)
         server.accepted += 1
         log.debug("accepted %r", conn)

@@ -77,7 +77,10 @@ async def run(args) -> dict:
             for raw, proc in spies.values():
                 await trio.to_thread.run_sync(proc.wait)
             count = r["count"]
+            lat = sorted(r["latencies"])
             result = {"window": args.window, "sync": args.sync, "mps": r["mps"], "count": count,
+                      "p50_ms": round(1e3 * lat[len(lat) // 2], 3) if lat else None,
+                      "p99_ms": round(1e3 * lat[int(len(lat) * 0.99)], 3) if lat else None,
                       "errors": r["errors"],
                       "cpu_us_per_msg": {("master" if n == master else n):
                                          round(1e6 * (sum(cpu1[n]) - sum(cpu0[n])) / count, 1)
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
         print(json.dumps(r, indent=1))
         return 0
     print(f"window {r['window']}{' SYNC_FLUSH' if r['sync'] else ''}: {r['mps']:.0f} msg/s, {r['count']} messages, "
-          f"errors {r['errors'] or 'none'}")
+          f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, errors {r['errors'] or 'none'}")
     print("CPU us/msg: " + ", ".join(f"{k} {v}" for k, v in r["cpu_us_per_msg"].items())
           + f", load generator {r['client_cpu_us_per_msg']}")
     print("  of which system: " + ", ".join(f"{k} {v}" for k, v in r["sys_us_per_msg"].items()))

@@ -227,3 +227,17 @@ async def read_codes(stream, n) -> dict:
             codes[cmd.code] = codes.get(cmd.code, 0) + 1
             got += 1
     return codes
+
+
+def test_secrets_never_leave_in_the_broker_config(tmp_path):
+    # GET_BROKER_CONFIG answers any client the ACL lets in: no secret in it.
+    from broker.config import BrokerConfig
+    from broker.processors.admin_clients import broker_config_properties
+
+    cfg, _ = BrokerConfig.from_dict({
+        "dLegerGroup": "g", "dLegerPeers": "n0-127.0.0.1:1", "dLegerSelfId": "n0", "aclEnable": "true",
+        "aclFile": str(tmp_path / "plain_acl.yml"), "brokerAccessKey": "cluster-brokers",
+        "brokerSecretKey": "brokers-secret-0123", "dLegerPeerSecret": "a group secret of some length"})
+    text = repr(broker_config_properties(cfg)) + repr(cfg)
+    assert "brokers-secret-0123" not in text and "a group secret of some length" not in text
+    assert broker_config_properties(cfg)["aclEnable"] == "true"
