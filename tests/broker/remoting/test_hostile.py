@@ -5,6 +5,8 @@
 # goes on being served, and what the server holds for the bad one stays
 # bounded.  (Floods of requests: test_guard.py; oversized frames and the
 # same limits on a real broker group: tests/broker/acl/test_secure_group.py.)
+import itertools
+import random
 import struct
 
 import attrs
@@ -15,7 +17,7 @@ from broker.remoting.codec import encode_command
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.server import serve_remoting
-from broker.remoting.streams import ServerLimits, limits_from_props
+from broker.remoting.streams import ServerLimits, _FrameTracker, limits_from_props
 from tests.broker.remoting.helpers import ECHO, EchoService, raw_invoke, read_until_eof
 
 FAST = ServerLimits(idle_timeout=60, frame_read_timeout=0.5, write_timeout=0.5, handshake_timeout=0.5,
@@ -148,3 +150,19 @@ def test_limit_keys():
                                 "frameMaxLength": "2048", "serverMaxInFlightRequests": "7", "other": "x"})
     assert (limits.idle_timeout, limits.frame_read_timeout, limits.max_frame_size, limits.max_in_flight) == \
         (0, 1.5, 2048, 7)
+
+
+def test_frame_tracker_follows_frames_split_anywhere():
+    # GuardedStream's view of "a frame has begun and not ended", against
+    # the true frame ends, for reads split at every kind of place.
+    rng = random.Random(7)
+    frames = [encode_command(RemotingCommand(ECHO, body=b"x" * rng.randint(0, 3000))) for _ in range(300)]
+    data = b"".join(frames)
+    ends = set(itertools.accumulate(len(f) for f in frames))
+    for _ in range(50):
+        tracker, pos = _FrameTracker(), 0
+        while pos < len(data):
+            chunk = data[pos:pos + rng.choice([1, 2, 3, 5, rng.randint(1, 8000)])]
+            pos += len(chunk)
+            tracker.feed(chunk)
+            assert tracker.mid_frame == (pos not in ends)
