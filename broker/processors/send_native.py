@@ -41,7 +41,7 @@ class NativeRun:
     uniq_props: int = 0  # and a record gets when its UNIQ_KEY is made here
     # set by encode():
     first: int = -1  # index of the run's first record among the burst's
-    records: bytes = b""
+    records: bytearray | None = None
     uniq_off: array | None = None
     uniq_len: array | None = None
 
@@ -110,14 +110,16 @@ def new_run(scan: sendpath.SendScan, cluster: bytes, uniq_prefix: str) -> Native
 
 def encode(run: NativeRun, records: list, born_host: bytes, store_host: bytes, store_timestamp: int,
            cluster: bytes, uniq_keys) -> None:
-    """The run's records, appended to `records` (one bytes each)."""
+    """The run's records, appended to `records`: views of one buffer (the
+    log copies them once, into its write)."""
     diff, counter = uniq_keys.reserve(run.missing_uniq) if run.missing_uniq else (0, 0)
     env = sendpath.SendEnv(born_host, store_host, store_timestamp, cluster, uniq_keys.prefix.encode(), diff,
                            counter)
     buf, rec_off, rec_len, run.uniq_off, run.uniq_len, _ = sendpath.encode_sends(
         run.scan, run.which, run.queue_ids, run.sysflags, env)
     run.first, run.records = len(records), buf
-    records.extend([buf[o:o + n] for o, n in zip(rec_off, rec_len)])
+    view = memoryview(buf)
+    records.extend([view[o:o + n] for o, n in zip(rec_off, rec_len)])
 
 
 def answer(run: NativeRun, replies: list, placed, stamps, store_host: bytes) -> bool:

@@ -71,7 +71,7 @@ class ClientConnection(Protocol):
 
 
 DEFAULT_MAX_IN_FLIGHT = 1024
-RECV_CHUNK = 64 * 1024
+RECV_CHUNK = 256 * 1024
 _CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 _MAX_OPAQUE = (1 << 31) - 1
 
