@@ -25,6 +25,7 @@
 # (`PUBB`) or a malformed `Res=Perm` entry is an error rather than a silent
 # DENY, and an accessKey listed twice is an error rather than "first wins",
 # since a file that does not mean what its author thinks must not load.
+import functools
 import ipaddress
 import re
 
@@ -90,14 +91,11 @@ class AddressPattern:
     def matches(self, address: str | None) -> bool:
         if self.everything:
             return True
-        if not address:
+        if not address or (not self.exact and self.hi < 0):  # an empty pattern (no whitelist)
             return False
-        try:
-            ip = ipaddress.ip_address(address.strip("[]"))
-        except ValueError:
+        ip = _client_ip(address)
+        if ip is None:
             return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped  # a dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d
         if self.exact:
             return ip in self.exact
         if ip.version != self.version or self.hi < 0:
@@ -105,6 +103,19 @@ class AddressPattern:
         parts = _parts(ip)
         n = len(self.prefix)
         return tuple(parts[:n]) == self.prefix and self.lo <= parts[n] <= self.hi
+
+
+@functools.lru_cache(maxsize=4096)
+def _client_ip(address: str):
+    """A client's address as whitelists compare it (None if not an IP).
+    Cached: every request is checked, and a connection's address repeats."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # a dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d
+    return ip
 
 
 def _parts(ip) -> list[int]:

@@ -17,7 +17,6 @@
 #
 # Pure: no I/O except load_tools_credentials (mqadmin's conf/tools.yml).
 import base64
-import hashlib
 import hmac
 import os
 from collections.abc import Mapping
@@ -45,14 +44,16 @@ def _java_order(key: str) -> bytes:
 def content_to_sign(ext_fields: Mapping[str, str], body: bytes = b"",
                     skip: frozenset[str] = frozenset({SIGNATURE})) -> bytes:
     """The bytes a signature covers (AclUtils.combineRequestContent)."""
-    values = "".join(ext_fields[k] for k in sorted(ext_fields, key=_java_order) if k not in skip)
+    # ASCII keys (every field RocketMQ defines) sort the same either way;
+    # the UTF-16 key is for the rest.
+    keys = sorted(ext_fields) if all(map(str.isascii, ext_fields)) else sorted(ext_fields, key=_java_order)
+    values = "".join(ext_fields[k] for k in keys if k not in skip)
     return values.encode("utf-8", "replace") + (body or b"")
 
 
 def signature(content: bytes, secret_key: str) -> str:
     """Base64 of HmacSHA1 keyed with the secret's UTF-8 bytes (AclSigner)."""
-    mac = hmac.new(secret_key.encode("utf-8"), content, hashlib.sha1).digest()
-    return base64.b64encode(mac).decode("ascii")
+    return base64.b64encode(hmac.digest(secret_key.encode("utf-8"), content, "sha1")).decode("ascii")
 
 
 def signature_matches(expected: str, given: str | None) -> bool:
