@@ -139,7 +139,8 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
 
     async def serve_connection(stream) -> None:
         conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
-                          max_in_flight=max_in_flight, raw_sends=raw_sends)
+                          max_in_flight=max_in_flight, raw_sends=raw_sends,
+                          max_in_flight_bytes=limits.max_in_flight_bytes_per_connection if limits else None)
         server.connections.add(conn)
         server.accepted += 1
         log.debug("accepted %r", conn)

@@ -15,11 +15,13 @@
 #   TLS handshake              serverTlsHandshakeTimeoutMillis       10 s
 #   requests per connection    serverMaxInFlightPerConnection        1024    (then the connection stops
 #                                                                             reading: TCP pushes back)
+#   request bytes per conn.    serverMaxInFlightBytesPerConnection   16 MiB  (likewise)
 #   requests in the server     serverMaxInFlightRequests             10000   (then SYSTEM_BUSY, guard.py)
 #
 # Memory per connection is therefore bounded: the decoder holds at most one
 # frame (frameMaxLength) plus one read, at most serverMaxInFlightPerConnection
-# requests wait for their answers, and answers that cannot be written within
+# requests and about serverMaxInFlightBytesPerConnection bytes of them wait
+# for their answers, and answers that cannot be written within
 # serverWriteTimeoutMillis end the connection.  A timeout ends only its own
 # connection (it surfaces as a broken stream, which Connection treats like a
 # reset).  Timeouts of 0 are off.
@@ -52,6 +54,7 @@ class ServerLimits:
     write_timeout: float = 30.0
     handshake_timeout: float = 10.0
     max_in_flight_per_connection: int = 1024
+    max_in_flight_bytes_per_connection: int = 16 * 1024 * 1024
     max_in_flight: int = 10000
 
 
@@ -66,6 +69,7 @@ LIMIT_KEYS = {
     "serverWriteTimeoutMillis": ("write_timeout", _MS, 1 / 1000),
     "serverTlsHandshakeTimeoutMillis": ("handshake_timeout", parse_int(1, _JAVA_INT), 1 / 1000),
     "serverMaxInFlightPerConnection": ("max_in_flight_per_connection", parse_int(1, 1 << 20), 1),
+    "serverMaxInFlightBytesPerConnection": ("max_in_flight_bytes_per_connection", parse_int(1024, 1 << 40), 1),
     "serverMaxInFlightRequests": ("max_in_flight", parse_int(1, 1 << 24), 1),
 }
 

@@ -20,6 +20,7 @@ from broker.remoting.server import serve_remoting
 from broker.remoting.streams import ServerLimits, _FrameTracker, limits_from_props
 from tests.broker.remoting.helpers import ECHO, EchoService, raw_invoke, read_until_eof
 
+BIG = 1006
 FAST = ServerLimits(idle_timeout=60, frame_read_timeout=0.5, write_timeout=0.5, handshake_timeout=0.5,
                     max_connections=50, max_connections_per_address=50)
 
@@ -114,6 +115,35 @@ async def test_a_client_that_never_reads_is_cut_off_with_bounded_buffers(nursery
     await stream.aclose()
 
 
+async def test_big_requests_never_read_are_bounded_by_bytes_not_count(nursery):
+    # The count cap (1024) would let 1024 requests of 256 KiB -- 256 MiB --
+    # wait on one connection for answers it never reads; the byte budget
+    # stops reading after about 1 MiB of them.
+    limits = attrs.evolve(FAST, write_timeout=3.0, max_in_flight_bytes_per_connection=1024 * 1024)
+    svc, server = await start(nursery, limits)
+    handled = []
+
+    async def big_answer(conn, cmd):
+        handled.append(len(cmd.body))
+        return cmd.make_response(body=cmd.body)  # as big as the request: the client's socket fills
+    svc.dispatcher.register(BIG, big_answer)
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    frame = encode_command(RemotingCommand(BIG, body=b"z" * (256 * 1024)))
+    with trio.move_on_after(2):
+        try:
+            for _ in range(400):
+                await stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    # About 1 MiB of requests plus one read, not hundreds.
+    assert 0 < len(handled) <= 8, f"{len(handled)} requests of 256 KiB taken with a 1 MiB budget"
+    with trio.fail_after(10):  # the write timeout ends it
+        while server.connections:
+            await trio.sleep(0.02)
+    await still_served(server)
+    await stream.aclose()
+
+
 async def test_connection_caps_per_address_and_in_total(nursery):
     _svc, server = await start(nursery, attrs.evolve(FAST, max_connections_per_address=3, max_connections=4))
     keep = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(3)]
@@ -147,9 +177,11 @@ async def test_oversized_frame_closes_only_that_connection(nursery):
 
 def test_limit_keys():
     limits = limits_from_props({"serverChannelMaxIdleTimeSeconds": "0", "serverFrameReadTimeoutMillis": "1500",
-                                "frameMaxLength": "2048", "serverMaxInFlightRequests": "7", "other": "x"})
-    assert (limits.idle_timeout, limits.frame_read_timeout, limits.max_frame_size, limits.max_in_flight) == \
-        (0, 1.5, 2048, 7)
+                                "frameMaxLength": "2048", "serverMaxInFlightRequests": "7",
+                                "serverMaxInFlightBytesPerConnection": "65536", "other": "x"})
+    assert (limits.idle_timeout, limits.frame_read_timeout, limits.max_frame_size, limits.max_in_flight,
+            limits.max_in_flight_bytes_per_connection) == (0, 1.5, 2048, 7, 65536)
+    assert ServerLimits().max_in_flight_bytes_per_connection == 16 * 1024 * 1024
 
 
 def test_frame_tracker_follows_frames_split_anywhere():
