@@ -248,10 +248,12 @@ class Producer:
 
 
 @asynccontextmanager
-async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, **options) -> AsyncIterator[Producer]:
+async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, credentials=None, tls=None,
+                        **options) -> AsyncIterator[Producer]:
     """A started producer; on exit it waits for its send_async calls, then
     unregisters from the brokers.  `options` are Producer's keywords."""
-    async with open_client_instance(namesrv_addr, timeout=timeout) as (instance, nursery):
+    async with open_client_instance(namesrv_addr, timeout=timeout, credentials=credentials,
+                                    tls=tls) as (instance, nursery):
         producer = Producer(instance, nursery, group, **options)
         instance.producer_groups.add(group)
         instance.default_topic_queue_nums = producer.default_topic_queue_nums

@@ -112,6 +112,7 @@ class Connection:
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  raw_sends: bool = False,
+                 max_in_flight_bytes: int | None = None,
                  eof_grace: float = 1.0, linger: float = 1.0) -> None:
         self.stream = stream
         self.remote_address = peer_address(stream)
@@ -144,6 +145,15 @@ class Connection:
         self.max_in_flight = max_in_flight
         self._in_flight = 0
         self._room: trio.Event | None = None
+        # Byte budget (servers): the bytes read are billed to the requests
+        # dispatched from them and held until the last of those is answered;
+        # past the budget reading stops, so a client that sends big requests
+        # and never reads the answers holds at most about the budget (plus
+        # one read and one frame), not max_in_flight frames.
+        self._max_held = max_in_flight_bytes
+        self._held = 0  # bytes billed and not yet answered
+        self._unbilled = 0  # bytes read since the last dispatch
+        self._held_dropped = trio.Event()
         self._scope = trio.CancelScope()
         self._closed = trio.Event()
 
@@ -305,6 +315,7 @@ class Connection:
                     self.close_reason = f"receive failed: {e!r}"
                     return self.close_reason
                 self._decoder.receive_data(data)
+                self._unbilled += len(data)
                 continue
             if cmd is CLOSED:
                 await self._dispatch(tasks, requests)
@@ -335,8 +346,16 @@ class Connection:
             start += len(part)
             self._in_flight += len(part)
             self._hand_over(tasks, part)
+        while self._max_held is not None and self._held > self._max_held:
+            self._held_dropped = trio.Event()
+            await self._held_dropped.wait()
 
     def _hand_over(self, tasks: trio.Nursery, requests: list) -> None:
+        bill = None
+        if self._max_held is not None:
+            bill = [len(requests), self._unbilled]  # requests not yet answered, bytes
+            self._held += self._unbilled
+            self._unbilled = 0
         singles = requests
         if self._bursts is not None:
             try:
@@ -345,9 +364,17 @@ class Connection:
                 log.exception("%s: burst handler failed", self.remote_address)
                 singles, bursts = requests, []
             for cmds, finish in bursts:
-                tasks.start_soon(self._serve_burst, cmds, finish)
+                tasks.start_soon(self._serve_burst, cmds, finish, bill)
         for cmd in singles:
-            tasks.start_soon(self._serve, cmd)
+            tasks.start_soon(self._serve, cmd, bill)
+
+    def _settle(self, bill: list | None, n: int) -> None:
+        """`n` requests of `bill` are answered (or dropped)."""
+        if bill is not None:
+            bill[0] -= n
+            if bill[0] == 0:
+                self._held -= bill[1]
+                self._held_dropped.set()
 
     def _answered(self, n: int) -> None:
         self._in_flight -= n
@@ -373,7 +400,7 @@ class Connection:
                                                            self.close_reason or "connection closed")
                 waiter.event.set()
 
-    async def _serve(self, cmd: RemotingCommand) -> None:
+    async def _serve(self, cmd: RemotingCommand, bill: list | None = None) -> None:
         try:
             try:
                 response = await self._handler(self, cmd)
@@ -388,8 +415,10 @@ class Connection:
             pass  # the reader notices and ends the connection
         finally:
             self._answered(1)
+            self._settle(bill, 1)
 
-    async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish) -> None:
+    async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish,
+                           bill: list | None = None) -> None:
         try:
             try:
                 responses = await finish()
@@ -412,6 +441,7 @@ class Connection:
             pass  # the reader notices and ends the connection
         finally:
             self._answered(len(cmds))
+            self._settle(bill, len(cmds))
 
     async def _reject(self, error: RemoteProtocolError) -> None:
         log.warning("%s: %s; closing the connection", self.remote_address, error)
