@@ -22,6 +22,7 @@ from broker.client.model import (
                                   Message,
                                   MessageExt,
                                   MessageQueue,
+                                  MessageSelector,
                                   PullResult,
                                   PullStatus,
                                   SendResult,
@@ -36,7 +37,7 @@ from broker.common.values import ConsumeFromWhere
 __all__ = [
     "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
     "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
-    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoRouteError", "NotSupportedError", "Producer",
+    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "MessageSelector", "NoRouteError", "NotSupportedError", "Producer",
     "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
     "SendResult", "SendStatus", "TopicNotExistError", "allocate_averagely", "open_producer",

@@ -32,7 +32,8 @@ def request(code: int, fields: dict | None = None, body: bytes = b"") -> Remotin
 
 def subscription_data(topic: str, sub: Subscription) -> dict:
     """One SubscriptionData of a HEART_BEAT (spec §8.5)."""
-    return {"classFilterMode": False, "topic": topic, "subString": sub.sub_string, "expressionType": "TAG",
+    return {"classFilterMode": False, "topic": topic, "subString": sub.sub_string,
+            "expressionType": sub.expression_type,
             "tagsSet": sorted(sub.tags), "codeSet": sorted(sub.codes or ()), "subVersion": sub.sub_version}
 
 
@@ -94,7 +95,7 @@ class ConsumerApi:
             "maxMsgNums": str(max_nums), "sysFlag": str(sys_flag),
             "commitOffset": str(commit_offset if commit_offset is not None else 0),
             "suspendTimeoutMillis": str(suspend_ms), "subscription": sub.sub_string,
-            "subVersion": str(sub.sub_version), "expressionType": "TAG"})
+            "subVersion": str(sub.sub_version), "expressionType": sub.expression_type})
         await self.instance.ensure_heartbeat(addr)
         resp = await self.instance.invoke(addr, req, timeout, ok=tuple(_PULL_STATUS))
         f = resp.ext_fields
@@ -164,7 +165,8 @@ class ConsumerApi:
         await self.on_master(msg.queue, req)
 
 
-def parse_subscriptions(subscriptions: dict[str, str]) -> dict[str, Subscription]:
+def parse_subscriptions(subscriptions: dict) -> dict[str, Subscription]:
+    """topic -> tag expression (text) or MessageSelector."""
     return {topic: subscription(expr) for topic, expr in subscriptions.items()}
 
 

@@ -72,6 +72,8 @@ class SubscriptionData:
 
     def subscription(self) -> Subscription:
         """The filter pulls without the SUBSCRIPTION flag use."""
+        if self.expression_type.strip().upper() not in ("", "TAG"):  # SQL92: compiled (cached) there
+            return parse_subscription(self.sub_string, self.sub_version, self.expression_type)
         if self.sub_string.strip() in ("", "*"):
             return Subscription("*", sub_version=self.sub_version)
         if self.codes:
