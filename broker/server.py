@@ -10,7 +10,8 @@
 #                         the composition root.  Nothing is discovered: a
 #                         processor that fails to import fails the start.
 #   services              the client registry (notifications, expiry), the
-#                         delay-level schedule service, the admin TPS meter
+#                         delay-level schedule service, the transaction
+#                         check service, the admin TPS meter
 #   registration          REGISTER_BROKER with every name server in
 #                         namesrvAddr every registerNameServerPeriod, and at
 #                         once when the role gate's generation moves (the
@@ -56,6 +57,7 @@ from broker.processors.admin_clients import ClientsAdminProcessor
 from broker.processors.admin_dledger import DLedgerAdminProcessor
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
+from broker.processors.end_transaction import EndTransactionProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.pull import PullProcessor
 from broker.processors.retry import RetryTopics, SendBackProcessor
@@ -69,6 +71,7 @@ from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remo
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
+from broker.store.transaction import TransactionService
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.broker")
@@ -90,16 +93,29 @@ class Processors:
     admin_clients: ClientsAdminProcessor
     admin_dledger: DLedgerAdminProcessor
     schedule: ScheduleService
+    end_transaction: EndTransactionProcessor
+    transactions: TransactionService
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
-                  self.admin_clients, self.admin_dledger):
+                  self.admin_clients, self.admin_dledger, self.end_transaction):
             p.register(dispatcher)
+
+    def services(self) -> tuple:
+        """The background services, each started with `nursery.start(s.run)`."""
+        return self.schedule, self.transactions, self.admin
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager) -> Processors:
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
+    # The check service asks producers through the processor that knows the
+    # client registry; the processor asks the service which halves are resolved.
+    transactions = TransactionService(bs, config.current, check_back=None)
+    end_transaction = EndTransactionProcessor(send, transactions, clients)
+    transactions.check_back = end_transaction.check_back
     return Processors(
+        end_transaction=end_transaction,
+        transactions=transactions,
         send=send,
         send_back=SendBackProcessor(send, bs.cq),
         pull=PullProcessor(config, bs, clients),
@@ -292,7 +308,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
         processors.register(dispatcher)
-        for service in (clients, processors.schedule, processors.admin):
+        for service in (clients, *processors.services()):
             await nursery.start(service.run)
         # brokerPermission changes the topic permissions the name servers must see.
         config.on_change(lambda _new: broker.kick())

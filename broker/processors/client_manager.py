@@ -150,6 +150,12 @@ class ClientManager:
         now = self.clock_ms()
         return [cid for cid, ch in self.producers.get(group, {}).items() if self._alive(ch, now)]
 
+    def producer_channels(self, group: str) -> list[ClientChannel]:
+        """The live connections of a producer group (transaction check-backs
+        go to one of them, ProducerManager.getAvailableChannel)."""
+        now = self.clock_ms()
+        return [ch for ch in self.producers.get(group, {}).values() if self._alive(ch, now)]
+
     # --- changes ---------------------------------------------------------------
 
     def heartbeat(self, conn: ClientConnection, request: RemotingCommand, data: dict) -> None:
