@@ -58,6 +58,7 @@ from broker.processors.admin_dledger import DLedgerAdminProcessor
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
 from broker.processors.end_transaction import EndTransactionProcessor
+from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.pull import PullProcessor
 from broker.processors.retry import RetryTopics, SendBackProcessor
@@ -95,10 +96,11 @@ class Processors:
     schedule: ScheduleService
     end_transaction: EndTransactionProcessor
     transactions: TransactionService
+    locks: QueueLockProcessor
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
-                  self.admin_clients, self.admin_dledger, self.end_transaction):
+                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks):
             p.register(dispatcher)
 
     def services(self) -> tuple:
@@ -116,6 +118,7 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager)
     return Processors(
         end_transaction=end_transaction,
         transactions=transactions,
+        locks=QueueLockProcessor(config, bs.metadata),
         send=send,
         send_back=SendBackProcessor(send, bs.cq),
         pull=PullProcessor(config, bs, clients),
