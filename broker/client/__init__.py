@@ -1,6 +1,8 @@
-# The ledgermq Python client library (RocketMQ 4.x protocol), trio-native:
-# open_producer, open_push_consumer, open_pull_consumer; the blocking facade
-# for non-async code is in broker.client.blocking.  See README "Python client".
+# The ledgermq Python client library (RocketMQ 4.x protocol) on anyio, so it runs
+# under asyncio and trio alike: open_producer, open_transactional_producer,
+# open_push_consumer (clustering, orderly or broadcasting), open_pull_consumer;
+# the blocking facade for non-async code is in broker.client.blocking.  See
+# README "Python client".
 from broker.client.errors import (
                                   BrokerBusyError,
                                   BrokerError,

@@ -10,7 +10,8 @@
 # any node, so consumption carries on from a follower while no master is
 # registered.
 import attrs
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.errors import BrokerError, BrokerUnavailableError, ConnectionFailedError, NoRouteError
 from broker.client.instance import ClientInstance, TopicRoute
@@ -56,7 +57,7 @@ class ConsumerApi:
         addr = route.master(mq.broker_name)
         if addr is not None and addr != avoid:
             return addr
-        deadline = trio.current_time() + self.instance.timeout
+        deadline = anyio.current_time() + self.instance.timeout
         route = await self.instance.wait_route(
             mq.topic, lambda r: r.master(mq.broker_name) not in (None, avoid), deadline)
         return route.master(mq.broker_name)

@@ -25,17 +25,17 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
 from broker.client.model import MessageQueue
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.namesrv.routes import TopicRouteData
-from broker.remoting.client import RemotingClient, open_remoting_client, parse_addr
+from broker.client.transport import RemotingClient, not_supported, open_remoting_client, parse_addr
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import not_supported
 from broker.remoting.errors import RemotingError
 from broker.remoting.header import encode_json
 
@@ -101,8 +101,8 @@ class TopicRoute:
 class _RouteSlot:
     route: TopicRoute | None = None
     version: int = 0
-    lock: trio.Lock = attrs.Factory(trio.Lock)
-    changed: trio.Event = attrs.Factory(trio.Event)
+    lock: anyio.Lock = attrs.Factory(anyio.Lock)
+    changed: anyio.Event = attrs.Factory(anyio.Event)
 
 
 ConsumerDataFn = Callable[[], dict]
@@ -133,7 +133,7 @@ class ClientInstance:
         self.reset: dict[str, NotifyFn] = {}  # group -> RESET_CONSUMER_CLIENT_OFFSET callback (topic)
         self._routes: dict[str, _RouteSlot] = {}
         self._hb_conns: dict[str, object] = {}  # addr -> the connection our last heartbeat used
-        self._hb_locks: dict[str, trio.Lock] = {}
+        self._hb_locks: dict[str, anyio.Lock] = {}
         self.closed = False
 
     # --- requests ---------------------------------------------------------------
@@ -214,7 +214,7 @@ class ClientInstance:
             slot.route = None if data is None else TopicRoute.build(topic, data, slot.version)
             if old is None or slot.route is None or old.data != slot.route.data:
                 slot.changed.set()
-                slot.changed = trio.Event()
+                slot.changed = anyio.Event()
             return slot.route
 
     async def _template_route(self) -> TopicRouteData | None:
@@ -240,12 +240,12 @@ class ClientInstance:
             route = await self.refresh_route(topic, slot.version)
             if route is not None and usable(route):
                 return route
-            if trio.current_time() + delay > deadline:
+            if anyio.current_time() + delay > deadline:
                 raise NoRouteError(topic, "no route with a usable master" if route else "no route at the name servers")
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def route_changed(self, topic: str) -> trio.Event:
+    def route_changed(self, topic: str) -> anyio.Event:
         """Set when the topic's route next changes."""
         return self._slot(topic).changed
 
@@ -274,7 +274,7 @@ class ClientInstance:
         return conn is not None and self._hb_conns.get(addr) is conn
 
     async def heartbeat(self, addr: str, only_if_stale: bool = False) -> None:
-        lock = self._hb_locks.setdefault(addr, trio.Lock())
+        lock = self._hb_locks.setdefault(addr, anyio.Lock())
         async with lock:  # concurrent callers share one heartbeat
             if only_if_stale and self._heartbeat_current(addr):
                 return
@@ -296,20 +296,20 @@ class ClientInstance:
             except ClientError as e:
                 log.debug("heartbeat to %s failed: %s", addr, e)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self.heartbeat_addrs():
                 nursery.start_soon(one, addr)
 
     async def unregister_all(self, timeout: float = 1.0) -> None:
         async def one(addr, fields):
             req = RemotingCommand.create_request(RequestCode.UNREGISTER_CLIENT, {"clientID": self.client_id, **fields})
-            with trio.move_on_after(timeout):
+            with anyio.move_on_after(timeout):
                 try:
                     await self.invoke(addr, req, timeout)
                 except ClientError as e:
                     log.debug("unregister from %s failed: %s", addr, e)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self.heartbeat_addrs():
                 for g in self.producer_groups:
                     nursery.start_soon(one, addr, {"producerGroup": g})
@@ -318,27 +318,27 @@ class ClientInstance:
 
     # --- timers ---------------------------------------------------------------------
 
-    async def run_timers(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_timers(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Periodic route refresh and heartbeats (timers, not polls)."""
         async def routes():
             while True:
-                await trio.sleep(self.route_interval)
+                await anyio.sleep(self.route_interval)
                 for topic in self.topics():
                     await self.refresh_route(topic)
 
         async def heartbeats():
             while True:
-                await trio.sleep(self.heartbeat_interval)
+                await anyio.sleep(self.heartbeat_interval)
                 await self.heartbeat_all()
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(routes)
             nursery.start_soon(heartbeats)
             task_status.started()
 
 
 @asynccontextmanager
-async def open_client_instance(namesrv_addr, **kw) -> AsyncIterator[tuple[ClientInstance, trio.Nursery]]:
+async def open_client_instance(namesrv_addr, **kw) -> AsyncIterator[tuple[ClientInstance, anyio.abc.TaskGroup]]:
     """A ClientInstance with its timers running, and a nursery for the
     client's own tasks (cancelled first on exit); unregisters on exit."""
     holder: dict = {}
@@ -371,14 +371,14 @@ async def _instance(namesrv_addr, handler, holder, kw):
     async with open_remoting_client(handler=handler) as remoting:
         instance = ClientInstance(remoting, namesrv_addr, **kw)
         holder["instance"] = instance
-        async with trio.open_nursery() as outer:
+        async with anyio.create_task_group() as outer:
             await outer.start(instance.run_timers)
             try:
-                async with trio.open_nursery() as tasks:
+                async with anyio.create_task_group() as tasks:
                     yield instance, tasks
                     tasks.cancel_scope.cancel()
             finally:
-                with trio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):
                     await instance.unregister_all()
                 instance.closed = True
                 outer.cancel_scope.cancel()

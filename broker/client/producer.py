@@ -22,7 +22,8 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.errors import (
     BrokerBusyError,
@@ -60,10 +61,10 @@ _SENT_CODES = tuple(_STATUS)
 
 
 class Producer:
-    """Use open_producer(); every method is a trio coroutine except
+    """Use open_producer(); every method is a coroutine (asyncio or trio) except
     send_async, which starts the send in the producer's nursery."""
 
-    def __init__(self, instance: ClientInstance, nursery: trio.Nursery, group: str, *,
+    def __init__(self, instance: ClientInstance, nursery: anyio.abc.TaskGroup, group: str, *,
                  send_timeout: float = DEFAULT_SEND_TIMEOUT, retries: int = DEFAULT_RETRIES,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, compress_over: int | None = COMPRESS_OVER,
                  default_topic_queue_nums: int = 4) -> None:
@@ -78,7 +79,7 @@ class Producer:
         self._uniq = UniqKeyGenerator()
         self._counter = itertools.count()
         self._pending_async = 0
-        self._async_done = trio.Event()
+        self._async_done = anyio.Event()
         self.closed = False
 
     # --- public API -----------------------------------------------------------------
@@ -127,7 +128,7 @@ class Producer:
     def send_async(self, msg: Message, callback: SendCallback | None = None, *,
                    selector: Selector | None = None, timeout: float | None = None) -> None:
         """Start sending `msg` and return at once; `callback(result, error)`
-        runs in the producer's trio thread when the send ends.  Many async
+        runs in the producer's event loop when the send ends.  Many async
         sends share one pipelined connection per broker."""
         if self.closed:
             raise ClientClosedError("the producer is closed")
@@ -157,7 +158,7 @@ class Producer:
             self._pending_async -= 1
             if not self._pending_async:
                 self._async_done.set()
-                self._async_done = trio.Event()
+                self._async_done = anyio.Event()
 
     def _request(self, msg: Message) -> tuple[str, RemotingCommand]:
         """The V2 request without its queue, built once per message."""
@@ -214,7 +215,7 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         inst = self.instance
         inst.auto_create_topics.add(topic)
-        deadline = trio.current_time() + (self.send_timeout if timeout is None else timeout)
+        deadline = anyio.current_time() + (self.send_timeout if timeout is None else timeout)
         errors: list[ClientError] = []
         bad: set[str] = set()  # addresses that failed this send in a way that says the route is stale
         route: TopicRoute | None = None
@@ -229,7 +230,7 @@ class Producer:
                     raise NoRouteError(topic, f"no master for {mq.broker_name} in the route")
                 request = build(mq)
                 await inst.ensure_heartbeat(addr)
-                remaining = max(0.0, deadline - trio.current_time())
+                remaining = max(0.0, deadline - anyio.current_time())
                 if parse is None:
                     await inst.invoke_oneway(addr, request, remaining)
                     return None
@@ -238,7 +239,7 @@ class Producer:
                 return parse(resp, mq)
             except ClientError as e:
                 errors.append(e)
-                if not e.retriable or len(errors) > self.retries or trio.current_time() >= deadline:
+                if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
                     raise SendFailedError(topic, errors) from e
                 log.debug("send to %s failed (attempt %d), retrying: %s", topic, len(errors), e)
                 if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):

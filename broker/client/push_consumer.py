@@ -36,7 +36,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import attrs
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.consumer_api import ConsumerApi, parse_subscriptions, subscription_data
 from broker.client.errors import (
@@ -108,12 +109,12 @@ class PushConsumer:
         self.local_redeliveries = 0
         self._retry_topic = retry_topic(group)
         self.rebalances = 0
-        self._kick = trio.Event()
-        self._send, self._recv = trio.open_memory_channel(options.consume_concurrency * 2)
+        self._kick = anyio.Event()
+        self._send, self._recv = anyio.create_memory_object_stream(options.consume_concurrency * 2)
         self._busy = 0
-        self._idle = trio.Event()
-        self._pulls: trio.Nursery | None = None
-        self._scope = trio.CancelScope()
+        self._idle = anyio.Event()
+        self._pulls: anyio.abc.TaskGroup | None = None
+        self._scope = anyio.CancelScope()
         self.closing = False
 
     # --- public ----------------------------------------------------------------------
@@ -153,15 +154,15 @@ class PushConsumer:
             except ClientError as e:
                 log.debug("%s: commit %s=%d failed: %s", self.group, pq.mq, offset, e)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for pq in list(self.queues.values()):
                 nursery.start_soon(one, pq)
 
     # --- life -----------------------------------------------------------------------------
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         with self._scope:
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as nursery:
                 self._pulls = nursery
                 for _ in range(self.options.consume_concurrency):
                     nursery.start_soon(self._worker)
@@ -179,10 +180,10 @@ class PushConsumer:
         self.closing = True
         for pq in self.queues.values():
             pq.cancel_scope.cancel()
-        with trio.move_on_after(grace):
+        with anyio.move_on_after(grace):
             while self._busy:
                 await self._idle.wait()
-        with trio.CancelScope(shield=True), trio.move_on_after(grace):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(grace):
             await self.commit_offsets()
         self._scope.cancel()
 
@@ -190,9 +191,9 @@ class PushConsumer:
 
     async def _rebalance_loop(self) -> None:
         while True:
-            with trio.move_on_after(self.options.rebalance_interval):
+            with anyio.move_on_after(self.options.rebalance_interval):
                 await self._kick.wait()
-            self._kick = trio.Event()
+            self._kick = anyio.Event()
             try:
                 await self._rebalance()
             except ClientError as e:
@@ -261,7 +262,7 @@ class PushConsumer:
             route = self.instance.cached_route(pq.mq.topic)
             await self.instance.refresh_route(pq.mq.topic, route.version if route else None)
             pq.broker_id = 0
-        await trio.sleep(delay)  # retry backoff after a failure, not a poll
+        await anyio.sleep(delay)  # retry backoff after a failure, not a poll
         return min(delay * 2, self.options.error_backoff[1])
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
@@ -311,7 +312,7 @@ class PushConsumer:
                 self._busy -= 1
                 if not self._busy:
                     self._idle.set()
-                    self._idle = trio.Event()
+                    self._idle = anyio.Event()
 
     async def _consume(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         try:
@@ -347,13 +348,13 @@ class PushConsumer:
             self.request_rebalance()
 
     async def _redeliver(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        await trio.sleep(self.options.redeliver_delay)  # Java's submitConsumeRequestLater (5 s)
+        await anyio.sleep(self.options.redeliver_delay)  # Java's submitConsumeRequestLater (5 s)
         if not pq.dropped and not self.closing:
             await self._send.send((pq, msgs))
 
     async def _persist_loop(self) -> None:
         while True:
-            await trio.sleep(self.options.persist_interval)  # a timer
+            await anyio.sleep(self.options.persist_interval)  # a timer
             await self.commit_offsets()
 
 
@@ -378,7 +379,7 @@ async def open_push_consumer(group: str, *, namesrv_addr, subscriptions: dict[st
         try:
             yield consumer
         finally:
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 await consumer.shutdown()
 
 

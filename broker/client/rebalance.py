@@ -6,7 +6,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import attrs
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.model import MessageExt, MessageQueue
 
@@ -42,9 +43,9 @@ class ProcessQueue:
     broker_id: int = 0  # the node the broker suggested for the next pull
     committed: int = -1  # the last offset committed to the broker
     dropped: bool = False
-    cancel_scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    cancel_scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
     _msgs: OrderedDict = attrs.Factory(OrderedDict)  # queue offset -> MessageExt, ascending
-    _space: trio.Event | None = None
+    _space: anyio.Event | None = None
 
     @property
     def in_flight(self) -> int:
@@ -69,7 +70,7 @@ class ProcessQueue:
         """Flow control: park until fewer than `limit` messages are in flight."""
         while len(self._msgs) >= limit and not self.dropped:
             if self._space is None:
-                self._space = trio.Event()
+                self._space = anyio.Event()
             await self._space.wait()
 
     def drop(self) -> None:
