@@ -34,7 +34,13 @@ from broker.client.producer import Producer, open_producer
 from broker.client.pull_consumer import PullConsumer, open_pull_consumer
 from broker.client.push_consumer import PushConsumer, PushOptions, open_push_consumer
 from broker.client.rebalance import allocate_averagely
-from broker.common.values import ConsumeFromWhere
+from broker.client.transaction import (
+                                       LocalTransactionState,
+                                       TransactionalProducer,
+                                       TransactionSendResult,
+                                       open_transactional_producer,
+)
+from broker.common.values import ConsumeFromWhere, MessageModel
 
 __all__ = [
     "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
@@ -43,5 +49,6 @@ __all__ = [
     "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
     "SendResult", "SendStatus", "TopicNotExistError", "allocate_averagely", "open_producer",
-    "open_pull_consumer", "open_push_consumer",
+    "open_pull_consumer", "open_push_consumer", "LocalTransactionState", "MessageModel", "TransactionSendResult",
+    "TransactionalProducer", "open_transactional_producer",
 ]

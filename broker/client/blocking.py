@@ -20,6 +20,7 @@ from broker.client.model import ConsumeStatus, MessageExt
 from broker.client.producer import open_producer
 from broker.client.pull_consumer import open_pull_consumer
 from broker.client.push_consumer import open_push_consumer
+from broker.client.transaction import open_transactional_producer
 
 DEFAULT_BACKEND = "trio"
 
@@ -81,12 +82,28 @@ class BlockingProducer(_Blocking):
     def send_oneway(self, msg, *, selector=None, timeout=None) -> None:
         self._portal.call(self._portal.obj.send_oneway, msg, selector=selector, timeout=timeout)
 
+    def send_orderly(self, msg, sharding_key, *, timeout=None):
+        return self._portal.call(self._portal.obj.send_orderly, msg, sharding_key, timeout=timeout)
+
     def send_batch(self, msgs, *, selector=None, timeout=None):
         return self._portal.call(self._portal.obj.send_batch, list(msgs), selector=selector, timeout=timeout)
 
     def send_async(self, msg, callback=None, *, selector=None, timeout=None) -> None:
         """`callback(result, error)` runs in the producer's event loop thread."""
         self._portal.call_sync(self._portal.obj.send_async, msg, callback, selector=selector, timeout=timeout)
+
+
+class BlockingTransactionalProducer(_Blocking):
+    """`execute(msg, arg)` and `check(msg)` are plain functions returning a
+    LocalTransactionState; they run in worker threads."""
+
+    def __init__(self, group: str, *, namesrv_addr, execute, check, backend: str = DEFAULT_BACKEND,
+                 **options) -> None:
+        self._portal = _Portal(lambda: open_transactional_producer(
+            group, namesrv_addr=namesrv_addr, execute=execute, check=check, **options), backend)
+
+    def send_in_transaction(self, msg, arg=None, *, timeout=None):
+        return self._portal.call(self._portal.obj.send_in_transaction, msg, arg, timeout=timeout)
 
 
 class BlockingPullConsumer(_Blocking):
@@ -136,4 +153,4 @@ class BlockingPushConsumer(_Blocking):
         self._portal.call(self._portal.obj.commit_offsets)
 
 
-__all__ = ["BlockingProducer", "BlockingPullConsumer", "BlockingPushConsumer"]
+__all__ = ["BlockingProducer", "BlockingPullConsumer", "BlockingPushConsumer", "BlockingTransactionalProducer"]

@@ -2,7 +2,8 @@
 # ClientInstance: PULL_MESSAGE (request building and response decoding into
 # a PullResult), the offset requests (QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/
 # MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP), GET_CONSUMER_LIST_BY_GROUP,
-# CONSUMER_SEND_MSG_BACK, and the HEART_BEAT consumer data.
+# CONSUMER_SEND_MSG_BACK, LOCK/UNLOCK_BATCH_MQ (orderly consumption), and
+# the HEART_BEAT consumer data.
 #
 # Where requests go: offsets are stored by the master (the DLedger leader),
 # so offset writes and reads go there; pulls go to the node the broker
@@ -19,7 +20,7 @@ from broker.client.model import MessageQueue, PullResult, PullStatus, decode_rec
 from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, Subscription
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.header import decode_json
+from broker.remoting.header import decode_json, encode_json
 
 _PULL_STATUS = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
                 ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
@@ -155,6 +156,22 @@ class ConsumerApi:
             return []
         body = decode_json(resp.body, "GetConsumerListByGroupResponseBody")
         return sorted(str(c) for c in (body or {}).get("consumerIdList") or ())
+
+    async def lock_batch(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ for queues of ONE broker, to its master: the ones
+        this client holds now (orderly consumption)."""
+        req = request(RequestCode.LOCK_BATCH_MQ, body=encode_json({
+            "consumerGroup": self.group, "clientId": self.instance.client_id,
+            "mqSet": [{"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id} for m in mqs]}))
+        resp = await self.on_master(mqs[0], req)
+        body = decode_json(resp.body, "LockBatchResponseBody") or {}
+        return {MessageQueue(m["topic"], m["brokerName"], int(m["queueId"])) for m in body.get("lockOKMQSet") or ()}
+
+    async def unlock_batch(self, mqs: list[MessageQueue]) -> None:
+        req = request(RequestCode.UNLOCK_BATCH_MQ, body=encode_json({
+            "consumerGroup": self.group, "clientId": self.instance.client_id,
+            "mqSet": [{"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id} for m in mqs]}))
+        await self.on_master(mqs[0], req)
 
     async def send_back(self, msg, delay_level: int = 0, max_reconsume_times: int = MAX_RECONSUME_TIMES) -> None:
         """CONSUMER_SEND_MSG_BACK: the broker re-puts `msg` to %RETRY%<group>

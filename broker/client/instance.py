@@ -38,6 +38,7 @@ from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
 from broker.remoting.header import encode_json
+from consumequeue import record as M
 
 log = logging.getLogger("ledgermq.client")
 
@@ -131,6 +132,8 @@ class ClientInstance:
         self.consumers: dict[str, ConsumerDataFn] = {}  # group -> consumerData builder
         self.notify: dict[str, NotifyFn] = {}  # group -> NOTIFY_CONSUMER_IDS_CHANGED callback
         self.reset: dict[str, NotifyFn] = {}  # group -> RESET_CONSUMER_CLIENT_OFFSET callback (topic)
+        # producer group -> CHECK_TRANSACTION_STATE callback (conn, request): a transactional producer
+        self.transaction_checks: dict[str, Callable] = {}
         self._routes: dict[str, _RouteSlot] = {}
         self._hb_conns: dict[str, object] = {}  # addr -> the connection our last heartbeat used
         self._hb_locks: dict[str, anyio.Lock] = {}
@@ -171,6 +174,16 @@ class ClientInstance:
                          conn.remote_address)
                 callback(topic)
             return None if cmd.is_oneway else cmd.make_response(ResponseCode.SUCCESS)
+        if cmd.code == RequestCode.CHECK_TRANSACTION_STATE:  # a broker asks a transactional producer
+            try:  # the group is the PGROUP property of the half message it carries
+                group = M.decode(cmd.body).properties.get("PGROUP", "")
+            except M.MessageFormatError:
+                log.warning("%s: undecodable CHECK_TRANSACTION_STATE from %s", self.client_id, conn.remote_address)
+                return None
+            callback = self.transaction_checks.get(group)
+            if callback is not None:
+                callback(conn, cmd)
+            return None  # oneway
         return await not_supported(conn, cmd)
 
     # --- routes -------------------------------------------------------------------
@@ -262,7 +275,9 @@ class ClientInstance:
         })
 
     def heartbeat_addrs(self) -> set[str]:
-        masters_only = not self.consumers
+        # Consumers and transactional producers: every node, since any may
+        # become master and must know the group (for check-backs too).
+        masters_only = not self.consumers and not self.transaction_checks
         addrs: set[str] = set()
         for slot in self._routes.values():
             if slot.route is not None:

@@ -1,6 +1,8 @@
 # Owns the producer (Java's DefaultMQProducer): send (the awaited, "sync"
 # send), send_async (fire and get a callback), send_oneway, send_batch
-# (SEND_BATCH_MESSAGE, body per spec §1.10), queue selection, and retries.
+# (SEND_BATCH_MESSAGE, body per spec §1.10), send_orderly (a sharding key
+# hashed to a queue), queue selection, and retries.  Transactional sends
+# build on it in transaction.py.
 #
 #   async with open_producer("pg", namesrv_addr=ns) as producer:
 #       result = await producer.send(Message("T", b"body", tags="A"))
@@ -17,6 +19,7 @@
 # duplicate caused by a lost response is recognisable downstream.
 import itertools
 import logging
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -42,6 +45,7 @@ from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
+from native.hashing import java_hash_str
 
 log = logging.getLogger("ledgermq.client.producer")
 
@@ -91,6 +95,13 @@ class Producer:
         uniq, req = self._request(msg)
         return await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
                                 lambda resp, mq: self._result(resp, mq, uniq)[0], selector, timeout)
+
+    async def send_orderly(self, msg: Message, sharding_key, *, timeout: float | None = None) -> SendResult:
+        """Send to the queue `sharding_key` hashes to (SelectMessageQueueByHash:
+        Java's hashCode of the key's text, modulo the write queues), so the
+        messages of one key keep their order in one queue.  A failed send is
+        retried on the same queue, never another one."""
+        return await self.send(msg, selector=hash_selector(sharding_key), timeout=timeout)
 
     async def send_oneway(self, msg: Message, *, selector: Selector | None = None,
                           timeout: float | None = None) -> None:
@@ -160,14 +171,16 @@ class Producer:
                 self._async_done.set()
                 self._async_done = anyio.Event()
 
-    def _request(self, msg: Message) -> tuple[str, RemotingCommand]:
-        """The V2 request without its queue, built once per message."""
+    def _request(self, msg: Message, extra_properties: dict | None = None,
+                 sysflag: int = 0) -> tuple[str, RemotingCommand]:
+        """The V2 request without its queue, built once per message
+        (`extra_properties` and `sysflag`: what a transactional send adds)."""
         msg.check(self.max_message_size)
         uniq = self._uniq.next()
-        body, sysflag = msg.body, 0
+        body = msg.body
         if self.compress_over is not None and len(body) > self.compress_over:
-            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), M.COMPRESSED_FLAG
-        props = M.properties_to_string(msg.wire_properties(uniq))
+            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), sysflag | M.COMPRESSED_FLAG
+        props = M.properties_to_string({**msg.wire_properties(uniq), **(extra_properties or {})})
         return uniq, self._header_request(msg.topic, body, sysflag, msg.flag, props, batch=False)
 
     def _header_request(self, topic: str, body: bytes, sysflag: int, flag: int, props: str,
@@ -246,6 +259,19 @@ class Producer:
                     bad.add(e.addr)
                 if not isinstance(e, BrokerBusyError):
                     await inst.refresh_route(topic, route.version if route is not None else None)
+
+
+def hash_selector(sharding_key) -> Selector:
+    """SelectMessageQueueByHash with Java's String.hashCode of the key's text
+    (Math.abs of the signed remainder), so a Java producer with the same key
+    picks the same queue."""
+    code = java_hash_str(str(sharding_key))
+
+    def select(queues: list[MessageQueue], _msg: Message) -> MessageQueue:
+        if not queues:
+            raise NoRouteError(_msg.topic, "no write queue to select from")
+        return queues[abs(int(math.fmod(code, len(queues))))]
+    return select
 
 
 @asynccontextmanager
