@@ -336,6 +336,10 @@ class PushConsumer:
         first_delay = opts.error_backoff[0]
         with pq.cancel_scope:
             delay = first_delay
+            if self.orderly is not None:
+                # Orderly: the offset only once the lock is ours, i.e. after
+                # the previous owner committed and unlocked (Java's lockedFirst).
+                await pq.wait_locked()
             while True:
                 try:
                     pq.next_offset = await self._start_offset(pq.mq)
