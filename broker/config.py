@@ -3,9 +3,13 @@
 # the replication keys (dLeger*, storePathRootDir, flushDiskType,
 # fileReservedTime, deleteWhen, ...) parsed by commitlog.config into the
 # embedded ReplicationConfig.  One file, one parse: the broker keys are taken
-# here, everything else goes to ReplicationConfig.from_dict, whose unknown-key
-# warnings (with "did you mean") come back with ours.  Unknown keys are never
-# fatal; a value that cannot be used is a ConfigError naming key and value.
+# here, the replication keys go to ReplicationConfig.from_dict, the metrics
+# keys (metricsExporterType, metricsPromExporterHost/Port) to MetricsConfig;
+# a RocketMQ key ledgermq does not implement is a warning naming it
+# (broker/common/conf_keys.py), any other key an "unknown key" warning with
+# "did you mean" over every key known.  Unknown keys are never fatal; a value
+# that cannot be used is a ConfigError naming key and value.
+# logDir (ledgermq's own key): write broker.log there, rotated by size.
 #
 # Defaults are RocketMQ 5.x's (BrokerConfig / MessageStoreConfig):
 # listenPort 10911, defaultTopicQueueNums 8, maxMessageSize 4 MiB,
@@ -25,6 +29,10 @@ import socket
 
 import attrs
 
+from broker.common import conf_keys
+from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError
+from commitlog.config import ALIASES as REPLICATION_ALIASES
+from commitlog.config import KEYS as REPLICATION_KEYS
 from commitlog.config import ConfigError, FlushDiskType, ReplicationConfig, iter_properties, read_properties_text
 from commitlog.config import parse_bool as _bool
 from commitlog.config import parse_int as _int
@@ -107,7 +115,10 @@ KEYS = {
     "transactionCheckInterval": ("transaction_check_interval_ms", _int(1, _JAVA_INT)),
     # RocketMQ reads it from -Drocketmq.broker.rebalance.lockMaxLiveTime; a key here.
     "rebalanceLockMaxLiveTime": ("rebalance_lock_max_live_ms", _int(1, _JAVA_INT)),
+    "logDir": ("log_dir", _nonempty),
 }
+# Every key some part of ledgermq parses (for "did you mean").
+PARSED_KEYS = frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS)
 
 
 @attrs.frozen
@@ -131,6 +142,8 @@ class BrokerConfig:
     transaction_check_max: int = 15  # check-backs before a half message is discarded
     transaction_check_interval_ms: int = 60000  # between check-backs of one half message
     rebalance_lock_max_live_ms: int = 60000  # an orderly consumer's queue lock lives this long unrenewed
+    metrics: MetricsConfig = attrs.Factory(MetricsConfig)
+    log_dir: str | None = None  # logDir: also log to <logDir>/broker.log
 
     # --- derived -------------------------------------------------------------
 
@@ -178,12 +191,24 @@ class BrokerConfig:
         warnings = list(warnings or ())
         values: dict[str, object] = {}
         rest: dict[str, object] = {}
+        metrics: dict[str, object] = {}
         for key, value in props.items():
             if key in KEYS:
                 field, parse = KEYS[key]
                 values[field] = parse(key, value)
-            else:
+            elif key in METRICS_KEYS:
+                metrics[key] = value
+            elif key in REPLICATION_KEYS or key in REPLICATION_ALIASES or key == "enableDLegerCommitLog":
                 rest[key] = value
+            elif key in conf_keys.NOT_IMPLEMENTED:
+                warnings.append(conf_keys.not_implemented_warning(key))
+            elif key not in conf_keys.NO_EFFECT:
+                warnings.append(conf_keys.unknown_key_warning(key, PARSED_KEYS | conf_keys.ALL))
+        try:
+            values["metrics"], more = MetricsConfig.from_props(metrics)
+        except MetricsConfigError as e:
+            raise ConfigError(e.key, e.value, e.reason) from None
+        warnings += more
         replication, more = ReplicationConfig.from_dict(rest)
         warnings += more
         if "broker_id" in values and values["broker_id"] != MASTER_ID:

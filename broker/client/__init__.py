@@ -6,6 +6,7 @@
 from broker.client.errors import (
                                   BrokerBusyError,
                                   BrokerError,
+                                  BrokerSystemError,
                                   BrokerUnavailableError,
                                   ClientClosedError,
                                   ClientError,
@@ -13,10 +14,13 @@ from broker.client.errors import (
                                   InvalidArgumentError,
                                   InvalidMessageError,
                                   MessageIllegalError,
+                                  NoPermissionError,
                                   NoRouteError,
                                   NotSupportedError,
                                   RequestTimeoutError,
                                   SendFailedError,
+                                  SubscriptionError,
+                                  SystemError_,
                                   TopicNotExistError,
 )
 from broker.client.model import (
@@ -43,12 +47,12 @@ from broker.client.transaction import (
 from broker.common.values import ConsumeFromWhere, MessageModel
 
 __all__ = [
-    "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
+    "BrokerBusyError", "BrokerError", "BrokerSystemError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
     "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
-    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "MessageSelector", "NoRouteError", "NotSupportedError", "Producer",
-    "PullConsumer",
+    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "MessageSelector", "NoPermissionError",
+    "NoRouteError", "NotSupportedError", "Producer", "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
-    "SendResult", "SendStatus", "TopicNotExistError", "allocate_averagely", "open_producer",
-    "open_pull_consumer", "open_push_consumer", "LocalTransactionState", "MessageModel", "TransactionSendResult",
-    "TransactionalProducer", "open_transactional_producer",
+    "SendResult", "SendStatus", "SubscriptionError", "SystemError_", "TopicNotExistError", "allocate_averagely",
+    "open_producer", "open_pull_consumer", "open_push_consumer", "LocalTransactionState", "MessageModel",
+    "TransactionSendResult", "TransactionalProducer", "open_transactional_producer",
 ]

@@ -30,6 +30,7 @@ import anyio.abc
 
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
 from broker.client.model import MessageQueue
+from broker.client.running_info import no_route_reason, running_info_response
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.namesrv.routes import TopicRouteData
@@ -104,6 +105,7 @@ class _RouteSlot:
     version: int = 0
     lock: anyio.Lock = attrs.Factory(anyio.Lock)
     changed: anyio.Event = attrs.Factory(anyio.Event)
+    error: RemotingError | None = None  # issue 17: why the last ask failed (named in NoRouteError)
 
 
 ConsumerDataFn = Callable[[], dict]
@@ -184,6 +186,8 @@ class ClientInstance:
             if callback is not None:
                 callback(conn, cmd)
             return None  # oneway
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # issue 17: dashboards, RocketMQ mqadmin consumerStatus
+            return running_info_response(cmd, self.client_id, self.consumers)
         return await not_supported(conn, cmd)
 
     # --- routes -------------------------------------------------------------------
@@ -221,7 +225,9 @@ class ClientInstance:
                     data = await self._template_route()
             except RemotingError as e:
                 log.debug("route of %s: name servers unreachable: %s", topic, e)
+                slot.error = e  # issue 17
                 return slot.route
+            slot.error = None  # issue 17
             old = slot.route
             slot.version += 1
             slot.route = None if data is None else TopicRoute.build(topic, data, slot.version)
@@ -254,7 +260,8 @@ class ClientInstance:
             if route is not None and usable(route):
                 return route
             if anyio.current_time() + delay > deadline:
-                raise NoRouteError(topic, "no route with a usable master" if route else "no route at the name servers")
+                reason = "no route with a usable master" if route else "no route at the name servers"
+                raise NoRouteError(topic, no_route_reason(reason, slot.error))  # issue 17: name the cause
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.5)
 

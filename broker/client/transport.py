@@ -16,6 +16,7 @@
 import itertools
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -53,6 +54,16 @@ def parse_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"bad address {addr!r} (expected host:port)")
     return host, int(port)
+
+
+def _connect_reason(e: OSError) -> str:
+    """What failed: anyio.connect_tcp wraps each address's own error
+    ("Connection refused") in one "All connection attempts failed"."""
+    causes = [e, e.__cause__, *getattr(e.__cause__, "exceptions", ())]
+    for inner in causes:  # the errno's own words, the same on every backend
+        if isinstance(inner, OSError) and inner.errno:
+            return os.strerror(inner.errno)
+    return e.strerror or repr(e)
 
 
 async def not_supported(conn, cmd: RemotingCommand) -> RemotingCommand:
@@ -253,7 +264,7 @@ class RemotingClient:
             try:
                 stream = await anyio.connect_tcp(host, port)
             except OSError as e:
-                raise RemotingConnectError(addr, e.strerror or repr(e)) from None
+                raise RemotingConnectError(addr, _connect_reason(e)) from None
             self.dials += 1
             conn = ClientConnection(stream, addr, self._handler, max_frame_size=self.max_frame_size)
             self._conns[addr] = conn

@@ -1,6 +1,7 @@
 # Owns profiling the send path (`python -m tools.bench.profile_send`): a name
 # server and a 3-broker group as real processes, raw pipelined
-# SEND_MESSAGE_V2 (1 KiB) with a window in flight for a fixed time, and
+# SEND_MESSAGE_V2 (1 KiB) with a window in flight for a fixed time (the
+# cheap generator of tools/bench/rawsend.py), and
 # meanwhile py-spy sampling the master (and optionally a slave).  Prints
 # messages/s and the CPU microseconds per message of every broker process
 # and of the load generator, and the top of each profile (by own time and
@@ -19,7 +20,8 @@ import tempfile
 
 import trio
 
-from tools.bench.broker import Phases, cpu_seconds, create_topic_request, own_cpu_seconds, send_request
+from tools.bench.broker import QUEUES, cpu_split, create_topic_request, own_cpu_seconds, send_request
+from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import open_broker_cluster
 
 
@@ -51,8 +53,9 @@ async def run(args) -> dict:
         async with open_broker_cluster(root, extra_conf=conf) as cluster:
             master = await cluster.wait_master()
             await cluster.remoting.invoke(cluster.addr(master), create_topic_request())
-            phases = Phases(cluster, master, args.seconds + 5)
-            await phases.windowed(2000, args.window, send_request)  # warm-up
+            addr = cluster.addr(master)
+            templates = [FrameTemplate(send_request(q)) for q in range(QUEUES)]
+            await run_window(addr, templates, count=2000, window=args.window, seconds=30)  # warm-up
             slave = next(n for n in sorted(cluster.brokers) if n != master)
             targets = {"master": cluster.brokers[master].pid}
             if args.slave:
@@ -65,18 +68,24 @@ async def run(args) -> dict:
                     [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
                      "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "200", "--format", "raw",
                      "--output", raw, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+            cpu0 = {n: cpu_split(p) for n, p in pids.items()}
             own0 = own_cpu_seconds()
-            phases.seconds = args.seconds
-            r = await phases.windowed(10_000_000, args.window, send_request)
-            cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
+            r = await run_window(addr, templates, count=10_000_000, window=args.window, seconds=args.seconds)
+            r["mps"] = r["count"] / r["seconds"]
+            cpu1 = {n: cpu_split(p) for n, p in pids.items()}
             own1 = own_cpu_seconds()
             for raw, proc in spies.values():
                 await trio.to_thread.run_sync(proc.wait)
             count = r["count"]
+            lat = sorted(r["latencies"])
             result = {"window": args.window, "sync": args.sync, "mps": r["mps"], "count": count,
-                      "errors": dict(phases.errors),
-                      "cpu_us_per_msg": {("master" if n == master else n): round(1e6 * (cpu1[n] - cpu0[n]) / count, 1)
+                      "p50_ms": round(1e3 * lat[len(lat) // 2], 3) if lat else None,
+                      "p99_ms": round(1e3 * lat[int(len(lat) * 0.99)], 3) if lat else None,
+                      "errors": r["errors"],
+                      "cpu_us_per_msg": {("master" if n == master else n):
+                                         round(1e6 * (sum(cpu1[n]) - sum(cpu0[n])) / count, 1)
+                                         for n in pids if count},
+                      "sys_us_per_msg": {("master" if n == master else n): round(1e6 * (cpu1[n][1] - cpu0[n][1]) / count, 1)
                                          for n in pids if count},
                       "client_cpu_us_per_msg": round(1e6 * (own1 - own0) / count, 1) if count else None,
                       "profiles": {}}
@@ -105,9 +114,10 @@ def main(argv=None) -> int:
         print(json.dumps(r, indent=1))
         return 0
     print(f"window {r['window']}{' SYNC_FLUSH' if r['sync'] else ''}: {r['mps']:.0f} msg/s, {r['count']} messages, "
-          f"errors {r['errors'] or 'none'}")
+          f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, errors {r['errors'] or 'none'}")
     print("CPU us/msg: " + ", ".join(f"{k} {v}" for k, v in r["cpu_us_per_msg"].items())
           + f", load generator {r['client_cpu_us_per_msg']}")
+    print("  of which system: " + ", ".join(f"{k} {v}" for k, v in r["sys_us_per_msg"].items()))
     for role, prof in r["profiles"].items():
         print(f"\n{role} profile, own time:")
         for pct, frame in prof["own"]:
