@@ -225,3 +225,47 @@ async def test_broadcasting_with_local_offsets(cluster, anyio_backend, tmp_path)
     # B's restart took only what came while it was away
     assert sorted(m.body for m in b[b_before:]) == sorted(f"m{i}".encode() for i in range(20, 30))
     assert len(b) == 31
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_blocking_facade(cluster, backend):
+    """Plain functions, no event loop in sight: send_orderly, an orderly
+    consumer, a transactional producer whose executor and check listener
+    are plain functions (run in worker threads)."""
+    import threading
+    import time
+
+    from broker.client.blocking import BlockingProducer, BlockingPushConsumer, BlockingTransactionalProducer
+
+    ns, topic = cluster.namesrv_addr, f"Blk_{backend}"
+    lock, got = threading.Lock(), []
+
+    def handler(msgs):
+        with lock:
+            got.extend(m.body for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    def execute(msg, arg):
+        return LocalTransactionState.UNKNOW if msg.body == b"tx-later" else LocalTransactionState.COMMIT_MESSAGE
+
+    def check(msg):
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    with BlockingProducer(f"blk_p_{backend}", namesrv_addr=ns, backend=backend) as p, \
+            BlockingTransactionalProducer(f"blk_tx_{backend}", namesrv_addr=ns, execute=execute, check=check,
+                                          topics=[topic], backend=backend) as tp:
+        for i in range(6):
+            assert p.send_orderly(Message(topic, f"o{i}".encode()), "one-key").status is SendStatus.SEND_OK
+        assert tp.send_in_transaction(Message(topic, b"tx-now")).local_state is LocalTransactionState.COMMIT_MESSAGE
+        assert tp.send_in_transaction(Message(topic, b"tx-later")).local_state is LocalTransactionState.UNKNOW
+        with BlockingPushConsumer(f"blk_c_{backend}", namesrv_addr=ns, subscriptions={topic: "*"}, handler=handler,
+                                  orderly=True, consume_from=FIRST, backend=backend):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with lock:
+                    if {b"tx-now", b"tx-later"} <= set(got) and sum(b.startswith(b"o") for b in got) >= 6:
+                        break
+                time.sleep(0.05)
+    ordered = [b for b in got if b.startswith(b"o")]
+    assert ordered == [f"o{i}".encode() for i in range(6)]
+    assert {b"tx-now", b"tx-later"} <= set(got)
