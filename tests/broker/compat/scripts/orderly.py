@@ -1,11 +1,16 @@
 # orderly.py NAMESRV TOPIC KEYS PER_KEY [--group G] [--wait S] [--fail-first N] [--no-send]
+#            [--progress FILE]
 # The stock client's orderly paths: Producer.send_orderly(msg, key index)
 # sends PER_KEY messages "k<key>:<seq>" for each of KEYS keys (unless
 # --no-send), then PushConsumer(group, orderly=True) consumes until every
 # expected body arrived or S seconds passed.  --fail-first N raises in the
-# callback for the first N deliveries (the stock orderly consumer retries
-# them in place).  Prints {"sent": [...], "consumed": [...], "complete": bool}.
+# callback for the first N deliveries (0.4.4's orderly consumer then moves on
+# past them, committing their offsets: a client-side matter, nothing reaches
+# the broker).  --progress FILE: one JSON line per delivery, flushed at once,
+# so a test can see the consumer at work before it exits.  Prints {"sent":
+# [...], "consumed": [...], "complete": bool}.
 import argparse
+import json
 import threading
 import time
 
@@ -23,7 +28,9 @@ def main() -> None:
     p.add_argument("--wait", type=float, default=60.0)
     p.add_argument("--fail-first", type=int, default=0)
     p.add_argument("--no-send", action="store_true")
+    p.add_argument("--progress")
     a = p.parse_args()
+    progress = open(a.progress, "a") if a.progress else None
 
     sent = []
     clients = []
@@ -50,6 +57,9 @@ def main() -> None:
             body = text(m.body)
             consumed.append({"body": body, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
                              "reconsume_times": m.reconsume_times, "failed": state["deliveries"] <= a.fail_first})
+            if progress is not None:
+                progress.write(json.dumps({"body": body, "queue_id": m.queue_id}) + "\n")
+                progress.flush()
             if state["deliveries"] <= a.fail_first:
                 raise RuntimeError("compat: suspend and retry")
             bodies.add(body)
