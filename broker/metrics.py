@@ -47,6 +47,14 @@ from broker.telemetry.exporter import MetricsConfig, serve_metrics
 from consumequeue.service import positions
 
 CQ_UNIT = struct.Struct(">qiq")  # phy offset, size, tags code (spec §2)
+
+
+def _size_sum(raw: bytes, n: int) -> int:
+    """The message bytes of n consume queue units (one unpack for all of
+    them: this runs over every message put)."""
+    sizes = struct.unpack_from(">" + "qiq" * n, raw)[1::3]
+    total = sum(sizes)
+    return total if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
 READ_UNITS = 8192  # CQ units read per queue per pass
 
 
@@ -78,7 +86,7 @@ class PutCounter:
                 if not raw:
                     break
                 n = len(raw) // CQ_UNIT.size
-                self.bytes[topic] = self.bytes.get(topic, 0) + sum(u[1] for u in CQ_UNIT.iter_unpack(raw) if u[1] > 0)
+                self.bytes[topic] = self.bytes.get(topic, 0) + _size_sum(raw, n)
                 self.messages[topic] = self.messages.get(topic, 0) + n
                 pos += n
             self.cursor[key] = pos

@@ -471,7 +471,7 @@ class ReplicaNode:
         if self._wrote and self.log.sync_flush:
             # fdatasync off the event loop; the driver waits, inputs queue up
             # and become the next round's group commit.
-            await trio.to_thread.run_sync(self.log.flush)
+            await self.log.flush_async()
         self._wrote = False
         # Everything below happens only after this round's writes are
         # durable (per policy); between the two steps the order is free.

@@ -574,10 +574,24 @@ class SegmentedStore(StoreReads):
         """fdatasync every data segment written since the last flush, then
         every such index segment.  Callable from a worker thread while the
         trio thread appends; concurrent flushes run one after the other."""
+        flushed = self._sync_to_disk()
+        if flushed is not None:
+            self._publish_flushed(flushed)
+
+    async def flush_async(self) -> None:
+        """flush() in a worker thread, off the event loop.  The flushed
+        watermark advances back in the trio thread when the worker returns:
+        no second round trip from the worker into trio per flush."""
+        flushed = await trio.to_thread.run_sync(self._sync_to_disk)
+        if flushed is not None:
+            self.flushed_watermark.advance(flushed)
+
+    def _sync_to_disk(self) -> int | None:
+        """The flush itself; returns the new flushed end (None: nothing to do)."""
         with self._flush_lock:
             job = self._begin_flush()
             if job is None:
-                return
+                return None
             try:
                 _run_flush(job)
             except BaseException:
@@ -585,11 +599,7 @@ class SegmentedStore(StoreReads):
                 raise
             self.flush_count += 1
             self._flushed_end = flushed = min(job.end_index, self._end)
-        self._publish_flushed(flushed)
-
-    async def flush_async(self) -> None:
-        """flush() in a worker thread, off the event loop."""
-        await trio.to_thread.run_sync(self.flush)
+        return flushed
 
     def _publish_flushed(self, end: int) -> None:
         # Watermark waiters are trio tasks: wake them from the trio thread.

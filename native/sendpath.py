@@ -108,9 +108,10 @@ def record_props_len(scan: SendScan, i: int, env: SendEnv) -> int:
 
 
 def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array,
-                 env: SendEnv) -> tuple[bytes, array, array, array, array, int]:
+                 env: SendEnv) -> tuple[bytearray, array, array, array, array, int]:
     """The records of the requests `which` (indexes into the scan, 'i'),
-    with their queue ids and sysflags ('i' arrays): (records buffer, record
+    with their queue ids and sysflags ('i' arrays): (records buffer --
+    larger than the records, which lie back to back from 0 --, record
     offsets, record lengths, UNIQ_KEY offsets and lengths in the buffer,
     the UNIQ_KEY counter after the keys it made).  The caller has checked
     the property lengths (record_props_len)."""
@@ -128,7 +129,7 @@ def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array
                                 f("int32_t[]", uniq_len), counter)
     if used < 0:  # pragma: no cover - the capacity above is an upper bound
         raise RuntimeError(f"lmq_encode_sends: no room for record {-1 - used}")
-    return bytes(memoryview(out)[:used]), rec_off, rec_len, uniq_off, uniq_len, counter[0]
+    return out, rec_off, rec_len, uniq_off, uniq_len, counter[0]
 
 
 def encode_send_responses(opaques: array, queue_ids: array, queue_offsets: array, phy_offsets: array,

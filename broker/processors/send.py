@@ -557,6 +557,7 @@ class SendProcessor:
         """FLUSH_SLAVE_TIMEOUT with ids, if the log still holds exactly our
         records (offsets aside) at the entries the append was given (from
         index `first`)."""
+        records = [bytes(r) for r in records]  # (the native path's are views)
         placed = []
         try:
             for index, rec in zip(range(first, first + len(records)), records):

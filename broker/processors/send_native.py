@@ -37,11 +37,14 @@ class NativeRun:
     opaques: array = attrs.Factory(lambda: array("i"))
     oneway: list[bool] = attrs.Factory(list)
     missing_uniq: int = 0
+    # the topic of the last message taken, and take()'s checks for it
+    key: bytes | None = None
+    verdict: tuple | None = None
     cluster_props: int = 0  # properties bytes every record gets (CLUSTER)
     uniq_props: int = 0  # and a record gets when its UNIQ_KEY is made here
     # set by encode():
     first: int = -1  # index of the run's first record among the burst's
-    records: bytes = b""
+    records: bytearray | None = None
     uniq_off: array | None = None
     uniq_len: array | None = None
 
@@ -61,38 +64,49 @@ class NativeSends:
         if r.status != sendpath.SEND_OK:  # pragma: no cover - the decoder hands out only these
             return False
         key = ffi.buffer(raw.scan.scratch + r.topic_off, r.topic_len)[:]
-        topic = self.topics.get(key)
-        if topic is None:
-            topic = self._validated(key)
-            if topic is None:
+        if key != run.key:  # a run is usually one topic: its checks are looked up once
+            verdict = self._verdict(proc, key, born_v6)
+            if verdict is None:
                 return False
-        cfg = proc.metadata.topic_config(topic)
-        if cfg is None or not cfg.perm & PERM_WRITE:
-            return False  # auto-create first, or refused: the general path says which
+            run.key, run.verdict = key, verdict
+        write_queues, read_queues, max_size, set_flags = run.verdict
         queue_id = r.queue_id
-        if queue_id >= cfg.write_queue_nums and queue_id >= cfg.read_queue_nums:
+        if queue_id >= write_queues and queue_id >= read_queues:
             return False
-        bcfg = proc.cfg
-        if r.body_len > bcfg.max_message_size:
+        if r.body_len > max_size:
             return False
         sysflag = r.sysflag
         if sysflag & M.TRANSACTION_MASK == M.TRANSACTION_PREPARED_TYPE:
             return False
         if r.props_len + run.cluster_props + (0 if r.uniq_len else run.uniq_props) > M.MAX_PROPERTIES_LEN:
             return False
-        if cfg.topic_filter_type == "MULTI_TAG":
-            sysflag |= M.MULTI_TAGS_FLAG
-        sysflag = (sysflag & ~_V6_FLAGS) | (M.BORNHOST_V6_FLAG if born_v6 else 0) | \
-            (M.STOREHOST_V6_FLAG if bcfg.store_host.is_v6 else 0)
         run.at.append(at)
         run.which.append(raw.index)
         run.queue_ids.append(queue_id)
-        run.sysflags.append(sysflag)
+        run.sysflags.append((sysflag & ~_V6_FLAGS) | set_flags)
         run.opaques.append(raw.opaque)
         run.oneway.append(raw.is_oneway)
         if not r.uniq_len:
             run.missing_uniq += 1
         return True
+
+    def _verdict(self, proc, key: bytes, born_v6: bool) -> tuple | None:
+        """What take() checks a message of topic `key` against: (write
+        queues, read queues, max body size, sysflag bits set), or None when
+        the general path must serve the topic (invalid name, auto-create,
+        no write permission)."""
+        topic = self.topics.get(key)
+        if topic is None:
+            topic = self._validated(key)
+            if topic is None:
+                return None
+        cfg = proc.metadata.topic_config(topic)
+        if cfg is None or not cfg.perm & PERM_WRITE:
+            return None  # auto-create first, or refused: the general path says which
+        bcfg = proc.cfg
+        flags = (M.MULTI_TAGS_FLAG if cfg.topic_filter_type == "MULTI_TAG" else 0) | \
+            (M.BORNHOST_V6_FLAG if born_v6 else 0) | (M.STOREHOST_V6_FLAG if bcfg.store_host.is_v6 else 0)
+        return cfg.write_queue_nums, cfg.read_queue_nums, bcfg.max_message_size, flags
 
     def _validated(self, key: bytes) -> str | None:
         topic = key.decode("utf-8")
@@ -110,14 +124,16 @@ def new_run(scan: sendpath.SendScan, cluster: bytes, uniq_prefix: str) -> Native
 
 def encode(run: NativeRun, records: list, born_host: bytes, store_host: bytes, store_timestamp: int,
            cluster: bytes, uniq_keys) -> None:
-    """The run's records, appended to `records` (one bytes each)."""
+    """The run's records, appended to `records`: views of one buffer (the
+    log copies them once, into its write)."""
     diff, counter = uniq_keys.reserve(run.missing_uniq) if run.missing_uniq else (0, 0)
     env = sendpath.SendEnv(born_host, store_host, store_timestamp, cluster, uniq_keys.prefix.encode(), diff,
                            counter)
     buf, rec_off, rec_len, run.uniq_off, run.uniq_len, _ = sendpath.encode_sends(
         run.scan, run.which, run.queue_ids, run.sysflags, env)
     run.first, run.records = len(records), buf
-    records.extend([buf[o:o + n] for o, n in zip(rec_off, rec_len)])
+    view = memoryview(buf)
+    records.extend([view[o:o + n] for o, n in zip(rec_off, rec_len)])
 
 
 def answer(run: NativeRun, replies: list, placed, stamps, store_host: bytes) -> bool:

@@ -4,6 +4,7 @@
 # a real socket, and log files: rotation by size and JSON lines.
 import json
 import logging
+import random
 
 import pytest
 import trio
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.metrics import CQ_UNIT, _size_sum
 from broker.telemetry import stats as S
 from broker.telemetry.buckets import BucketCounter
 from broker.telemetry.exporter import MetricsConfig, MetricsConfigError, answer, serve_metrics
@@ -147,3 +149,14 @@ def test_log_setup_errors_name_the_cause(tmp_path, clean_root_logger):
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError, match=f"cannot write the log file {tmp_path}/file/x.log"):
         setup_logging("INFO", str(tmp_path / "file" / "x.log"))
+
+
+def test_put_size_sum_matches_unit_by_unit():
+    """The put counter's one-unpack sum equals unit-by-unit decoding,
+    zero-size (filler) and negative sizes included."""
+    rnd = random.Random(7)
+    for n in (0, 1, 5, 300):
+        for sizes in ([rnd.randrange(1, 1 << 20) for _ in range(n)],
+                      [rnd.choice((0, -1, 17, 4096)) for _ in range(n)]):
+            raw = b"".join(CQ_UNIT.pack(rnd.randrange(1 << 40), s, rnd.randrange(1 << 32)) for s in sizes)
+            assert _size_sum(raw, n) == sum(u[1] for u in CQ_UNIT.iter_unpack(raw) if u[1] > 0)
