@@ -7,9 +7,9 @@
 #   3. the subscription: with PullSysFlag SUBSCRIPTION the header's
 #      expression (`TagA || TagB`, `*`), else the one the group registered by
 #      HEART_BEAT (broker.processors.clients) -- turned into Java String.hashCode tag
-#      codes; class filters are refused (NO_PERMISSION), and so are SQL92
-#      expressions unless enablePropertyFilter=true (an expression that does
-#      not parse: SUBSCRIPTION_PARSE_FAILED);
+#      codes; class filters are refused (NO_PERMISSION), SQL92 expressions
+#      unless enablePropertyFilter=true (SYSTEM_ERROR, as in Java; an
+#      expression that does not parse: SUBSCRIPTION_PARSE_FAILED first);
 #   4. consumequeue.reader.read_messages, bounded by the dispatch position
 #      (dispatched implies committed: uncommitted entries are never sent);
 #      tags by the consume queue's tags code, SQL92 by the stored record's
@@ -217,7 +217,7 @@ class PullProcessor:
 
     def _allowed(self, sub: Subscription) -> Subscription:
         if sub.is_sql and not self.config.current.enable_property_filter:
-            raise PullError(ResponseCode.NO_PERMISSION,
+            raise PullError(ResponseCode.SYSTEM_ERROR,  # as Java's PullMessageProcessor answers
                             f"The broker does not support consumer to filter message by {sub.expression_type}")
         return sub
 

@@ -1,7 +1,8 @@
 # The features applications are written against, through the Python client on
 # a real 3-broker group, under asyncio AND trio (anyio backends; the harness
 # runs in its own thread, cluster_helpers.py): SQL92 selectors (and the
-# broker's SUBSCRIPTION_PARSE_FAILED for a bad expression), send_orderly with
+# broker's SUBSCRIPTION_PARSE_FAILED for a bad expression, on pull and on
+# CHECK_CLIENT_CONFIG), send_orderly with
 # orderly push consumers while consumers join and leave (per-key order, never
 # two handlers on one queue at once), transactions (commit delivers, rollback
 # never, an unknown state is checked back, a half is invisible until its
@@ -10,6 +11,7 @@
 # everything; a restart resumes from its local offsets).  The leader-kill
 # versions are in test_features_failover.py.
 import collections
+import json
 import os
 
 import anyio
@@ -30,7 +32,8 @@ from broker.client import (
 )
 from broker.client.errors import SubscriptionError
 from broker.common.subscription import Subscription
-from broker.remoting.codes import ResponseCode
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
 from tests.broker.client.cluster_helpers import thread_cluster
 from tests.broker.client.feature_helpers import order_problems, wait_until
 
@@ -78,6 +81,14 @@ async def test_sql92_selector(cluster, anyio_backend):
             with pytest.raises(SubscriptionError) as info:
                 await pc.api.pull(queues[0], 0, Subscription("a >> 5", expression_type="SQL92"))
             assert info.value.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+            # and what a Java consumer asks at start (CHECK_CLIENT_CONFIG), on the master
+            for expression, code in (("a > 5", ResponseCode.SUCCESS),
+                                     ("a >> 5", ResponseCode.SUBSCRIPTION_PARSE_FAILED)):
+                body = {"clientId": "java@1", "group": "sql_java",
+                        "subscriptionData": {"topic": topic, "subString": expression, "expressionType": "SQL92"}}
+                req = RemotingCommand.create_request(RequestCode.CHECK_CLIENT_CONFIG, {},
+                                                     body=json.dumps(body).encode())
+                assert (await pc.api.on_master(queues[0], req, ok=None)).code == code
 
 
 async def test_orderly_consumption_through_a_rebalance(cluster, anyio_backend):

@@ -157,7 +157,9 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
         assert (await p.process(pull_req(0, topic="Nope"))).code == ResponseCode.TOPIC_NOT_EXIST
         assert (await p.process(pull_req(0, queue_id=9))).code == ResponseCode.SYSTEM_ERROR
         sql = await p.process(pull_req(0, expressionType="SQL92", sub="a > 1"))
-        assert sql.code == ResponseCode.NO_PERMISSION
+        assert sql.code == ResponseCode.SYSTEM_ERROR and "does not support" in sql.remark  # Java's answer
+        bad_sql = await p.process(pull_req(0, expressionType="SQL92", sub="a >> 1"))
+        assert bad_sql.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED  # parsed first, as in Java
         missing = RemotingCommand.create_request(RequestCode.PULL_MESSAGE, {"topic": TOPIC})
         bad = await p.process(missing)
         assert bad.code == ResponseCode.SYSTEM_ERROR and "<consumerGroup>" in bad.remark
