@@ -6,13 +6,15 @@
 # orderly push consumers while consumers join and leave (per-key order, never
 # two handlers on one queue at once), transactions (commit delivers, rollback
 # never, an unknown state is checked back, a half is invisible until its
-# commit, a producer that dies mid-transaction is checked back through
-# another producer of its group), broadcasting (every instance gets
+# commit, a producer that closes or is killed -9 mid-transaction is checked
+# back through another producer of its group), broadcasting (every instance gets
 # everything; a restart resumes from its local offsets).  The leader-kill
 # versions are in test_features_failover.py.
 import collections
 import json
 import os
+import signal
+import sys
 
 import anyio
 import pytest
@@ -36,6 +38,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.broker.client.cluster_helpers import thread_cluster
 from tests.broker.client.feature_helpers import order_problems, wait_until
+from tests.helpers import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
@@ -185,9 +188,14 @@ async def test_transactions(cluster, anyio_backend):
         checked.append(msg.body)
         return LocalTransactionState.COMMIT_MESSAGE
 
-    async def never(msg):  # the dead producer's listener: it must not be the one asked
-        checked.append(b"dead producer asked")
-        return LocalTransactionState.ROLLBACK_MESSAGE
+    # While it lives, the other producer of the group may be asked about any
+    # half of the group (the broker picks one, as RocketMQ does), so it
+    # answers alike; once closed or killed it must not be asked any more.
+    checked_by_dying: list = []
+
+    async def also_commits(msg):
+        checked_by_dying.append(msg.body)
+        return LocalTransactionState.COMMIT_MESSAGE
 
     S = LocalTransactionState
     async with open_push_consumer(f"tx_c_{anyio_backend}", namesrv_addr=ns, subscriptions={topic: "*"},
@@ -198,15 +206,44 @@ async def test_transactions(cluster, anyio_backend):
                             (b"unknown", S.UNKNOW)):
             r = await survivor.send_in_transaction(Message(topic, body), state)
             assert r.send_result.status is SendStatus.SEND_OK and r.local_state is state
-        async with open_transactional_producer(group, namesrv_addr=ns, execute=execute, check=never) as dying:
+        async with open_transactional_producer(group, namesrv_addr=ns, execute=execute,
+                                               check=also_commits) as dying:
             await dying.send_in_transaction(Message(topic, b"orphan"), S.UNKNOW)
-        # `dying` is gone mid-transaction; the broker asks `survivor` instead
-        await wait_until(lambda: {b"commit", b"unknown", b"orphan"} <= {m.body for m in got}, 30, "commits")
+        # `dying` closed mid-transaction: the broker asks `survivor` about the
+        # orphan; then a producer process killed -9 right after its half was
+        # stored (no unregister: the broker sees its connection drop)
+        killed = await anyio.run_process([sys.executable, "-c", KILLED_PRODUCER, ns, group, topic],
+                                         check=False, cwd=str(REPO_ROOT))
+        assert killed.returncode == -signal.SIGKILL and b"half stored" in killed.stdout, killed.stderr[-2000:]
+        want = {b"commit", b"unknown", b"orphan", b"killed-orphan"}
+        try:  # generous: checks come every transactionCheckInterval (2 s), the machine may be loaded
+            await wait_until(lambda: want <= {m.body for m in got}, 60, "commits")
+        except TimeoutError:
+            raise AssertionError(f"delivered {[m.body for m in got]}, checked {checked}") from None
         await anyio.sleep(2.5)  # a rollback would have shown by now
     bodies = [m.body for m in got]
-    assert sorted(bodies) == [b"commit", b"orphan", b"unknown"]
+    assert sorted(bodies) == [b"commit", b"killed-orphan", b"orphan", b"unknown"]
     assert seen_during_execute == [False] * 4
-    assert set(checked) == {b"unknown", b"orphan"}
+    assert set(checked) | set(checked_by_dying) == {b"unknown", b"orphan", b"killed-orphan"}
+    # the killed producer's half came after `dying` had left: only `survivor` could answer it
+    assert b"killed-orphan" in checked and b"killed-orphan" not in checked_by_dying
+
+
+# A transactional producer process that dies by SIGKILL mid-transaction: its
+# half is stored, its local transaction never answers.  (Its check listener
+# agrees with the group's others: while it lives it may be asked about them.)
+KILLED_PRODUCER = '''
+import os, signal, sys
+from broker.client import LocalTransactionState, Message
+from broker.client.blocking import BlockingTransactionalProducer
+ns, group, topic = sys.argv[1:4]
+tp = BlockingTransactionalProducer(group, namesrv_addr=ns, execute=lambda m, a: LocalTransactionState.UNKNOW,
+                                   check=lambda m: LocalTransactionState.COMMIT_MESSAGE)
+tp.__enter__()
+r = tp.send_in_transaction(Message(topic, b"killed-orphan"))
+print("half stored", r.send_result.status, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+'''
 
 
 async def test_broadcasting_with_local_offsets(cluster, anyio_backend, tmp_path):
