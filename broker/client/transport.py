@@ -50,6 +50,7 @@ Handler = Callable[["ClientConnection", RemotingCommand], Awaitable[RemotingComm
 DEFAULT_TIMEOUT = 3.0
 RECV_CHUNK = 64 * 1024
 OUTBOX_LIMIT = 4 << 20  # bytes queued for a connection's writer before senders wait
+SWEEP_INTERVAL = 0.05  # how late a request's timeout may fire, at most
 _IO_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 _MAX_OPAQUE = (1 << 31) - 1
 
@@ -85,6 +86,9 @@ class _Waiter:
     event: anyio.Event = attrs.Factory(anyio.Event)
     response: RemotingCommand | None = None
     error: Exception | None = None
+    code: int = 0
+    timeout: float = math.inf
+    deadline: float = math.inf
 
 
 class ClientConnection:
@@ -108,6 +112,7 @@ class ClientConnection:
         self._outbox_bytes = 0
         self._queued = anyio.Event()  # set when the outbox gets a frame
         self._drained = anyio.Event()  # set when the writer emptied a full outbox
+        self._sweep = anyio.Event()  # set when a request is pending again (wakes the sweeper)
         self._pending: dict[int, _Waiter] = {}
         self._opaques = itertools.count(1)
         self._closed = False
@@ -145,9 +150,28 @@ class ClientConnection:
             if self._drained.is_set():
                 self._drained = anyio.Event()
             await self._drained.wait()
+        self._queue(data)
+
+    def _queue(self, data: bytes) -> None:
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         self._queued.set()
+
+    async def _sweeper(self) -> None:
+        """Fail the requests whose deadline passed, checking every
+        SWEEP_INTERVAL while any is pending (RocketMQ's clients scan their
+        response table the same way); parked while none is."""
+        while True:
+            if not self._pending:
+                await self._sweep.wait()
+                self._sweep = anyio.Event()
+                continue
+            await anyio.sleep(SWEEP_INTERVAL)
+            now = anyio.current_time()
+            for waiter in list(self._pending.values()):
+                if waiter.deadline <= now and not waiter.event.is_set():
+                    waiter.error = RemotingTimeoutError(self.remote_address, waiter.code, waiter.timeout)
+                    waiter.event.set()
 
     async def _writer(self) -> None:
         """Send what the outbox holds, one write per wakeup; a failed write
@@ -165,21 +189,31 @@ class ClientConnection:
                     return
 
     async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send a request, wait for its answer.  The timeout is kept by the
+        connection's sweeper, not by a cancel scope per request (every
+        pipelined send paid for one); only a send that must wait for room
+        in the outbox takes a scope."""
         if self._closed:
             raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
         opaque = self._next_opaque()
         data = encode_command(cmd.as_request(opaque), self.max_frame_size)
-        waiter = _Waiter()
+        waiter = _Waiter(code=cmd.code, timeout=timeout)
         self._pending[opaque] = waiter
         try:
-            with anyio.move_on_after(timeout):
-                await self._send(data)
-                await waiter.event.wait()
+            if self._outbox_bytes < OUTBOX_LIMIT:
+                self._queue(data)
+            else:
+                with anyio.move_on_after(timeout) as scope:
+                    await self._send(data)
+                if scope.cancelled_caught:
+                    raise RemotingTimeoutError(self.remote_address, cmd.code, timeout)
+            waiter.deadline = anyio.current_time() + timeout
+            if len(self._pending) == 1:
+                self._sweep.set()  # the sweeper was idle
+            await waiter.event.wait()
             if waiter.response is not None:
                 return waiter.response
-            if waiter.error is not None:
-                raise waiter.error
-            raise RemotingTimeoutError(self.remote_address, cmd.code, timeout)
+            raise waiter.error or RemotingTimeoutError(self.remote_address, cmd.code, timeout)
         finally:
             self._pending.pop(opaque, None)
 
@@ -195,6 +229,7 @@ class ClientConnection:
             with self._scope:
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(self._writer)
+                    tasks.start_soon(self._sweeper)
                     await self._read_loop(tasks)
                     tasks.cancel_scope.cancel()
         finally:
