@@ -186,23 +186,39 @@ class Replicator:
                 moved = True
                 self._ack_inflight()
             if m.seq < self.epoch:
+                if moved and self.state is PeerState.REPLICATE:
+                    self.pump()       # it may have emptied the window: nothing else would refill it
                 return moved
             t = m.type
             known = self.match_index
             if t is PushType.COMPARE and self.state is PeerState.PROBE:
-                if m.end_index > known:
-                    self.truncate(known)
-                else:
-                    self.replicate(known + 1)
+                self._after_match(m, known)
             elif t is PushType.TRUNCATE and self.state in (PeerState.TRUNCATE, PeerState.RESET):
                 self.replicate(known + 1)
             elif self.state is PeerState.REPLICATE:
-                self.pump()
+                if known == core.log.end_index and m.end_index > known and not self.inflight:
+                    self.truncate(known)      # caught up; the follower still holds a tail we never had
+                else:
+                    self.pump()
             return moved
         if m.seq < self.epoch or m.type is PushType.COMMIT:
             return moved
         self._reprobe(m)
         return moved
+
+    def _after_match(self, m: PushResponse, known: int) -> None:
+        """`known` matches and the follower may hold more.  Only a tail
+        beyond OUR end is dropped with a TRUNCATE: no leader ever sent it, so
+        nobody acknowledged it.  Entries up to our end may well match ours --
+        and may have been acknowledged to us earlier in this term by a
+        follower that restarted since and forgot it (its `matched` is not
+        persisted) -- so they go through APPEND, which cuts only at a real
+        term conflict (Raft §5.3: a follower holding what the leader sends
+        must not truncate)."""
+        if m.end_index > known and known == self.core.log.end_index:
+            self.truncate(known)
+        else:
+            self.replicate(known + 1)
 
     def _ack_inflight(self) -> None:
         inflight = self.inflight
