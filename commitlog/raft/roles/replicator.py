@@ -55,15 +55,25 @@ class Replicator:
 
     # --- sending ----------------------------------------------------------
 
-    def _push(self, type_: PushType, prev_index: int, prev_term: int, prev_crc: int = 0, batch=None) -> int:
+    def _push(self, type_: PushType, prev_index: int, prev_term: int, prev_crc: int = 0, batch=None,
+              config=(-1, 0, b"")) -> int:
         core = self.core
         seq = self.next_seq
         self.next_seq = seq + 1
         self.sent_commit = core.commit_index
         self.last_push_tick = core.now
         core.send(PushRequest(core.node_id, self.peer_id, core.term, type_, seq, core.commit_index,
-                              prev_index, prev_term, prev_crc, batch))
+                              prev_index, prev_term, prev_crc, batch, *config))
         return seq
+
+    def _batch_count(self, first: int) -> int:
+        """How many entries a batch from `first` may hold: a configuration
+        entry travels alone, so followers find it without walking batches."""
+        limit = self.core.config.max_batch_count
+        at = self.core.membership.next_index_from(first)
+        if at is None:
+            return limit
+        return 1 if at == first else min(limit, at - first)
 
     def _new_round(self, state: PeerState) -> None:
         self.state = state
@@ -119,9 +129,11 @@ class Replicator:
             return
         if prev_term is None:
             prev_term = log.term_at(prev)
-        batch = log.read_batch(prev + 1, core.config.max_batch_bytes, core.config.max_batch_count)
+        batch = log.read_batch(prev + 1, core.config.max_batch_bytes, self._batch_count(prev + 1))
         self.probe_index = prev
-        self._push(PushType.TRUNCATE, prev, prev_term, core.chain_crc_at(prev), batch)
+        cfg = core.membership.at(prev)
+        self._push(PushType.TRUNCATE, prev, prev_term, core.chain_crc_at(prev), batch,
+                   config=(cfg.index, cfg.term, cfg.membership.encode()))
 
     def replicate(self, next_index: int) -> None:
         self._new_round(PeerState.REPLICATE)
@@ -147,7 +159,7 @@ class Replicator:
                 self.reset()
                 return
             try:
-                batch = log.read_batch(nxt, cfg.max_batch_bytes, cfg.max_batch_count)
+                batch = log.read_batch(nxt, cfg.max_batch_bytes, self._batch_count(nxt))
             except IndexBelowBeginError:
                 self.reset()
                 return
