@@ -48,7 +48,8 @@ def _peers_text(m: Membership) -> str:
     peers = []
     for nid, addr in m.addresses:
         host, _, port = addr.rpartition(":")
-        peers.append(Peer(nid, host.strip("[]"), int(port)))
+        if host and port.isdigit():      # (tests run members with made-up addresses)
+            peers.append(Peer(nid, host.strip("[]"), int(port)))
     return format_peers(peers)
 
 
@@ -89,21 +90,24 @@ def _entry_at(log, index: int):
     return batch, bytes(memoryview(batch.raw)[HEADER_SIZE:])
 
 
-def _holds(log, e: ConfigEntry) -> bool:
+def _checked(log, e: ConfigEntry) -> ConfigEntry | None:
+    """`e` as the log holds it (same index and term: the same entry, by log
+    matching; its membership read from the log), or None when the log does
+    not hold it."""
     if e.index < max(log.begin_index, 0):
-        return True          # deleted by retention: committed, cannot be checked
+        return e             # deleted by retention: committed, cannot be checked
     if e.index > log.end_index:
-        return False         # written to the file, lost from the log in a crash
+        return None          # written to the file, lost from the log in a crash
     try:
         batch, body = _entry_at(log, e.index)
     except (IndexBelowBeginError, IndexBeyondEndError):
-        return False
+        return None
     if batch.last_term != e.term or not is_config_entry(batch.raw):
-        return False
+        return None
     try:
-        return Membership.decode(body) == e.membership
+        return ConfigEntry(e.index, e.term, Membership.decode(body))
     except ValueError:
-        return False
+        return None
 
 
 def config_entries(log, first: int, last: int):
@@ -124,7 +128,7 @@ def config_entries(log, first: int, last: int):
 def recover(entries: Sequence[ConfigEntry], log) -> list[ConfigEntry]:
     """The configuration history to start with, from the file's entries and
     the (recovered) log; see the module comment."""
-    kept = [entries[0]] + [e for e in entries[1:] if _holds(log, e)]
+    kept = [entries[0]] + [c for c in (_checked(log, e) for e in entries[1:]) if c is not None]
     known = {e.index for e in kept}
     tail_from = max(log.committed_index + 1, 0)
     for index, term, m in config_entries(log, tail_from, log.end_index):
