@@ -125,6 +125,8 @@ class NameServer:
         d.register(RequestCode.GET_BROKER_CLUSTER_INFO, self._get_cluster_info)
         d.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._get_topic_list)
         d.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic)
+        d.register(RequestCode.WIPE_WRITE_PERM_OF_BROKER, self._wipe_write_perm)
+        d.register(RequestCode.ADD_WRITE_PERM_OF_BROKER, self._add_write_perm)
 
     @property
     def address(self) -> str:
@@ -201,6 +203,21 @@ class NameServer:
         if not self.cfg.enable_all_topic_list:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "disable")
         return cmd.make_response(body=encode_json({"topicList": self.routes.topic_list()}))
+
+    async def _wipe_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        # RocketMQ 4.x's WipeWritePermOfBrokerRequest/ResponseHeader.
+        name = HeaderReader(cmd.ext_fields).str("brokerName")
+        count = self.routes.set_write_perm(name, False)
+        log.info("write permission of broker %s wiped (%d topics)", name, count)
+        self._notify()
+        return cmd.make_response(ext_fields={"wipeTopicCount": count})
+
+    async def _add_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        name = HeaderReader(cmd.ext_fields).str("brokerName")
+        count = self.routes.set_write_perm(name, True)
+        log.info("write permission of broker %s restored (%d topics)", name, count)
+        self._notify()
+        return cmd.make_response(ext_fields={"addTopicCount": count})
 
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(cmd.ext_fields)

@@ -5,6 +5,7 @@
 # in `ledgermq-members` next to each store and survives a restart; the
 # shell's refusals.
 import os
+import time
 
 import pytest
 import trio
@@ -127,4 +128,31 @@ async def test_the_shell_refuses_what_the_core_refuses(tmp_path, autojump_clock)
         status = leader.node.status()
         assert status["learners"] == ["n3"] and status["configCommitted"]
         assert os.path.exists(os.path.join(leader.store_dir, MEMBERS))
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_joining_after_retention_starts_at_the_leaders_begin_with_the_configuration(
+        tmp_path, autojump_clock):
+    """The log's start was deleted by retention: the joiner is reset to the
+    leader's first segment (its files named as the leader's, the boundary
+    recorded) and learns the configuration in force there with the reset."""
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, seed=6, store_kw={"file_reserved_hours": 0})
+        await c.start()
+        leader = await c.wait_leader()
+        idx = await c.append_many(leader, "a", 400)              # ~7 segments of 64 KiB
+        await c.wait_committed(idx[-1])
+        for m in c.running():
+            m.store.delete_expired(int((time.time() + 3600) * 1000))
+        begin = leader.store.begin_index
+        assert begin > 100
+        await c.start(c.add_member("n3").node_id)
+        entry = await leader.node.change_membership(ConfChange(ChangeKind.ADD_LEARNER, "n3", "mem-n3:1"))
+        entry = await leader.node.change_membership(ConfChange(ChangeKind.PROMOTE, "n3"), timeout=30)
+        new = c["n3"]
+        assert new.store.begin_index == begin
+        assert roles(new.node.core.membership.latest) == roles(entry.membership)
+        more = await c.append_many(leader, "b", 20)
+        await c.wait_committed(more[-1], [new])
+        assert_identical(leader.store, new.store)
         nursery.cancel_scope.cancel()
