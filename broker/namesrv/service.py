@@ -205,19 +205,18 @@ class NameServer:
         return cmd.make_response(body=encode_json({"topicList": self.routes.topic_list()}))
 
     async def _wipe_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        # RocketMQ 4.x's WipeWritePermOfBrokerRequest/ResponseHeader.
-        name = HeaderReader(cmd.ext_fields).str("brokerName")
-        count = self.routes.set_write_perm(name, False)
-        log.info("write permission of broker %s wiped (%d topics)", name, count)
-        self._notify()
-        return cmd.make_response(ext_fields={"wipeTopicCount": count})
+        return self._set_write_perm(cmd, False, "wipeTopicCount")
 
     async def _add_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return self._set_write_perm(cmd, True, "addTopicCount")
+
+    def _set_write_perm(self, cmd: RemotingCommand, writable: bool, count_field: str) -> RemotingCommand:
+        # RocketMQ 4.x's Wipe/AddWritePermOfBrokerRequest/ResponseHeader.
         name = HeaderReader(cmd.ext_fields).str("brokerName")
-        count = self.routes.set_write_perm(name, True)
-        log.info("write permission of broker %s restored (%d topics)", name, count)
+        count = self.routes.set_write_perm(name, writable)
+        log.info("write permission of broker %s %s (%d topics)", name, "restored" if writable else "wiped", count)
         self._notify()
-        return cmd.make_response(ext_fields={"addTopicCount": count})
+        return cmd.make_response(ext_fields={count_field: count})
 
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(cmd.ext_fields)
