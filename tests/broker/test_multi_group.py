@@ -81,6 +81,37 @@ async def diff_by_broker(ns: str) -> dict:
     return json.loads(out)["diffByBroker"]
 
 
+async def every_c_command_covers_both_groups(ns: str) -> None:
+    """The mqadmin commands that take -c reach every group (updateTopic is
+    checked by the caller; consumerProgress by the drain below)."""
+    brokers = json.loads(await mqadmin(ns, "clusterList", "-c", CLUSTER, "--json"))["brokers"]
+    assert sorted(b["brokerName"] for b in brokers if b["role"] == "MASTER") == list(GROUPS)
+    assert len(brokers) == 6 and {b["brokerName"] for b in brokers} == set(GROUPS)
+    addrs = {b["addr"] for b in brokers}
+    assert set(json.loads(await mqadmin(ns, "brokerStatus", "-c", CLUSTER, "--json"))) == addrs
+    nodes = json.loads(await mqadmin(ns, "dledgerStatus", "-c", CLUSTER, "--json"))["nodes"]
+    assert sorted(n["group"] for n in nodes if n["role"] == "leader") == list(GROUPS) and len(nodes) == 6
+    # A hot-reloadable setting changed on all six brokers, then put back.
+    updated = json.loads(await mqadmin(ns, "updateBrokerConfig", "-c", CLUSTER, "-k", "maxWaitAckTimeMs",
+                                       "-v", "2600", "--json"))
+    assert set(updated["updated"]) == addrs and not updated["failed"]
+    configs = json.loads(await mqadmin(ns, "getBrokerConfig", "-c", CLUSTER, "--json"))
+    assert set(configs) == addrs and {str(c["maxWaitAckTimeMs"]) for c in configs.values()} == {"2600"}, configs
+    await mqadmin(ns, "updateBrokerConfig", "-c", CLUSTER, "-k", "maxWaitAckTimeMs", "-v", "2500")
+    # Subscription groups are written to both masters.
+    out = await mqadmin(ns, "updateSubGroup", "-c", CLUSTER, "-g", "audit_consumers")
+    assert out.count("create subscription group to") == 2
+    out = await mqadmin(ns, "deleteSubGroup", "-c", CLUSTER, "-g", "audit_consumers")
+    assert out.count("delete subscription group [audit_consumers]") == 2
+    # A topic deleted with -c goes from both masters and the name servers.
+    await mqadmin(ns, "updateTopic", "-c", CLUSTER, "-t", "Scratch", "-r", "2", "-w", "2")
+    route = json.loads(await mqadmin(ns, "topicRoute", "-t", "Scratch", "--json"))
+    assert sorted(q["brokerName"] for q in route["queueDatas"]) == list(GROUPS)
+    deleted = json.loads(await mqadmin(ns, "deleteTopic", "-c", CLUSTER, "-t", "Scratch", "--json"))
+    assert len(deleted["brokers"]) == 2
+    await mqadmin(ns, "topicRoute", "-t", "Scratch", expect=3)
+
+
 @pytest.mark.usefixtures("stock_client")
 async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
     async with open_multi_group_cluster(tmp_path, groups=GROUPS, namesrv_count=2, extra_conf=EXTRA,
@@ -94,9 +125,10 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
         route = await admin.route(TOPIC)
         assert sorted((q.broker_name, q.write_queue_nums) for q in route.queue_datas) == [
             ("broker-a", 4), ("broker-b", 4)]
+        await every_c_command_covers_both_groups(ns)
 
         received: dict[str, object] = {}
-        firsts: dict[str, object] = {}
+        stored_in: dict[str, set[str]] = {}     # body -> every group a delivery of it came from
         changed = trio.Event()
 
         async def handler(msgs):
@@ -104,7 +136,7 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
             status = ConsumeStatus.CONSUME_SUCCESS
             for m in msgs:
                 body = m.body.decode()
-                firsts.setdefault(body, m)
+                stored_in.setdefault(body, set()).add(m.queue.broker_name)
                 if body.startswith(("retry-", "dlq-")) and (body.startswith("dlq-") or m.reconsume_times == 0):
                     status = ConsumeStatus.RECONSUME_LATER
                 else:
@@ -172,13 +204,19 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
             a.kill(old)
             killed_at = trio.current_time()
             await a.wait_master(exclude={old}, timeout=30, settled=False)
-            await trio.sleep(1.5)
+            elected_at = trio.current_time()
+            with trio.fail_after(30):           # broker-a takes sends again (the client avoided it meanwhile)
+                while not load.to("broker-a", after=elected_at):
+                    await trio.sleep(0.2)
             b_acks = load.to("broker-b", after=killed_at - 0.5)
-            a_back = load.to("broker-a", after=killed_at)
-            failover = a_back[0] - killed_at
+            a_acks = load.to("broker-a", after=killed_at - 0.5)
+            # broker-a's pause: its longest gap between acknowledgements across the kill (an answer
+            # already on its way when the master died may land just after it): election, new
+            # route, and the client's avoidance of the failed group.
+            failover = max(y - x for x, y in zip(a_acks, a_acks[1:]) if y >= killed_at)
             gaps = [y - x for x, y in zip(b_acks, b_acks[1:]) if y >= killed_at]
             assert b_acks and max(gaps) < 1.0, (failover, max(gaps, default=None))
-            print(f"\n[multi-group] broker-a failover {failover:.2f} s; broker-b longest gap between acks "
+            print(f"\n[multi-group] broker-a paused {failover:.2f} s (failover); broker-b longest gap between acks "
                   f"{max(gaps) * 1000:.0f} ms, {len(b_acks)} acks meanwhile")
             await a.start_broker(old)
 
@@ -203,9 +241,11 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
             # --- nothing acknowledged is lost -------------------------------------------------
             sent = {body for _, _, body in load.acked}
             await until(lambda: sent <= set(received), 60, "every acknowledged message consumed")
-            for body in sent:
-                m = received[body]
-                assert m.queue.broker_name == firsts[body].queue.broker_name
+            # ... and each is in the group its answer named.  (A send whose first attempt timed out
+            # in the failing group may also be stored there, besides the group that acknowledged
+            # its retry: at least once, never lost.)
+            misplaced = [(b, body) for _, b, body in load.acked if b not in stored_in[body]]
+            assert not misplaced, misplaced[:5]
         stock = stock_run["r"].result
         ok = [s for s in stock["sent"] if s.get("status") == "OK"]
         assert len(ok) >= 500, stock                       # a few may fail during the failover
