@@ -3,9 +3,13 @@
 # the replication keys (dLeger*, storePathRootDir, flushDiskType,
 # fileReservedTime, deleteWhen, ...) parsed by commitlog.config into the
 # embedded ReplicationConfig.  One file, one parse: the broker keys are taken
-# here, everything else goes to ReplicationConfig.from_dict, whose unknown-key
-# warnings (with "did you mean") come back with ours.  Unknown keys are never
-# fatal; a value that cannot be used is a ConfigError naming key and value.
+# here, the replication keys go to ReplicationConfig.from_dict, the metrics
+# keys (metricsExporterType, metricsPromExporterHost/Port) to MetricsConfig;
+# a RocketMQ key ledgermq does not implement is a warning naming it
+# (broker/common/conf_keys.py), any other key an "unknown key" warning with
+# "did you mean" over every key known.  Unknown keys are never fatal; a value
+# that cannot be used is a ConfigError naming key and value.
+# logDir (ledgermq's own key): write broker.log there, rotated by size.
 #
 # Defaults are RocketMQ 5.x's (BrokerConfig / MessageStoreConfig):
 # listenPort 10911, defaultTopicQueueNums 8, maxMessageSize 4 MiB,
@@ -25,6 +29,10 @@ import socket
 
 import attrs
 
+from broker.common import conf_keys
+from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError
+from commitlog.config import ALIASES as REPLICATION_ALIASES
+from commitlog.config import KEYS as REPLICATION_KEYS
 from commitlog.config import ConfigError, FlushDiskType, ReplicationConfig, iter_properties, read_properties_text
 from commitlog.config import parse_bool as _bool
 from commitlog.config import parse_int as _int
@@ -101,7 +109,10 @@ KEYS = {
     "registerNameServerPeriod": ("register_name_server_period_ms", _int(10000, 60000)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "messageDelayLevel": ("message_delay_levels_ms", parse_delay_levels),
+    "logDir": ("log_dir", _nonempty),
 }
+# Every key some part of ledgermq parses (for "did you mean").
+PARSED_KEYS = frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS)
 
 
 @attrs.frozen
@@ -120,6 +131,8 @@ class BrokerConfig:
     register_name_server_period_ms: int = 30000
     broker_permission: int = 6  # PERM_READ | PERM_WRITE
     message_delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # level n is entry n-1
+    metrics: MetricsConfig = attrs.Factory(MetricsConfig)
+    log_dir: str | None = None  # logDir: also log to <logDir>/broker.log
 
     # --- derived -------------------------------------------------------------
 
@@ -167,12 +180,24 @@ class BrokerConfig:
         warnings = list(warnings or ())
         values: dict[str, object] = {}
         rest: dict[str, object] = {}
+        metrics: dict[str, object] = {}
         for key, value in props.items():
             if key in KEYS:
                 field, parse = KEYS[key]
                 values[field] = parse(key, value)
-            else:
+            elif key in METRICS_KEYS:
+                metrics[key] = value
+            elif key in REPLICATION_KEYS or key in REPLICATION_ALIASES or key == "enableDLegerCommitLog":
                 rest[key] = value
+            elif key in conf_keys.NOT_IMPLEMENTED:
+                warnings.append(conf_keys.not_implemented_warning(key))
+            elif key not in conf_keys.NO_EFFECT:
+                warnings.append(conf_keys.unknown_key_warning(key, PARSED_KEYS | conf_keys.ALL))
+        try:
+            values["metrics"], more = MetricsConfig.from_props(metrics)
+        except MetricsConfigError as e:
+            raise ConfigError(e.key, e.value, e.reason) from None
+        warnings += more
         replication, more = ReplicationConfig.from_dict(rest)
         warnings += more
         if "broker_id" in values and values["broker_id"] != MASTER_ID:

@@ -11,6 +11,10 @@
 #                         processor that fails to import fails the start.
 #   services              the client registry (notifications, expiry), the
 #                         delay-level schedule service, the admin TPS meter
+#   metrics               broker/metrics.py: the send and pull processors
+#                         registered through their metered wrappers, the
+#                         stats sampler (VIEW_BROKER_STATS_DATA), and with
+#                         metricsExporterType=PROM the Prometheus endpoint
 #   registration          REGISTER_BROKER with every name server in
 #                         namesrvAddr every registerNameServerPeriod, and at
 #                         once when the role gate's generation moves (the
@@ -49,6 +53,7 @@ from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.common.values import TopicConfig
 from broker.config import BrokerConfig, LiveConfig, load_broker_config
 from broker.metadata.service import MetadataService
+from broker.metrics import BrokerMetrics, MeteredPulls, MeteredSends, serve_broker_metrics
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerRegistration, DataVersion
 from broker.processors.admin import AdminProcessor
@@ -69,6 +74,7 @@ from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remo
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
+from broker.telemetry.stats import StatsBook
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.broker")
@@ -97,7 +103,8 @@ class Processors:
             p.register(dispatcher)
 
 
-def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager) -> Processors:
+def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
+                    stats: StatsBook | None = None) -> Processors:
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
     return Processors(
         send=send,
@@ -105,7 +112,7 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager)
         pull=PullProcessor(config, bs, clients),
         clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate)),
         offsets=ConsumerOffsetProcessor(bs),
-        admin=AdminProcessor(config, bs),
+        admin=AdminProcessor(config, bs, stats=stats if stats is not None else StatsBook()),
         admin_clients=ClientsAdminProcessor(config, bs, clients),
         admin_dledger=DLedgerAdminProcessor(config, bs),
         schedule=ScheduleService(bs, config.current),
@@ -129,6 +136,8 @@ class Broker:
     last_results: dict = attrs.Factory(dict)
     _kick: trio.Event = attrs.Factory(trio.Event)
     registered: "trio.Event" = attrs.Factory(trio.Event)  # set after the first round
+    metrics: BrokerMetrics | None = None
+    metrics_server: object = None  # MetricsServer while metricsExporterType=PROM
 
     # --- what callers read ---------------------------------------------------------
 
@@ -282,16 +291,24 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
                                                        cfg.listen_port, on_close=clients.on_connection_closed,
-                                                       bursts=dispatcher))
+                                                       bursts=dispatcher, raw_sends=True))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)
         config = LiveConfig(cfg)
         bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
         remoting = RemotingClient(nursery)
-        processors = wire_processors(config, bs, clients)
+        stats = StatsBook()
+        processors = wire_processors(config, bs, clients, stats)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
         processors.register(dispatcher)
+        # Sends and pulls are timed and counted: their wrappers take the
+        # processors' codes over (each hands every request on unchanged).
+        sends, pulls = MeteredSends(processors.send), MeteredPulls(processors.pull)
+        sends.register(dispatcher)
+        pulls.register(dispatcher)
+        broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats)
+        broker.metrics_server = await nursery.start(serve_broker_metrics, broker.metrics, cfg.metrics, cfg.broker_ip1)
         for service in (clients, processors.schedule, processors.admin):
             await nursery.start(service.run)
         # brokerPermission changes the topic permissions the name servers must see.
@@ -322,9 +339,35 @@ def _leaves(exc: BaseException):
         yield exc
 
 
+def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str]) -> None:
+    """`mqbroker --check-config`: the warnings, then every effective key as
+    broker.conf text; a store folder that cannot be created or written is
+    an error (exit 1), since the broker would fail on it at once."""
+    import os
+
+    import click
+
+    from broker.processors.admin_clients import broker_config_properties, properties_text
+
+    for warning in warnings:
+        if not warning.startswith("listenPort=0:"):  # a note for embedders, not for operators
+            click.echo(f"mqbroker: warning: {config_file}: {warning}", err=True)
+    root = cfg.store_path_root_dir
+    probe = root
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe.rstrip("/")) or "/"
+    if not os.path.isdir(probe):
+        raise click.ClickException(f"{config_file}: storePathRootDir={root}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise click.ClickException(f"{config_file}: storePathRootDir={root}: {probe} is not writable")
+    click.echo(f"# {config_file}: OK ({len(warnings)} warning(s)); the effective settings:")
+    click.echo(properties_text(broker_config_properties(cfg)), nl=False)
+
+
 def main(argv=None) -> None:
     import click
 
+    from broker.telemetry.logs import cli_logging, log_options, version_text
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
     from commitlog.profiling import profiled
@@ -334,18 +377,26 @@ def main(argv=None) -> None:
     @click.option("-c", "--config-file", required=True, type=click.Path(exists=True, dir_okay=False),
                   help="broker.conf (Java properties: brokerName, listenPort, namesrvAddr, dLeger*, ...)")
     @click.option("-n", "--namesrv-addr", default=None, help="name servers, a:9876;b:9876 (overrides namesrvAddr)")
-    @click.option("--log-level", default="INFO", show_default=True)
-    def command(config_file: str, namesrv_addr: str | None, log_level: str) -> None:
+    @click.option("--check-config", is_flag=True,
+                  help="validate the config, print the effective settings and exit (0 when usable)")
+    @log_options()
+    @click.version_option(version_text(), "--version", prog_name="mqbroker", message="%(prog)s (ledgermq) %(version)s")
+    def command(config_file: str, namesrv_addr: str | None, check_config: bool, log_level: str,
+                log_file: str | None, log_format: str) -> None:
         """Run a ledgermq broker."""
-        logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             cfg, warnings = load_broker_config(config_file)
             if namesrv_addr is not None:
                 from broker.config import _namesrv
                 cfg = attrs.evolve(cfg, namesrv_addr=_namesrv("namesrvAddr", namesrv_addr))
         except (ConfigError, OSError) as e:
-            raise click.ClickException(str(e)) from None
+            raise click.ClickException(f"{config_file}: {getattr(e, 'strerror', None) or e}") from None
+        if check_config:
+            check_and_print(config_file, cfg, warnings)
+            return
+        used = cli_logging(log_level, log_file, log_format, log_dir=cfg.log_dir, file_name="broker.log")
+        if used:
+            log.info("logging to %s", used)
         for warning in warnings:
             # serve_broker puts a bound listenPort=0 back into the config itself
             level = logging.DEBUG if warning.startswith("listenPort=0:") else logging.WARNING
@@ -357,7 +408,8 @@ def main(argv=None) -> None:
                     broker = await nursery.start(lambda task_status: serve_broker(cfg, task_status=task_status))
                     click.echo(json.dumps({"brokerAddr": broker.broker_addr, "role": broker.role,
                                            "brokerName": cfg.broker_name, "brokerId": broker.broker_id,
-                                           "selfId": cfg.self_id, "listenPort": broker.cfg.listen_port}))
+                                           "selfId": cfg.self_id, "listenPort": broker.cfg.listen_port,
+                                           "metrics": broker.metrics_server.url if broker.metrics_server else None}))
                     sys.stdout.flush()
                     async for signum in signals:
                         log.info("%s: signal %d, shutting down", cfg.self_id, signum)
@@ -374,9 +426,12 @@ def main(argv=None) -> None:
             elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError))), None)):
                 raise click.ClickException(str(err)) from None
             elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
+                metrics = f", metrics port {cfg.metrics.prom_port}" if cfg.metrics.enabled else ""
+                where = f" {oserr.filename}" if getattr(oserr, "filename", None) else ""
                 raise click.ClickException(
                     f"cannot start (listenPort {cfg.listen_port}, dLeger peer port "
-                    f"{cfg.replication.self_peer.port}): {oserr.strerror or oserr}") from None
+                    f"{cfg.replication.self_peer.port}{metrics}, store {cfg.store_path_root_dir}):"
+                    f"{where} {oserr.strerror or oserr}") from None
             else:
                 raise
         log.info("broker %s stopped", cfg.self_id)

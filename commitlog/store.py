@@ -105,6 +105,10 @@ class AppendBatch:
 # last_stamps so the appender learns them without reading the entries back.
 AppendHook = Callable[[AppendBatch], "array | None"]
 LOCK_FILE = "ledgermq.lock"
+# Read maps keep the last RELEASE_KEEP bytes of the log resident; older
+# pages are unmapped every RELEASE_STEP bytes written (_release_pages).
+RELEASE_STEP = 64 << 20
+RELEASE_KEEP = 32 << 20
 
 
 def _positive(_inst, attr, value):
@@ -201,6 +205,7 @@ class SegmentedStore(StoreReads):
     # leader reads the same range once per follower.  Dropped whenever
     # entries change under an unchanged end (truncate, reset, retention).
     _last_batch: tuple | None = None
+    _released_at: int = 0  # _end_pos at the last _release_pages()
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -409,7 +414,23 @@ class SegmentedStore(StoreReads):
         self._end, self._end_term, self._end_pos = end, term, end_pos
         self._end_chain, self._crc_mode = chain, crc_mode
         self._unflushed = True
+        if end_pos >= self._released_at + RELEASE_STEP:
+            self._release_pages()
         self._note_activity()
+
+    def _release_pages(self) -> None:
+        """Every RELEASE_STEP bytes written, unmap the read maps' pages
+        more than RELEASE_KEEP behind the end (readers of older entries
+        fault them back in from the page cache): without this the RSS of a
+        broker grows with every segment byte replication and pulls read."""
+        self._released_at = self._end_pos
+        data_keep = self._end_pos - RELEASE_KEEP
+        index_keep = (self._end + 1 - RELEASE_KEEP // 1024) * UNIT
+        for sl, keep in ((self.data, data_keep), (self.index, index_keep)):
+            for seg in sl.segments:
+                if seg.start >= keep:
+                    break
+                seg.release_below(keep - seg.start)
 
     # --- follower append -----------------------------------------------------
 
@@ -585,10 +606,24 @@ class SegmentedStore(StoreReads):
         """fdatasync every data segment written since the last flush, then
         every such index segment.  Callable from a worker thread while the
         trio thread appends; concurrent flushes run one after the other."""
+        flushed = self._sync_to_disk()
+        if flushed is not None:
+            self._publish_flushed(flushed)
+
+    async def flush_async(self) -> None:
+        """flush() in a worker thread, off the event loop.  The flushed
+        watermark advances back in the trio thread when the worker returns:
+        no second round trip from the worker into trio per flush."""
+        flushed = await trio.to_thread.run_sync(self._sync_to_disk)
+        if flushed is not None:
+            self.flushed_watermark.advance(flushed)
+
+    def _sync_to_disk(self) -> int | None:
+        """The flush itself; returns the new flushed end (None: nothing to do)."""
         with self._flush_lock:
             job = self._begin_flush()
             if job is None:
-                return
+                return None
             try:
                 _run_flush(job)
             except BaseException:
@@ -596,11 +631,7 @@ class SegmentedStore(StoreReads):
                 raise
             self.flush_count += 1
             self._flushed_end = flushed = min(job.end_index, self._end)
-        self._publish_flushed(flushed)
-
-    async def flush_async(self) -> None:
-        """flush() in a worker thread, off the event loop."""
-        await trio.to_thread.run_sync(self.flush)
+        return flushed
 
     def _publish_flushed(self, end: int) -> None:
         # Watermark waiters are trio tasks: wake them from the trio thread.

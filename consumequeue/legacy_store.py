@@ -81,6 +81,8 @@ class LegacyStore:
             self.root, self.commitlog_dir = root, os.path.join(root, COMMITLOG_DIR)
         elif os.path.isdir(root) and any(True for _ in list_segment_files(root)):
             self.root, self.commitlog_dir = os.path.dirname(root), root
+        elif not os.path.exists(root):
+            raise LegacyStoreError(f"{root}: no such directory")
         else:
             raise LegacyStoreError(f"{root}: no commitlog/ directory (not a plain RocketMQ store)")
         self.files = list_segment_files(self.commitlog_dir)

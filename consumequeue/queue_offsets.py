@@ -21,8 +21,7 @@ import attrs
 
 from commitlog.entry import MAGIC_NORMAL
 from consumequeue.record import POS_PHYSICALOFFSET, POS_QUEUEOFFSET
-from native.dispatch import (MODE_DLEDGER, REC, REC_BAD, REC_NO_CQ, STOP_BLANK, STOP_END, STOP_FULL,
-                             default_backend)
+from native.dispatch import MODE_DLEDGER, REC, REC_BAD, REC_NO_CQ, STOP_BLANK, STOP_END, STOP_FULL, default_backend
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +36,20 @@ class QueueOffsetTable:
     _names: dict[bytes, str] = attrs.field(factory=dict)  # topic bytes -> str, for the hook
     _recs: object = None  # the hook's scan records, grown to the largest append
     _recs_cap: int = 0
+
+    def _stamp_grouped(self, view, base: int, res, first_index: int, stamps: array) -> None:
+        be = self._backend
+        g = be.group(view, res)
+        firsts = array("q", bytes(8 * g.ngroups))
+        names, assign, recs = self._names, self.assign, self._recs
+        for k in range(g.ngroups):
+            r = be.record(recs, g.order[g.starts[k]])
+            raw = bytes(view[r.topic_off:r.topic_off + r.topic_len])
+            topic = names.get(raw)
+            if topic is None:
+                topic = names[raw] = raw.decode("utf-8", "replace")
+            firsts[k] = assign(topic, r.queue_id, g.starts[k + 1] - g.starts[k])
+        be.stamp_offsets(view, base, res, g, firsts, first_index, stamps)
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         return self._next.get((topic, queue_id), 0)
@@ -97,10 +110,13 @@ class QueueOffsetTable:
 
     def append_hook(self, batch) -> array:
         """The commitlog append hook (store.add_append_hook(table.append_hook)):
-        one native scan of the batch's records, then each message record's
-        QUEUEOFFSET and PHYSICALOFFSET written in place.  Returns each
-        entry's queue offset (-1 where an entry holds no message record),
-        which the store hands to the appender (no read-back)."""
+        one native scan of the batch's records, grouped by queue; each
+        queue's offsets are taken from the table once per group and
+        written into the records (QUEUEOFFSET, and PHYSICALOFFSET) by the
+        backend.  Returns each entry's queue offset (-1 where an entry holds
+        no message record), which the store hands to the appender (no
+        read-back).  A scan that found a malformed record takes the record
+        by record path, which skips it."""
         n = len(batch.lens)
         stamps = array("q", [-1]) * n
         if batch.magic != MAGIC_NORMAL or n == 0:
@@ -116,6 +132,12 @@ class QueueOffsetTable:
             base = positions[done]
             view = out[base - start:]
             res = self._backend.scan(view, base, self._recs, mode=MODE_DLEDGER, expect_index=first + done)
+            if res.bad == 0:
+                self._stamp_grouped(view, base, res, first, stamps)
+                done += res.entries
+                if res.stop not in (STOP_END, STOP_FULL, STOP_BLANK):
+                    break
+                continue
             for rec in REC.iter_unpack(res.raw()):
                 index, _, phy, _, _, _, _, qid, _, flags, toff, tlen = rec[:12]
                 if flags & REC_BAD:

@@ -31,8 +31,19 @@ ffibuilder.set_source(
 
 if __name__ == "__main__":
     # `make native`: build in place next to the sources (native/_native*.so).
-    # Remove builds with other ABI tags first, or Python may import a stale one.
+    # The module is built under a scratch name and renamed over the old one,
+    # so a process starting meanwhile loads either build, never half of one.
+    # Builds with other ABI tags are removed, or Python may import a stale one.
+    import sysconfig
+
     os.chdir(os.path.dirname(HERE))
+    target = os.path.join(HERE, "_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    scratch = ffibuilder.compile(target=os.path.join("native", "_native.building.so"), verbose=False)
+    os.replace(scratch, target)
+    try:  # setuptools leaves an empty package directory behind for a named target
+        os.rmdir(os.path.join(HERE, "native"))
+    except OSError:
+        pass
     for stale in glob.glob(os.path.join(HERE, "_native*.so")):
-        os.remove(stale)
-    ffibuilder.compile(verbose=False)
+        if stale != target:
+            os.remove(stale)

@@ -10,6 +10,7 @@
 # touch `lib` directly.
 import struct
 import zlib
+from array import array
 from collections.abc import Sequence
 
 import attrs
@@ -47,6 +48,7 @@ BAD_TEXT = {BAD_TOTALSIZE: "TOTALSIZE differs from the entry body size or is too
 REC = struct.Struct("=6q4i6I2i")
 REC_SIZE = REC.size  # 96
 UNIT = struct.Struct(">qiq")
+_I64BE = struct.Struct(">q")
 UNIT_SIZE = 20
 
 _MAGIC_V1, _MAGIC_V2, _BLANK = -626843481, -626843477, -875286124
@@ -226,6 +228,13 @@ class NativeBackend(Backend):
 
     def cq_valid_units(self, buf) -> int:
         return lib.lmq_cq_valid_units(ffi.from_buffer(buf), len(buf))
+
+    def stamp_offsets(self, out, start: int, res: ScanResult, g: Grouping, first, first_index: int,
+                      stamps) -> None:
+        lib.lmq_stamp_offsets(ffi.from_buffer(out), start, res.recs, res.n, g.order,
+                              ffi.from_buffer("int32_t[]", array("i", g.starts)), g.ngroups,
+                              ffi.from_buffer("int64_t[]", first), first_index,
+                              ffi.from_buffer("int64_t[]", stamps))
 
     def new_stage(self):
         return _NativeStage()
@@ -608,6 +617,23 @@ class PythonBackend(Backend):
 
     def stage_count(self, stage) -> int:
         return len(stage.queues)
+
+    def stamp_offsets(self, out, start: int, res: ScanResult, g: Grouping, first, first_index: int,
+                      stamps) -> None:
+        """The append hook's stamping (see lmq_stamp_offsets): group g's
+        k-th record gets queue offset first[g] + k, a record in no group 0,
+        each its own position as PHYSICALOFFSET."""
+        for i in range(res.n):
+            r = self._rec(res.recs, i)
+            _I64BE.pack_into(out, r.phy_offset - start + 28, r.phy_offset)
+            if r.flags & REC_NO_CQ:
+                _I64BE.pack_into(out, r.phy_offset - start + 20, 0)
+                stamps[r.entry_index - first_index] = 0
+        for k in range(g.ngroups):
+            for qo, i in enumerate(g.order[g.starts[k]:g.starts[k + 1]], first[k]):
+                r = self._rec(res.recs, i)
+                _I64BE.pack_into(out, r.phy_offset - start + 20, qo)
+                stamps[r.entry_index - first_index] = qo
 
     def cq_valid_units(self, buf) -> int:
         n = 0

@@ -71,6 +71,7 @@ class LocalBrokerCluster:
     broker_name: str = "broker-a"
     namesrv_count: int = 1
     extra_conf: dict = attrs.Factory(dict)  # more broker.conf keys for every broker
+    namesrv_conf: dict = attrs.Factory(dict)  # more namesrv.conf keys for every name server
     log_level: str = "WARNING"
     remoting: RemotingClient | None = None
     namesrvs: list[ManagedProcess] = attrs.Factory(list)
@@ -154,6 +155,7 @@ class LocalBrokerCluster:
                 conf = os.path.join(self.root, f"namesrv{i}.conf")
                 with open(conf, "w") as f:  # loopback only: nothing listens beyond this machine
                     f.write(f"listenPort={port}\nbindAddress=127.0.0.1\n")
+                    f.writelines(f"{key}={value}\n" for key, value in self.namesrv_conf.items())
                 self.namesrvs.append(ManagedProcess(f"namesrv{i}", [*_console("mqnamesrv"), "-c", conf],
                                                     os.path.join(self.root, f"namesrv{i}.log")))
         for ns in self.namesrvs:
@@ -164,6 +166,9 @@ class LocalBrokerCluster:
                 if m is None:
                     raise RuntimeError(f"{ns.name}: unexpected start-up line {line!r}")
                 ns.addr = f"{m.group(1).decode()}:{m.group(2).decode()}"
+                metrics = re.search(rb"Prometheus metrics on (\S+)", line)
+                if metrics is not None:
+                    ns.info["metrics"] = metrics.group(1).decode()
         if not self.brokers:
             self.write_confs()
         pending = [n for n, p in self.brokers.items() if not p.alive]

@@ -4,6 +4,7 @@
 from broker.client.errors import (
                                   BrokerBusyError,
                                   BrokerError,
+                                  BrokerSystemError,
                                   BrokerUnavailableError,
                                   ClientClosedError,
                                   ClientError,
@@ -11,10 +12,13 @@ from broker.client.errors import (
                                   InvalidArgumentError,
                                   InvalidMessageError,
                                   MessageIllegalError,
+                                  NoPermissionError,
                                   NoRouteError,
                                   NotSupportedError,
                                   RequestTimeoutError,
                                   SendFailedError,
+                                  SubscriptionError,
+                                  SystemError_,
                                   TopicNotExistError,
 )
 from broker.client.model import (
@@ -34,11 +38,11 @@ from broker.client.rebalance import allocate_averagely
 from broker.common.values import ConsumeFromWhere
 
 __all__ = [
-    "BrokerBusyError", "BrokerError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
+    "BrokerBusyError", "BrokerError", "BrokerSystemError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
     "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
-    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoRouteError", "NotSupportedError", "Producer",
+    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoPermissionError", "NoRouteError", "NotSupportedError", "Producer",
     "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
-    "SendResult", "SendStatus", "TopicNotExistError", "allocate_averagely", "open_producer",
+    "SendResult", "SendStatus", "SubscriptionError", "SystemError_", "TopicNotExistError", "allocate_averagely", "open_producer",
     "open_pull_consumer", "open_push_consumer",
 ]

@@ -8,6 +8,8 @@
 # (retryResponseCodes: TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR,
 # NO_PERMISSION, NO_BUYER_ID, NOT_IN_CURRENT_UNIT) and on every remoting
 # failure; MESSAGE_ILLEGAL and friends would fail again anywhere.
+import itertools
+
 import attrs
 
 from broker.remoting.codes import ResponseCode, code_name
@@ -109,6 +111,10 @@ class SystemError_(BrokerError):
     retriable = True
 
 
+# The public name (SystemError_ stays for code that used it).
+BrokerSystemError = SystemError_
+
+
 class MessageIllegalError(BrokerError):
     """MESSAGE_ILLEGAL: the broker refuses the message (size, topic name)."""
 
@@ -168,5 +174,7 @@ class SendFailedError(ClientError):
         return self.errors[-1] if self.errors else None
 
     def __str__(self) -> str:
-        tail = "; ".join(str(e) for e in self.errors[-3:])
+        # The same cause three times is said once, with the count.
+        runs = [(text, len(list(group))) for text, group in itertools.groupby(str(e) for e in self.errors[-3:])]
+        tail = "; ".join(text if n == 1 else f"{text} (x{n})" for text, n in runs)
         return f"send to {self.topic!r} failed after {len(self.errors)} attempt(s): {tail}"

@@ -29,6 +29,7 @@ import trio
 
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
 from broker.client.model import MessageQueue
+from broker.client.running_info import no_route_reason, running_info_response
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.namesrv.routes import TopicRouteData
@@ -103,6 +104,7 @@ class _RouteSlot:
     version: int = 0
     lock: trio.Lock = attrs.Factory(trio.Lock)
     changed: trio.Event = attrs.Factory(trio.Event)
+    error: RemotingError | None = None  # issue 17: why the last ask failed (named in NoRouteError)
 
 
 ConsumerDataFn = Callable[[], dict]
@@ -171,6 +173,8 @@ class ClientInstance:
                          conn.remote_address)
                 callback(topic)
             return None if cmd.is_oneway else cmd.make_response(ResponseCode.SUCCESS)
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # issue 17: dashboards, RocketMQ mqadmin consumerStatus
+            return running_info_response(cmd, self.client_id, self.consumers)
         return await not_supported(conn, cmd)
 
     # --- routes -------------------------------------------------------------------
@@ -208,7 +212,9 @@ class ClientInstance:
                     data = await self._template_route()
             except RemotingError as e:
                 log.debug("route of %s: name servers unreachable: %s", topic, e)
+                slot.error = e  # issue 17
                 return slot.route
+            slot.error = None  # issue 17
             old = slot.route
             slot.version += 1
             slot.route = None if data is None else TopicRoute.build(topic, data, slot.version)
@@ -241,7 +247,8 @@ class ClientInstance:
             if route is not None and usable(route):
                 return route
             if trio.current_time() + delay > deadline:
-                raise NoRouteError(topic, "no route with a usable master" if route else "no route at the name servers")
+                reason = "no route with a usable master" if route else "no route at the name servers"
+                raise NoRouteError(topic, no_route_reason(reason, slot.error))  # issue 17: name the cause
             await trio.sleep(delay)
             delay = min(delay * 2, 0.5)
 

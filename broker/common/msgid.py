@@ -14,7 +14,6 @@ import attrs
 
 from consumequeue.record import HostAddr, MessageFormatError
 
-
 _Q = struct.Struct(">q")
 
 def offset_msg_id(store_host: HostAddr, physical_offset: int) -> str:
@@ -98,23 +97,32 @@ class UniqKeyGenerator:
     _start: int = 0
     _next_start: int = 0
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    prefix: str = attrs.field(init=False, default="")  # hex(IP + pid + classLoader hash), fixed
 
     def __attrs_post_init__(self):
         if len(self.ip) not in (4, 16):
             raise ValueError("ip must be 4 or 16 bytes")
+        self.prefix = (self.ip + struct.pack(">hi", (self.pid + (1 << 15)) % (1 << 16) - (1 << 15),
+                                             self.class_loader_hash)).hex().upper()
 
-    def next(self) -> str:
+    def reserve(self, n: int) -> tuple[int, int]:
+        """(time part, first counter) of n keys made elsewhere (the native
+        send path formats them: prefix + %08X time + %04X counter, the
+        counter wrapping at 16 bits) -- the same keys n calls of next()
+        would make within this millisecond."""
         now = self.clock_ms()
         with self._lock:
             if now >= self._next_start:
                 self._start, self._next_start = _month_start_ms(now), _next_month_start_ms(now)
             diff = now - self._start
             counter = self._counter
-            self._counter = (self._counter + 1) & 0xFFFF
+            self._counter = (self._counter + n) & 0xFFFF
         diff = ((diff + (1 << 31)) % (1 << 32)) - (1 << 31)  # Java (int) cast
         if -1_000_000 < diff < 0:
             diff = 0
-        raw = self.ip + struct.pack(">hii", (self.pid + (1 << 15)) % (1 << 16) - (1 << 15),
-                                    self.class_loader_hash, diff)
-        return (raw + struct.pack(">H", counter)).hex().upper()
+        return diff, counter
+
+    def next(self) -> str:
+        diff, counter = self.reserve(1)
+        return self.prefix + struct.pack(">iH", diff, counter).hex().upper()
 

@@ -2,7 +2,8 @@
 # runs the name server in the foreground (listenPort from the file, -p
 # overrides it), prints where it listens, and exits cleanly (status 0, no
 # traceback) on Ctrl-C or SIGTERM.  broker/cli.py's mqnamesrv() calls main().
-import logging
+# --version, --log-level (validated), --log-file / logDir (rotated),
+# --log-format text|json (broker/telemetry/logs.py).
 import signal
 import sys
 
@@ -10,6 +11,7 @@ import click
 import trio
 
 from broker.namesrv.service import NamesrvConfig, load_namesrv_config, serve_namesrv
+from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.config import ConfigError
 
 
@@ -28,7 +30,8 @@ async def _run(cfg: NamesrvConfig) -> None:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_namesrv, cfg)
             host, port = ns.server.sockname
-            click.echo(f"The Name Server boot success. serializeType=JSON, listening on {host}:{port}")
+            metrics = f", Prometheus metrics on {ns.metrics_server.url}" if ns.metrics_server is not None else ""
+            click.echo(f"The Name Server boot success. serializeType=JSON, listening on {host}:{port}{metrics}")
             sys.stdout.flush()
             async for _ in signals:
                 nursery.cancel_scope.cancel()
@@ -40,16 +43,19 @@ async def _run(cfg: NamesrvConfig) -> None:
               help="namesrv.conf (Java properties: listenPort, bindAddress, ...)")
 @click.option("-p", "--listen-port", type=click.IntRange(0, 65535),
               help="port to listen on (overrides listenPort; default 9876, 0 picks a free one)")
-def main(config_file: str | None, listen_port: int | None) -> None:
+@log_options()
+@click.version_option(version_text(), "--version", prog_name="mqnamesrv", message="%(prog)s (ledgermq) %(version)s")
+def main(config_file: str | None, listen_port: int | None, log_level: str, log_file: str | None,
+         log_format: str) -> None:
     """Run the ledgermq name server."""
     try:
         cfg, warnings = load_namesrv_config(config_file, listen_port)
     except (ConfigError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(f"{config_file}: {e}" if config_file and config_file not in str(e)
+                                   else str(e)) from None
     for warning in warnings:
-        click.echo(f"mqnamesrv: warning: {warning}", err=True)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        click.echo(f"mqnamesrv: warning: {config_file}: {warning}", err=True)
+    cli_logging(log_level, log_file, log_format, log_dir=cfg.log_dir, file_name="namesrv.log")
     try:
         trio.run(_run, cfg)
     except BaseException as e:  # trio wraps what escapes nurseries in groups
@@ -58,6 +64,8 @@ def main(config_file: str | None, listen_port: int | None) -> None:
             pass  # Ctrl-C before the signal receiver was installed
         elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
             raise click.ClickException(  # e.g. the port is taken
+                f"cannot listen on port {cfg.listen_port} (or metrics port {cfg.metrics.prom_port}): "
+                f"{oserr.strerror or oserr}" if cfg.metrics.enabled else
                 f"cannot listen on port {cfg.listen_port}: {oserr.strerror or oserr}") from None
         else:
             raise

@@ -10,6 +10,12 @@
 # every registration, which may move that deadline.  A broker whose
 # registration connection closes is removed at once (upstream's
 # onChannelDestroy), so a crashed leader leaves the routes immediately.
+#
+# Besides routes it answers GET_TOPICS_BY_CLUSTER (224, `mqadmin topicList
+# -c`) and GET_SYSTEM_TOPIC_LIST_FROM_NS (304, the dashboard), and with
+# metricsExporterType=PROM serves Prometheus metrics (broker/namesrv/metrics.py).
+# namesrv.conf: unknown keys are warnings with "did you mean"; logDir writes
+# namesrv.log there.
 import collections
 import functools
 import logging
@@ -19,6 +25,8 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
+from broker.common.conf_keys import unknown_key_warning
+from broker.namesrv.metrics import namesrv_registry
 from broker.namesrv.protocol import parse_registration
 from broker.namesrv.routes import DEFAULT_BROKER_TIMEOUT, RouteInfoManager
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
@@ -27,6 +35,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import Connection
 from broker.remoting.header import HeaderReader, encode_json
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
+from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError, serve_metrics
 from commitlog.config import ConfigError, load_properties
 
 log = logging.getLogger(__name__)
@@ -42,19 +51,28 @@ class NamesrvConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     delete_topic_with_broker_registration: bool = False
     enable_all_topic_list: bool = True
+    metrics: MetricsConfig = attrs.Factory(MetricsConfig)
+    log_dir: str | None = None
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> "tuple[NamesrvConfig, list[str]]":
         """From namesrv.conf keys; unknown keys come back as warnings."""
         values: dict[str, object] = {}
         warnings: list[str] = []
+        metrics: dict[str, str] = {}
         for key, raw in props.items():
             if key in _KEYS:
                 field, parse = _KEYS[key]
                 values[field] = parse(key, raw.strip())
+            elif key in METRICS_KEYS:
+                metrics[key] = raw
             elif key not in _UPSTREAM_IGNORED:
-                warnings.append(f"unknown key {key!r} ignored")
-        return cls(**values), warnings
+                warnings.append(unknown_key_warning(key, set(_KEYS) | set(METRICS_KEYS) | _UPSTREAM_IGNORED))
+        try:
+            values["metrics"], more = MetricsConfig.from_props(metrics)
+        except MetricsConfigError as e:
+            raise ConfigError(e.key, e.value, e.reason) from None
+        return cls(**values), warnings + more
 
 
 def _int(lo: int, hi: int) -> Callable[[str, str], int]:
@@ -82,6 +100,7 @@ _KEYS = {
     "frameMaxLength": ("max_frame_size", _int(1024, 2**31 - 1)),
     "deleteTopicWithBrokerRegistration": ("delete_topic_with_broker_registration", _bool),
     "enableAllTopicList": ("enable_all_topic_list", _bool),
+    "logDir": ("log_dir", lambda key, text: text or None),
 }
 # NamesrvConfig / NettyServerConfig keys of a stock namesrv.conf that do not
 # apply here: accepted silently so a stock file loads without noise.
@@ -127,6 +146,9 @@ class NameServer:
         d.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic)
         d.register(RequestCode.WIPE_WRITE_PERM_OF_BROKER, self._wipe_write_perm)
         d.register(RequestCode.ADD_WRITE_PERM_OF_BROKER, self._add_write_perm)
+        d.register(RequestCode.GET_TOPICS_BY_CLUSTER, self._get_topics_by_cluster)
+        d.register(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS, self._get_system_topics)
+        self.metrics_server = None  # MetricsServer with metricsExporterType=PROM
 
     @property
     def address(self) -> str:
@@ -218,6 +240,26 @@ class NameServer:
         self._notify()
         return cmd.make_response(ext_fields={count_field: count})
 
+    async def _get_topics_by_cluster(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        cluster = HeaderReader(cmd.ext_fields).str("cluster")
+        names = self.routes.cluster_addr_table.get(cluster, set())
+        topics = sorted(t for t, queues in self.routes.topic_queue_table.items() if names & set(queues))
+        return cmd.make_response(body=encode_json({"topicList": topics}))
+
+    async def _get_system_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        # RocketMQ lists every cluster name and broker name (the topics a
+        # broker of old versions created for itself), with one broker
+        # address to ask; ledgermq brokers create no such topics.
+        routes = self.routes
+        topics = sorted(set(routes.cluster_addr_table) | set(routes.broker_addr_table))
+        body: dict = {"topicList": topics}
+        for bd in routes.broker_addr_table.values():
+            addr = bd.master_addr or next(iter(bd.broker_addrs.values()), None)
+            if addr:
+                body["brokerAddr"] = addr
+                break
+        return cmd.make_response(body=encode_json(body))
+
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(cmd.ext_fields)
         if self.routes.delete_topic(h.str("topic"), h.str("clusterName", None) or None):
@@ -233,4 +275,7 @@ async def serve_namesrv(cfg: NamesrvConfig, *, task_status=trio.TASK_STATUS_IGNO
             serve_remoting, ns.handle, cfg.bind_address, cfg.listen_port,
             max_frame_size=cfg.max_frame_size, on_close=ns.connection_closed))
         log.info("name server listening on %s", ns.address)
+        if cfg.metrics.enabled:
+            ns.metrics_server = await nursery.start(serve_metrics, namesrv_registry(ns),
+                                                    cfg.metrics.prom_host or cfg.bind_address, cfg.metrics.prom_port)
         task_status.started(ns)

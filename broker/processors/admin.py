@@ -25,6 +25,14 @@
 #   GET_TOPIC_STATS_INFO 202            TopicStatsTable per write queue
 #   GET_CONSUME_STATS 208               ConsumeStats per queue
 #   UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200 / DELETE_SUBSCRIPTIONGROUP 207
+#   GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201 SubscriptionGroupWrapper JSON (the
+#                                       dashboard's and exporter's group list)
+#   VIEW_BROKER_STATS_DATA 315          BrokerStatsData (minute/hour/day sum,
+#                                       tps, avgpt) of one BrokerStatsManager
+#                                       item, from the StatsBook the metrics
+#                                       sampler fills (broker/metrics.py);
+#                                       SYSTEM_ERROR "The stats <n> <k> not
+#                                       exist" as RocketMQ answers
 #
 # TopicStatsTable and ConsumeStats are maps keyed by MessageQueue objects.
 # fastjson writes such keys as JSON objects ({{"brokerName":..}:{..}}), which
@@ -52,6 +60,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, decode_json, encode_json
 from broker.store.broker_store import BrokerStore
+from broker.telemetry import stats as S
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import MAX_QUERY_NUM, message_at, query_by_key
 from consumequeue.record import MessageFormatError
@@ -144,6 +153,7 @@ class AdminProcessor(RequestProcessor):
     store: BrokerStore
     started_ms: int = attrs.Factory(lambda: int(time.time() * 1000))
     put_tps: TpsMeter = attrs.Factory(TpsMeter)
+    stats: S.StatsBook = attrs.Factory(S.StatsBook)  # sampled by broker/metrics.py
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Sample the dispatched-message counter once a second (a timer)."""
@@ -155,7 +165,8 @@ class AdminProcessor(RequestProcessor):
     CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
              RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.QUERY_MESSAGE, RequestCode.GET_BROKER_RUNTIME_INFO,
              RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
-             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP)
+             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
+             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, RequestCode.VIEW_BROKER_STATS_DATA)
     not_leader_remark = "metadata is written on the DLedger leader (master)"
 
     @property
@@ -174,6 +185,8 @@ class AdminProcessor(RequestProcessor):
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_and_create_group,
             RequestCode.DELETE_SUBSCRIPTIONGROUP: self.delete_group,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_groups,
+            RequestCode.VIEW_BROKER_STATS_DATA: self.view_broker_stats_data,
         }
 
     # --- helpers -------------------------------------------------------------------
@@ -333,8 +346,18 @@ class AdminProcessor(RequestProcessor):
             "dledgerUncommitted": str(st.get("uncommitted", 0)),
             "putTps": " ".join(f"{self.put_tps.tps(w):.2f}" for w in (10, 60, 600)),
             "commitLogDiskRatio": f"{disk_ratio(cfg.store_path_root_dir):.4f}",
+            # Counted since this broker started (no day boundaries are kept):
+            # clusterList -m shows them as "today".
+            "msgPutTotalYesterdayMorning": "0", "msgPutTotalTodayMorning": "0",
+            "msgGetTotalYesterdayMorning": "0", "msgGetTotalTodayMorning": "0",
+            "msgGetTotalTodayNow": str(self._stats_value(S.BROKER_GET_NUMS, cfg.broker_cluster_name)),
         }
         return table
+
+    def _stats_value(self, name: str, key: str) -> int:
+        self.stats.refresh()
+        item = self.stats.get(name, key)
+        return item.value if item is not None else 0
 
     async def get_broker_runtime_info(self, request: RemotingCommand) -> RemotingCommand:
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json({"table": self.runtime_info()}))
@@ -385,8 +408,20 @@ class AdminProcessor(RequestProcessor):
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         stats = self.consume_stats(group, topic)
         wire = {k: {f: v for f, v in w.items() if f != "lag"} for k, w in stats.items()}
+        topics = {t for t, _, _ in stats}
+        self.stats.refresh()
+        items = [self.stats.get(S.GROUP_GET_NUMS, f"{t}@{group}") for t in topics]
+        tps = sum((item.rate(60) for item in items if item is not None), 0.0)
         return request.make_response(ResponseCode.SUCCESS, None, None,
-                                     encode_mq_map(wire, {"consumeTps": 0.0}))
+                                     encode_mq_map(wire, {"consumeTps": tps}))
+
+    async def view_broker_stats_data(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        name, key = h.str("statsName"), h.str("statsKey")
+        data = self.stats.broker_stats_data(name, key)
+        if data is None:
+            return request.make_response(ResponseCode.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(data))
 
     # --- subscription groups ---------------------------------------------------------
 
@@ -403,6 +438,12 @@ class AdminProcessor(RequestProcessor):
             await self.store.metadata.update_group(cfg)
             log.info("subscription group %s created/updated", cfg.group_name)
         return request.make_response(ResponseCode.SUCCESS)
+
+    async def get_all_groups(self, request: RemotingCommand) -> RemotingCommand:
+        table = self.store.metadata.state.groups
+        body = {"subscriptionGroupTable": {name: g.to_json() for name, g in sorted(table.groups.items())},
+                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.store.gate.term}}
+        return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
 
     async def delete_group(self, request: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(request.ext_fields)

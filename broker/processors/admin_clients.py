@@ -25,6 +25,15 @@
 #                                     also works with the group offline: the
 #                                     offsets are the broker's, not only the
 #                                     clients'.
+#   QUERY_TOPIC_CONSUME_BY_WHO 300    GroupList {"groupSet"}: the online groups
+#                                     subscribed to the topic and the groups
+#                                     with offsets on it (as RocketMQ joins
+#                                     its consumer and offset managers)
+#   GET_CONSUMER_RUNNING_INFO 307     forwarded to the named client on its
+#                                     own connection (Broker2Client.callClient);
+#                                     its answer is returned unchanged;
+#                                     SYSTEM_ERROR "The Consumer <g> <id> not
+#                                     online" when it is not connected here
 import enum
 import logging
 
@@ -49,6 +58,7 @@ log = logging.getLogger("ledgermq.admin.clients")
 # What a running broker can change without a restart: key -> how.
 HOT_KEYS = ("brokerPermission", "maxPendingRequestsNum", "maxWaitAckTimeMs")
 NOTIFY_TIMEOUT_S = 3.0
+CALL_CLIENT_TIMEOUT_S = 5.0  # RocketMQ's callClient waits 5 s too
 
 
 def _text(value) -> str:
@@ -87,6 +97,9 @@ def broker_config_properties(cfg) -> dict[str, str]:
     values = {key: getattr(rc, field) for key, (field, _) in REPLICATION_KEYS.items()}
     out.update({key: _text(value) for key, value in values.items() if value is not None})
     out["enableDLegerCommitLog"] = "true"
+    m = cfg.metrics
+    out.update({"metricsExporterType": m.exporter_type, "metricsPromExporterHost": m.prom_host,
+                "metricsPromExporterPort": str(m.prom_port)})
     return dict(sorted(out.items()))
 
 
@@ -113,7 +126,8 @@ class ClientsAdminProcessor(RequestProcessor):
 
     CODES = (RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_BROKER_CONFIG,
              RequestCode.GET_CONSUMER_CONNECTION_LIST, RequestCode.GET_PRODUCER_CONNECTION_LIST,
-             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET)
+             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
+             RequestCode.GET_CONSUMER_RUNNING_INFO)
     not_leader_remark = "offsets are written on the DLedger leader (master)"
 
     def handlers(self) -> dict:
@@ -123,6 +137,8 @@ class ClientsAdminProcessor(RequestProcessor):
             RequestCode.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
             RequestCode.GET_PRODUCER_CONNECTION_LIST: self.producer_connections,
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
+            RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: self.consume_by_who,
+            RequestCode.GET_CONSUMER_RUNNING_INFO: self.consumer_running_info,
         }
 
     # --- broker config ----------------------------------------------------------------
@@ -197,6 +213,33 @@ class ClientsAdminProcessor(RequestProcessor):
         chans = manager.producers.get(group, {})
         body = {"connectionSet": [_connection(ch) for cid, ch in chans.items() if cid in ids]}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        online = {name for name, info in self.clients.consumers.items()
+                  if topic in info.subscriptions and self.clients.consumer_ids(name)}
+        return sorted(online | set(self.store.metadata.state.offsets.groups_of_topic(topic)))
+
+    async def consume_by_who(self, request: RemotingCommand) -> RemotingCommand:
+        topic = HeaderReader(request.ext_fields).str("topic")
+        return request.make_response(ResponseCode.SUCCESS, None, None,
+                                     encode_json({"groupSet": self.groups_of_topic(topic)}))
+
+    async def consumer_running_info(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        group, client_id = h.str("consumerGroup"), h.str("clientId")
+        info = self.clients.group(group)
+        ch = info.channels.get(client_id) if info is not None else None
+        if ch is None or client_id not in self.clients.consumer_ids(group) or not hasattr(ch.conn, "invoke"):
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"The Consumer <{group}> <{client_id}> not online")
+        forward = RemotingCommand.create_request(RequestCode.GET_CONSUMER_RUNNING_INFO, dict(request.ext_fields),
+                                                 body=request.body)
+        try:
+            answer = await ch.conn.invoke(forward, CALL_CLIENT_TIMEOUT_S)
+        except (RemotingError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"invoke consumer <{group}> <{client_id}> failed: {e}")
+        return request.make_response(answer.code, answer.remark, dict(answer.ext_fields or {}), answer.body)
 
     # --- offsets -----------------------------------------------------------------------
 

@@ -57,7 +57,8 @@ from broker.common.values import InvalidMetadataError, TopicConfig, check_topic_
 from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.service import MetadataService
-from broker.remoting.codec import encode_response
+from broker.processors import send_native
+from broker.remoting.codec import RawSend, encode_response
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -188,6 +189,14 @@ def validate_topic(topic: str) -> None:
         raise SendError(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
 
 
+def _topic_ok(topic: str) -> bool:
+    try:
+        validate_topic(topic)
+    except SendError:
+        return False
+    return True
+
+
 _UNIQ_NAME = M.PROPERTY_UNIQ_KEY + "\x01"
 _V6_FLAGS = M.BORNHOST_V6_FLAG | M.STOREHOST_V6_FLAG
 
@@ -228,6 +237,7 @@ class SendProcessor:
     uniq_keys: UniqKeyGenerator = attrs.Factory(UniqKeyGenerator)
     rng: random.Random = attrs.Factory(random.Random)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
+    _native: send_native.NativeSends = attrs.Factory(lambda: send_native.NativeSends(_topic_ok))
 
     @property
     def cfg(self) -> BrokerConfig:
@@ -264,10 +274,12 @@ class SendProcessor:
         except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
             return self._failure(request, exc, records, req.first_index if req is not None else -1)
 
-    def accept_burst(self, conn, cmds: list[RemotingCommand]):
+    def accept_burst(self, conn, cmds: list):
         """The synchronous half of a burst of sends read together from one
         connection (see the module comment); returns the async half, which
-        answers each request in order."""
+        answers each request in order.  RawSends the native path takes are
+        encoded a run at a time (send_native.py); every other request, and
+        every RawSend it does not take, is served here one by one."""
         replies: list = [None] * len(cmds)
         try:
             self.gate.check_writable()
@@ -279,21 +291,48 @@ class SendProcessor:
         parts: list[tuple[int, int, int, int, str | None]] = []  # (i, first record, count, queueId, uniq)
         records: list[bytes] = []
         slow: list[int] = []
+        runs: list[send_native.NativeRun] = []
+        run = None
+        cfg = self.cfg
+        cluster = cfg.broker_cluster_name.encode()
+        born, born_v6 = _host_wire(born_host)
+        store_host, _ = _host_wire(cfg.store_host)
+
+        def flush() -> None:
+            send_native.encode(run, records, born, store_host, self.clock_ms(), cluster, self.uniq_keys)
+            runs.append(run)
+
         for i, cmd in enumerate(cmds):
+            if type(cmd) is RawSend:
+                if run is not None and run.scan is not cmd.scan:
+                    flush()
+                    run = None
+                if run is None:
+                    run = send_native.new_run(cmd.scan, cluster, self.uniq_keys.prefix)
+                if self._native.take(self, run, i, cmd, born_v6):
+                    continue
+                request = cmd.command()
+            else:
+                request = cmd
+            if run is not None and run.at:  # records stay in arrival order
+                flush()
+                run = None
             try:
-                header = parse_send_header(cmd)
+                header = parse_send_header(request)
                 validate_topic(header.topic)
                 topic_cfg = self.metadata.topic_config(header.topic)
                 if topic_cfg is None or not topic_cfg.perm & PERM_WRITE:
                     slow.append(i)  # auto-create first, or answer why not
                     continue
                 queue_id = self._queue_id(header, topic_cfg)
-                recs, uniq = self._records(header, topic_cfg, queue_id, cmd.body, born_host)
+                recs, uniq = self._records(header, topic_cfg, queue_id, request.body, born_host)
             except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
-                replies[i] = self._failure(cmd, exc, [])
+                replies[i] = self._failure(request, exc, [])
                 continue
             parts.append((i, len(records), len(recs), queue_id, uniq))
             records.extend(recs)
+        if run is not None and run.at:
+            flush()
         req, error = None, None
         if records:
             try:
@@ -303,7 +342,9 @@ class SendProcessor:
 
         async def finish() -> list:
             for i in slow:
-                replies[i] = await self.process(cmds[i], conn.remote_address)
+                cmd = cmds[i]
+                replies[i] = await self.process(cmd.command() if type(cmd) is RawSend else cmd,
+                                                conn.remote_address)
             failed = error
             if req is not None:
                 try:
@@ -316,14 +357,30 @@ class SendProcessor:
                     replies[i] = self._success_frame(cmds[i], queue_id, placed[first:first + count],
                                                      stamps[first:first + count] if stamps is not None else None,
                                                      uniq)
+                for r in runs:
+                    if not send_native.answer(r, replies, placed, stamps, store_host):
+                        self._answer_run_slowly(r, cmds, replies, placed)
             else:
                 base = req.first_index if req is not None else -1
                 for i, first, count, _, _ in parts:
                     replies[i] = self._failure(cmds[i], failed, records[first:first + count],
                                                base + first if base >= 0 else -1)
+                for r in runs:
+                    for k, i in enumerate(r.at):
+                        first = r.first + k
+                        replies[i] = self._failure(cmds[i], failed, records[first:first + 1],
+                                                   base + first if base >= 0 else -1)
             return replies
 
         return finish
+
+    def _answer_run_slowly(self, run, cmds, replies, placed) -> None:
+        """A native run's answers the general way (no stamps to answer from)."""
+        for k, i in enumerate(run.at):
+            first = run.first + k
+            o, n = run.uniq_off[k], run.uniq_len[k]
+            replies[i] = self._success_frame(cmds[i].command(), run.queue_ids[k], placed[first:first + 1], None,
+                                             run.records[o:o + n].decode())
 
     # --- steps --------------------------------------------------------------------
 
@@ -484,6 +541,7 @@ class SendProcessor:
         """FLUSH_SLAVE_TIMEOUT with ids, if the log still holds exactly our
         records (offsets aside) at the entries the append was given (from
         index `first`)."""
+        records = [bytes(r) for r in records]  # (the native path's are views)
         placed = []
         try:
             for index, rec in zip(range(first, first + len(records)), records):

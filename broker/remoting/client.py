@@ -42,6 +42,22 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def os_error_text(e: OSError) -> str:
+    """The cause of a failed connect in words ("Connection refused"):
+    trio's open_tcp_stream raises "all attempts to connect ... failed"
+    with the per-address errors as its cause; those are what to tell."""
+    if e.strerror:
+        return e.strerror
+    causes, stack = [], [e.__cause__]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, BaseExceptionGroup):
+            stack.extend(x.exceptions)
+        elif isinstance(x, OSError):
+            causes.append(x.strerror or str(x))
+    return "; ".join(sorted(set(causes))) or str(e)
+
+
 class RemotingClient:
     """Create with open_remoting_client(); its connections run in the
     nursery it was given and close when that nursery ends."""
@@ -93,7 +109,7 @@ class RemotingClient:
             try:
                 stream = await trio.open_tcp_stream(host, port)
             except OSError as e:
-                raise RemotingConnectError(addr, e.strerror or repr(e)) from None
+                raise RemotingConnectError(addr, os_error_text(e)) from None
             self.dials += 1
             conn = Connection(stream, self._handler, max_frame_size=self.max_frame_size)
             self._conns[addr] = conn

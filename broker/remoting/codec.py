@@ -16,6 +16,12 @@
 # is never buffered.  Decoding is tolerant where stock clients differ
 # (client-compat #1, #2): numeric strings for ints, any JSON type in
 # extFields, unknown languages, missing fields with Java's defaults.
+#
+# Raw sends: a decoder made with raw_sends=True scans the whole frames of
+# each read at once in C (native/sendpath.py); a plain SEND_MESSAGE_V2
+# comes out as a RawSend -- its header parsed there, no RemotingCommand --
+# for the send processor's native path.  Every other frame, and every send
+# the scanner declines, is decoded here exactly as without it.
 import json
 import re
 import struct
@@ -23,12 +29,20 @@ from typing import Literal
 
 import orjson
 
-from broker.remoting.codes import CURRENT_VERSION, RPC_TYPE_RESPONSE, LanguageCode, SerializeType
+from broker.remoting.codes import (
+    CURRENT_VERSION,
+    RPC_ONEWAY,
+    RPC_TYPE_RESPONSE,
+    LanguageCode,
+    RequestCode,
+    SerializeType,
+)
 from broker.remoting.command import RemotingCommand, coerce_fields
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
 from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, _Event
+from native import sendpath
 
-__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "encode_command",
+__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "RawSend", "encode_command",
            "encode_header", "decode_header"]
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
@@ -266,6 +280,55 @@ def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> Remotin
                                   serialize_type if serialize_type in (0, 1) else None) from None
 
 
+# --- raw sends ------------------------------------------------------------------
+
+class RawSend:
+    """One plain SEND_MESSAGE_V2 the native scanner parsed: frame `index`
+    of `scan` (a native.sendpath.SendScan).  The send processor reads its
+    fields from the scan; everything else -- the connection's bookkeeping,
+    error answers, the general send path -- gets the RemotingCommand
+    interface it needs, decoded from the same header on first use
+    (command(); the scanner takes only headers that decode without error)."""
+
+    __slots__ = ("scan", "index", "opaque", "flag", "_command")
+
+    code = int(RequestCode.SEND_MESSAGE_V2)
+    serialize_type = SerializeType.JSON
+    is_response = False
+
+    def __init__(self, scan, index: int, opaque: int, flag: int) -> None:
+        self.scan, self.index, self.opaque, self.flag = scan, index, opaque, flag
+        self._command: RemotingCommand | None = None
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & RPC_ONEWAY)
+
+    def command(self) -> RemotingCommand:
+        if self._command is None:
+            self._command = decode_header(SerializeType.JSON, self.scan.header(self.index),
+                                          self.scan.body(self.index))
+        return self._command
+
+    @property
+    def ext_fields(self) -> dict[str, str]:
+        return self.command().ext_fields
+
+    @property
+    def body(self) -> bytes:
+        return self.scan.body(self.index)
+
+    def make_response(self, code: int, remark: str | None = None, ext_fields=None,
+                      body: bytes = b"") -> RemotingCommand:
+        """As RemotingCommand.make_response (same opaque, JSON)."""
+        return RemotingCommand.trusted(int(code), LanguageCode.JAVA, CURRENT_VERSION, self.opaque,
+                                       RPC_TYPE_RESPONSE, remark, coerce_fields(ext_fields), bytes(body),
+                                       SerializeType.JSON)
+
+    def __repr__(self) -> str:
+        return f"RawSend(opaque={self.opaque}, index={self.index})"
+
+
 # --- the stream decoder -----------------------------------------------------------
 
 class CommandDecoder(ByteStreamDecoder):
@@ -274,15 +337,31 @@ class CommandDecoder(ByteStreamDecoder):
     RemoteProtocolError the decoder stays failed: every later call raises
     the same error, because the stream has lost its frame boundaries."""
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, raw_sends: bool = False) -> None:
         if not 12 <= max_frame_size <= 0x7FFFFFFF:
             raise ValueError(f"max_frame_size must be in [12, 2**31), got {max_frame_size}")
         super().__init__()
         self.max_frame_size = max_frame_size
+        self.raw_sends = raw_sends and sendpath.AVAILABLE
+        self._scan = None  # the frames scanned at _pos and after; _scan_next is the next one's index
+        self._scan_next = 0
 
-    def next_command(self) -> RemotingCommand | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+    def next_command(self) -> RemotingCommand | RawSend | Literal[_Event.NEED_DATA, _Event.CLOSED]:
         if self._error is not None:
             raise self._error
+        if self.raw_sends:
+            scan = self._scan
+            if scan is None or self._scan_next >= scan.n:
+                scan = self._scan = sendpath.scan_requests(self._buf, self._pos, self.max_frame_size)
+                self._scan_next = 0
+            if scan is not None:
+                i = self._scan_next
+                self._scan_next = i + 1
+                r = scan.reqs[i]
+                if r.status == sendpath.SEND_OK:
+                    self._pos += r.frame_len
+                    return RawSend(scan, i, r.opaque, r.flag)
+                # Declined: the frame at _pos is this one; decoded below as always.
         avail = len(self._buf) - self._pos
         if avail < 8:
             if not self._eof:

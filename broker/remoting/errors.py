@@ -15,6 +15,8 @@
 # RequestError is raised by request handlers to answer with a specific code.
 import attrs
 
+from broker.remoting.codes import code_name
+
 
 class RemotingError(Exception):
     """Base of every error the remoting layer raises on purpose."""
@@ -62,7 +64,7 @@ class RemotingTimeoutError(RemotingError):
     timeout: float
 
     def __str__(self) -> str:
-        return f"wait response from {self.addr} timeout ({self.timeout:g} s, request code {self.code})"
+        return f"no response from {self.addr} within {self.timeout:g} s to {code_name(self.code)}"
 
 
 @attrs.define(str=False)
@@ -74,7 +76,8 @@ class RemotingConnectionLostError(RemotingError):
     reason: str
 
     def __str__(self) -> str:
-        return f"connection to {self.addr} lost: {self.reason}"
+        hint = " (the peer does not speak RocketMQ remoting)" if self.reason.startswith("malformed frame") else ""
+        return f"connection to {self.addr} lost: {self.reason}{hint}"
 
 
 @attrs.define(str=False)

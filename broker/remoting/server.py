@@ -23,8 +23,14 @@ import trio
 
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import (DEFAULT_MAX_IN_FLIGHT, BurstFinish, BurstHandler, Connection,
-                                       RequestHandler, not_supported)
+from broker.remoting.connection import (
+    DEFAULT_MAX_IN_FLIGHT,
+    BurstFinish,
+    BurstHandler,
+    Connection,
+    RequestHandler,
+    not_supported,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +112,17 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
                          on_connect: Callable[[Connection], None] | None = None,
                          on_close: Callable[[Connection], None] | None = None,
                          bursts: BurstHandler | None = None,
+                         raw_sends: bool = False,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port (port 0 picks one; host None means every
-    interface) and serve until cancelled."""
+    interface) and serve until cancelled.  raw_sends: plain SEND_MESSAGE_V2
+    requests reach `bursts` as codec.RawSend (its send processor takes them)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     server = RemotingServer(listeners)
 
     async def serve_one(stream: trio.SocketStream) -> None:
         conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
-                          max_in_flight=max_in_flight)
+                          max_in_flight=max_in_flight, raw_sends=raw_sends)
         server.connections.add(conn)
         server.accepted += 1
         log.debug("accepted %r", conn)

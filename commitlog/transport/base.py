@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Protocol
 
 import attrs
+import trio
 
 from commitlog.transport.framing import DEFAULT_MAX_FRAME_SIZE
 
@@ -131,6 +132,10 @@ class Counters:
                          **attrs.asdict(self))
 
 
+# The consumer of received messages when it takes them directly (set_sink).
+Sink = Callable[[str, bytes], "trio.Event | None"]
+
+
 class Transport(Protocol):
     """What the node shell needs from a transport (TCP or in-memory)."""
 
@@ -152,6 +157,15 @@ class Transport(Protocol):
 
     def incoming(self) -> AsyncIterator[tuple[str, bytes]]:
         """receive() as an async iterator that ends when the transport does."""
+
+    def set_sink(self, sink: "Sink") -> None:
+        """From now on hand every received message to sink(src, payload),
+        called by the task that read it, instead of queueing it for
+        receive(): one hop less between the wire and its consumer.  The
+        sink returns None, or an Event the reader waits for before it reads
+        on (the consumer's backlog is full: TCP flow control then pushes
+        back on the sender).  Messages already queued go to the sink at once
+        (ignoring what it returns: they were read already)."""
 
     def connected_peers(self) -> frozenset[str]: ...
 

@@ -185,6 +185,7 @@ class MemoryTransport:
         self._counters = {p: Counters() for p in peers}
         # Unbounded: the per-link in_flight cap is the bound.
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(math.inf)
+        self._sink = None  # set_sink(): delivered messages are handed over directly
 
     @property
     def peer_ids(self) -> tuple[str, ...]:
@@ -279,17 +280,34 @@ class MemoryTransport:
             link.in_flight -= 1
             self._counters[link.dst].dropped_fault += 1
             return
+        if dst._sink is not None:
+            dst._received(self.self_id, link, payload)
+            dst._sink(self.self_id, payload)  # (no flow control to push back with here)
+            return
         dst._inbox_send.send_nowait((self.self_id, payload, link))
 
     # --- receiving -------------------------------------------------------------
 
     async def receive(self) -> tuple[str, bytes]:
         src, payload, link = await self._inbox_recv.receive()
+        self._received(src, link, payload)
+        return src, payload
+
+    def _received(self, src: str, link, payload: bytes) -> None:
         link.in_flight -= 1
         c = self._counters[src]
         c.received_frames += 1
         c.received_bytes += len(payload)
-        return src, payload
+
+    def set_sink(self, sink) -> None:
+        self._sink = sink
+        while True:
+            try:
+                src, payload, link = self._inbox_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            self._received(src, link, payload)
+            sink(src, payload)
 
     async def incoming(self) -> AsyncIterator[tuple[str, bytes]]:
         while True:

@@ -142,6 +142,7 @@ class PeerTransport:
         self._peers = {pid: _Peer(pid, tuple(addr), self_id < pid)
                        for pid, addr in peers.items() if pid != self_id}
         self._in_send, self._in_recv = trio.open_memory_channel(cfg.recv_queue_messages)
+        self._sink = None  # set_sink(): readers hand messages over directly
         self._changed = trio.Event()
         self._closed = False
         self._removed: set[str] = set()
@@ -219,6 +220,15 @@ class PeerTransport:
     async def incoming(self) -> AsyncIterator[tuple[str, bytes]]:
         async for item in self._in_recv:
             yield item
+
+    def set_sink(self, sink) -> None:
+        self._sink = sink
+        while True:
+            try:
+                src, payload = self._in_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            sink(src, payload)
 
     def connected_peers(self) -> frozenset[str]:
         return frozenset(p.peer_id for p in self._peers.values() if p.conn is not None)
@@ -326,7 +336,13 @@ class PeerTransport:
                 raise FrameError(f"unexpected {frame.kind.name} frame after the handshake")
             c.received_frames += 1
             c.received_bytes += len(frame.payload)
-            await self._in_send.send((peer.peer_id, frame.payload))
+            sink = self._sink
+            if sink is None:
+                await self._in_send.send((peer.peer_id, frame.payload))
+            else:
+                full = sink(peer.peer_id, frame.payload)
+                if full is not None:
+                    await full.wait()
 
     async def _run_connection(self, peer: _Peer, stream: trio.SocketStream,
                               decoder: FrameDecoder, remote: str) -> None:

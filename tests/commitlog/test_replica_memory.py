@@ -134,3 +134,37 @@ async def test_quorum_timeout_then_pending_full(autojump_clock):
                 await leader.node.append([b"d", b"e", b"f"])
         assert blocked == [True]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump_clock):
+    """The transport's sink (ReplicaNode._deliver) answers with an Event once
+    max_inbox messages wait for the driver; the driver's next round takes
+    them all and sets it (the TCP reader waits on it: test_tcp)."""
+    net = MemoryNetwork(seed=2)
+    members = [Member(i) for i in IDS]
+    async with trio.open_nursery() as nursery:
+        for k, m in enumerate(members):
+            await nursery.start(run_member, m, net, k)
+        leader = await wait_leader(members)
+        follower = next(m for m in members if m is not leader).node
+        captured = []
+        deliver = follower._deliver
+
+        def spy(src, payload):
+            captured.append((src, payload))
+            return deliver(src, payload)
+        follower.transport.set_sink(spy)
+        await leader.node.append([b"x"])
+        assert captured  # the leader's appends and heartbeats reached the follower through the sink
+        follower.max_inbox = len(follower._inbox) + 3
+        src, payload = captured[-1]  # replayed: Raft takes a duplicate in its stride
+        assert deliver(src, payload) is None and deliver(src, payload) is None
+        room = deliver(src, payload)
+        assert isinstance(room, trio.Event) and not room.is_set()
+        assert deliver(src, payload) is room  # one Event for every reader that finds it full
+        with trio.fail_after(1):
+            await room.wait()
+        assert len(follower._inbox) < follower.max_inbox
+        [(idx, _)] = await leader.node.append([b"y"])  # and the group carries on
+        await follower.committed.wait_for(idx, timeout=5)
+        nursery.cancel_scope.cancel()

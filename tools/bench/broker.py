@@ -31,6 +31,7 @@ import trio
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
+from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
 from tools.localcluster import LocalCluster
 
@@ -92,12 +93,19 @@ def cpu_seconds(pid: int | None) -> float | None:
     """user+system CPU seconds of a process so far (Linux /proc; None
     elsewhere).  CPU per message stays comparable on a shared machine,
     where messages/s swing by 2x."""
+    split = cpu_split(pid)
+    return None if split is None else split[0] + split[1]
+
+
+def cpu_split(pid: int | None) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of a process so far (Linux /proc)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, TypeError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def own_cpu_seconds() -> float:
@@ -176,31 +184,23 @@ class Phases:
         return {"count": len(lat), "p50_ms": ms(percentile(lat, 0.5)), "p99_ms": ms(percentile(lat, 0.99))}
 
     async def windowed(self, count: int, window: int, make, per_request: int = 1) -> dict:
-        """`window` senders sharing one connection, `count` messages in all;
-        also the master's CPU per message."""
+        """`window` requests in flight on one connection, `count` messages in
+        all, from the cheap generator (tools.bench.rawsend: the remoting
+        client costs ~70 us of CPU per request and would set the rate on a
+        small machine); also the master's CPU per message."""
         pid = self.cluster.brokers[self.master].pid
+        templates = [FrameTemplate(make(q)) for q in range(QUEUES)]
         cpu0, own0 = cpu_seconds(pid), own_cpu_seconds()
-        tickets = iter(range(0, count, per_request))
-        done = [0]
-        lat: list[float] = []
-
-        async def sender():
-            for i in tickets:
-                t0 = time.perf_counter()
-                if await self._send(make(i % QUEUES), per_request):
-                    done[0] += per_request
-                    lat.append(time.perf_counter() - t0)
-
-        t0 = time.perf_counter()
-        with trio.move_on_after(self.seconds):
-            async with trio.open_nursery() as nursery:
-                for _ in range(window):
-                    nursery.start_soon(sender)
-        elapsed = time.perf_counter() - t0
-        lat.sort()
-        return {"count": done[0], "seconds": round(elapsed, 3), "mps": rate(done[0], elapsed),
-                "p99_ms": ms(percentile(lat, 0.99)), "master_cpu_us": cpu_us_per(cpu0, cpu_seconds(pid), done[0]),
-                "client_cpu_us": cpu_us_per(own0, own_cpu_seconds(), done[0])}
+        r = await run_window(self.addr, templates, count=count, window=window, seconds=self.seconds,
+                             per_request=per_request)
+        for code, n in r["errors"].items():
+            self.errors[ResponseCode(code).name] = self.errors.get(ResponseCode(code).name, 0) + n
+        done, elapsed = r["count"], r["seconds"]
+        self.sent += done
+        lat = sorted(r["latencies"])
+        return {"count": done, "seconds": round(elapsed, 3), "mps": rate(done, elapsed),
+                "p99_ms": ms(percentile(lat, 0.99)), "master_cpu_us": cpu_us_per(cpu0, cpu_seconds(pid), done),
+                "client_cpu_us": cpu_us_per(own0, own_cpu_seconds(), done)}
 
     async def max_offsets(self) -> dict[int, int]:
         out = {}

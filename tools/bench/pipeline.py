@@ -3,15 +3,22 @@
 # Builds (once; reused by later runs) a ledgermq store of >= --size-mb of
 # 1 KiB message records over 64 queues in --segment-mb data segments, all
 # committed, with the dispatch benchmark's record template.  Then, from
-# page cache, the same full rebuild of consume queues and index three ways:
-#   native    -- the single-process native rebuild (the broker's own
-#                DispatchEngine, tools.bench.dispatch.timed_rebuild);
-#   local[1]  -- the pipeline's rebuild job on Spark with one executor core;
-#   local[2]  -- the same with two.
-# Each rebuild writes into an emptied output directory; every time includes
-# the final checkpoint (fsync) so the three are alike, and the Spark times
-# exclude starting Spark (reported apart).  Printed: MB/s of each, the
-# scaling ratio local[2] / local[1] and each against the native rebuild.
+# page cache, the pipeline's jobs on the same store, one contender after
+# another (each with its own fresh JVM):
+#   native      -- the single-process native rebuild (the broker's own
+#                  DispatchEngine, tools.bench.dispatch.timed_rebuild);
+#   local[1]    -- the jobs in Spark local mode with one executor core;
+#   local[2]    -- the same with two;
+#   standalone  -- a 2-worker standalone cluster on this machine (a master
+#                  and two workers of 1 core each, tools/pipeline/standalone.py),
+#                  ledgermq shipped to the executors as the packed venv
+#                  (packenv.py), the driver in this process.
+# Jobs: rebuild (consume queues + index into an emptied directory, final
+# checkpoint fsync included), export (Parquet, overwritten each round) and
+# stats (no output).  Times exclude starting Spark (reported apart) and are
+# medians of --rounds after one warm-up round.  Printed: MB/s of the
+# committed log per job and contender, local[2]/local[1], standalone/local[1]
+# and standalone/local[2], and the rebuild against the native one.
 # The job runs one task per segment: on a cluster, executors scan segments
 # in parallel and only the compact records (about 15% of the log) reach the
 # driver, which writes the files in log order.
@@ -60,28 +67,68 @@ def native_seconds(path: str, output: str) -> float:
         store.close()
 
 
-def spark_seconds(path: str, output: str, master: str, rounds: int, log, wave=None):
+JOBS = ("rebuild", "export", "stats")
+
+
+def _run_job(spark, job: str, path: str, output: str, wave):
+    from tools.pipeline import export, stats
     from tools.pipeline import jobcommon as J
     from tools.pipeline.rebuild import rebuild_plan
+    if job == "rebuild":
+        shutil.rmtree(output, ignore_errors=True)
+        (plan,) = J.plan_inputs(spark, [path])
+        return rebuild_plan(spark, plan, output, wave=wave).to_json()
+    opts = J.JobOptions((path,), out=output if job == "export" else None, progress=False,
+                        extra=(("mode", "overwrite"),))
+    return (export if job == "export" else stats).run(spark, opts)[0]
+
+
+def spark_seconds(path: str, output: str, master: str, rounds: int, log, wave=None, conf=None) -> dict:
+    """{job: (median seconds, per-round seconds, last report)} plus the
+    session's start time, for one contender on a fresh session."""
     from tools.pipeline.sparkenv import build_session, stop_session
     t0 = time.perf_counter()
-    spark = build_session(master, {"spark.ui.enabled": "false", "spark.driver.memory": "4g"})
+    spark = build_session(master, {"spark.ui.enabled": "false", "spark.driver.memory": "4g", **(conf or {})})
     try:
         spark.sparkContext.parallelize(range(4), 2).map(lambda x: x).collect()  # start the Python workers
-        startup = time.perf_counter() - t0
-        times, applies, report = [], [], None
-        for k in range(rounds + 1):  # round 0 warms the JVM and the workers up
-            shutil.rmtree(output, ignore_errors=True)
-            t1 = time.perf_counter()
-            (plan,) = J.plan_inputs(spark, [path])
-            report = rebuild_plan(spark, plan, output, wave=wave)
-            if k:
-                times.append(time.perf_counter() - t1)
-                applies.append(report.apply_seconds)
-            log(f"  {master} round {k}/{rounds}: {time.perf_counter() - t1:.2f} s", end="\r")
-        return times, startup, {**report.to_json(), "applySeconds": statistics.median(applies)}
+        out = {"startup": time.perf_counter() - t0}
+        for job in JOBS:
+            times, report = [], None
+            for k in range(rounds + 1):  # round 0 warms the JVM and the workers up
+                t1 = time.perf_counter()
+                report = _run_job(spark, job, path, output, wave)
+                if k:
+                    times.append(time.perf_counter() - t1)
+                log(f"  {master} {job} round {k}/{rounds}: {time.perf_counter() - t1:.2f} s", end="\r")
+            out[job] = (statistics.median(times), times, report)
+        return out
     finally:
         stop_session(spark)  # a fresh JVM for the next contender
+        shutil.rmtree(output, ignore_errors=True)
+
+
+def standalone_seconds(path: str, output: str, rounds: int, log, wave=None, workdir: str = "") -> dict:
+    """The same on a 2-worker standalone cluster started (and stopped, by
+    PID) here, executors running the packed environment of this tree."""
+    from tools.pipeline import packenv
+    from tools.pipeline.standalone import StandaloneCluster
+    archive = packenv.packed_env(log=log)
+    cluster = StandaloneCluster(os.path.join(workdir, "standalone"), workers=2, cores=1, memory="3g")
+    cluster.start()
+    saved = os.environ.get("PYSPARK_PYTHON")
+    # A driver PySpark starts itself tells executors PYSPARK_PYTHON (it does
+    # not read spark.pyspark.python then): the packed env's interpreter.
+    os.environ["PYSPARK_PYTHON"] = packenv.submit_conf(archive)["spark.pyspark.python"]
+    try:
+        return spark_seconds(path, output, cluster.url, rounds, log, wave,
+                             {**packenv.submit_conf(archive), "spark.executor.memory": "2g",
+                              "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    finally:
+        if saved is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = saved
+        cluster.stop()
 
 
 def main(argv=None) -> int:
@@ -89,8 +136,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size-mb", type=int, default=2048, help="commitlog size to build (MiB)")
     ap.add_argument("--segment-mb", type=int, default=256, help="data segment size (MiB): one Spark task each")
     ap.add_argument("--dir", default="/tmp/ledgermq-bench-pipeline", help="where the store lives (reused)")
-    ap.add_argument("--rounds", type=int, default=3, help="timed rebuilds per contender (medians reported)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per job and contender (medians reported)")
     ap.add_argument("--wave", type=int, help="segments scanned ahead of the driver (default 2x cores)")
+    ap.add_argument("--no-standalone", action="store_true", help="skip the standalone cluster contender")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if D.NATIVE is None:
@@ -107,39 +155,57 @@ def main(argv=None) -> int:
     for k in range(args.rounds):
         log(f"  native round {k + 1}/{args.rounds}", end="\r")
         native.append(native_seconds(path, output))
-    l1, start1, rep1 = spark_seconds(path, output, "local[1]", args.rounds, log, args.wave)
-    l2, start2, rep2 = spark_seconds(path, output, "local[2]", args.rounds, log, args.wave)
-    shutil.rmtree(output, ignore_errors=True)
+    runs = {"local[1]": spark_seconds(path, output, "local[1]", args.rounds, log, args.wave),
+            "local[2]": spark_seconds(path, output, "local[2]", args.rounds, log, args.wave)}
+    if not args.no_standalone:
+        runs["standalone"] = standalone_seconds(path, output, args.rounds, log, args.wave, args.dir)
     log("")
-    total = rep2["bytes"]  # the committed log the rebuilds read
-    n_s, s1, s2 = statistics.median(native), statistics.median(l1), statistics.median(l2)
+    rep = runs["local[2]"]["rebuild"][2]
+    total = rep["bytes"]  # the committed log every job reads
+    n_s = statistics.median(native)
     rate = lambda s: total / s / MB  # noqa: E731
-    result = {
-        "commitlogBytes": total, "messages": rep2["messages"], "segments": rep2["segments"],
-        "segmentBytes": args.segment_mb * MB, "recordSize": RECORD_SIZE, "queues": QUEUES,
-        "cores": os.cpu_count(), "rawReadMBps": raw_bytes / raw_s / MB,
-        "nativeSeconds": n_s, "nativeMBps": rate(n_s),
-        "local1Seconds": s1, "local1MBps": rate(s1), "local1StartupSeconds": start1,
-        "local2Seconds": s2, "local2MBps": rate(s2), "local2StartupSeconds": start2,
-        "local1DriverApplySeconds": rep1["applySeconds"], "local2DriverApplySeconds": rep2["applySeconds"],
-        "scalingLocal2VsLocal1": s1 / s2, "local1VsNative": n_s / s1, "local2VsNative": n_s / s2,
-        "rounds": args.rounds, "nativeSecondsPerRound": native, "local1SecondsPerRound": l1,
-        "local2SecondsPerRound": l2,
-    }
+    result = {"commitlogBytes": total, "messages": rep["messages"], "segments": rep["segments"],
+              "segmentBytes": args.segment_mb * MB, "recordSize": RECORD_SIZE, "queues": QUEUES,
+              "cores": os.cpu_count(), "rounds": args.rounds, "rawReadMBps": raw_bytes / raw_s / MB,
+              "nativeRebuildSeconds": n_s, "nativeRebuildMBps": rate(n_s), "nativeSecondsPerRound": native,
+              "contenders": {}}
+    for name, run in runs.items():
+        result["contenders"][name] = {"startupSeconds": run["startup"], **{
+            job: {"seconds": run[job][0], "MBps": rate(run[job][0]), "secondsPerRound": run[job][1]}
+            for job in JOBS}}
+        result["contenders"][name]["rebuild"]["driverApplySeconds"] = run["rebuild"][2]["applySeconds"]
+    ratios = {}
+    for job in JOBS:
+        sec = {name: run[job][0] for name, run in runs.items()}
+        ratios[job] = {"local2VsLocal1": sec["local[1]"] / sec["local[2]"]}
+        if "standalone" in sec:
+            ratios[job].update(standaloneVsLocal1=sec["local[1]"] / sec["standalone"],
+                               standaloneVsLocal2=sec["local[2]"] / sec["standalone"])
+    ratios["rebuild"].update({f"{name}VsNative": n_s / run["rebuild"][0] for name, run in runs.items()})
+    result["ratios"] = ratios
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"commitlog           {total / MB:9.0f} MiB, {result['messages']} messages of {RECORD_SIZE} B over "
           f"{QUEUES} queues, {result['segments']} segments of {args.segment_mb} MiB (page cache), "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores; medians of {args.rounds} rounds")
     print(f"raw sequential read {raw_bytes / raw_s / MB:9.0f} MB/s")
-    print(f"native rebuild      {rate(n_s):9.0f} MB/s  ({n_s:.2f} s, median of {args.rounds}; one process)")
-    print(f"spark local[1]      {rate(s1):9.0f} MB/s  ({s1:.2f} s, median of {args.rounds}, of which the driver "
-          f"replayed {rep1['applySeconds']:.2f} s; Spark start {start1:.1f} s not included)")
-    print(f"spark local[2]      {rate(s2):9.0f} MB/s  ({s2:.2f} s, median of {args.rounds}, of which the driver "
-          f"replayed {rep2['applySeconds']:.2f} s; Spark start {start2:.1f} s not included)")
-    print(f"scaling             {s1 / s2:9.2f}x local[2] vs local[1]")
-    print(f"vs native           {n_s / s1:9.2f}x local[1], {n_s / s2:.2f}x local[2] (>1: faster than one process)")
+    print(f"native rebuild      {rate(n_s):9.0f} MB/s  ({n_s:.2f} s; one process)")
+    names = list(runs)
+    print(f"{'job':<12}" + "".join(f"{n:>14}" for n in names) + "   (MB/s of the committed log; Spark start "
+          + ", ".join(f"{n} {runs[n]['startup']:.1f} s" for n in names) + " not included)")
+    for job in JOBS:
+        print(f"{job:<12}" + "".join(f"{rate(runs[n][job][0]):>14.0f}" for n in names))
+    for job in JOBS:
+        r = ratios[job]
+        line = f"{job:<12} local[2]/local[1] {r['local2VsLocal1']:.2f}x"
+        if "standaloneVsLocal1" in r:
+            line += f", standalone/local[1] {r['standaloneVsLocal1']:.2f}x, " \
+                    f"standalone/local[2] {r['standaloneVsLocal2']:.2f}x"
+        print(line)
+    print("rebuild vs native   " + ", ".join(f"{n} {ratios['rebuild'][f'{n}VsNative']:.2f}x" for n in names)
+          + " (>1: faster than one process); the driver replayed "
+          + ", ".join(f"{n} {runs[n]['rebuild'][2]['applySeconds']:.2f} s" for n in names))
     return 0
 
 

@@ -1,7 +1,10 @@
 # Owns profiling the send path (`python -m tools.bench.profile_send`): a name
 # server and a 3-broker group as real processes, raw pipelined
-# SEND_MESSAGE_V2 (1 KiB) with a window in flight for a fixed time, and
-# meanwhile py-spy sampling the master (and optionally a slave).  Prints
+# SEND_MESSAGE_V2 (1 KiB) with a window in flight for a fixed time (the
+# cheap generator of tools/bench/rawsend.py), and
+# meanwhile py-spy sampling the master (and optionally a slave) while they
+# hold the GIL, so the profile is of CPU spent in Python rather than of
+# threads parked in epoll or fdatasync.  Prints
 # messages/s and the CPU microseconds per message of every broker process
 # and of the load generator, and the top of each profile (by own time and
 # by cumulative time).  Not a test; nothing is asserted.  Needs py-spy
@@ -19,7 +22,8 @@ import tempfile
 
 import trio
 
-from tools.bench.broker import Phases, cpu_seconds, create_topic_request, own_cpu_seconds, send_request
+from tools.bench.broker import QUEUES, cpu_split, create_topic_request, own_cpu_seconds, send_request
+from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import open_broker_cluster
 
 
@@ -42,6 +46,19 @@ def top_of_profile(raw_path: str, n: int = 25) -> tuple[list, list]:
     return pct(own), pct(cum)
 
 
+def syscall_counts(path: str, messages: int) -> list:
+    """`perf trace -s` summary -> [(syscall, calls per 1,000 messages,
+    total ms)], every thread of the process added up, busiest first."""
+    calls, msec = collections.Counter(), collections.Counter()
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4 and parts[1].isdigit() and not parts[0].startswith("-"):
+                calls[parts[0]] += int(parts[1])
+                msec[parts[0]] += float(parts[3])
+    return [(name, round(1000 * n / max(messages, 1), 1), round(msec[name], 1)) for name, n in calls.most_common(12)]
+
+
 async def run(args) -> dict:
     root = tempfile.mkdtemp(prefix="ledgermq-profile-")
     out_dir = args.out or root
@@ -51,8 +68,9 @@ async def run(args) -> dict:
         async with open_broker_cluster(root, extra_conf=conf) as cluster:
             master = await cluster.wait_master()
             await cluster.remoting.invoke(cluster.addr(master), create_topic_request())
-            phases = Phases(cluster, master, args.seconds + 5)
-            await phases.windowed(2000, args.window, send_request)  # warm-up
+            addr = cluster.addr(master)
+            templates = [FrameTemplate(send_request(q)) for q in range(QUEUES)]
+            await run_window(addr, templates, count=2000, window=args.window, seconds=30)  # warm-up
             slave = next(n for n in sorted(cluster.brokers) if n != master)
             targets = {"master": cluster.brokers[master].pid}
             if args.slave:
@@ -61,27 +79,39 @@ async def run(args) -> dict:
             spies = {}
             for role, pid in targets.items():
                 raw = os.path.join(out_dir, f"{role}.raw")
-                spies[role] = (raw, subprocess.Popen(
-                    [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
-                     "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "200", "--format", "raw",
-                     "--output", raw, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+                if args.syscalls:  # perf's syscall summary: counts per message, at little cost to the broker
+                    raw = os.path.join(out_dir, f"{role}.syscalls")
+                    cmd = ["perf", "trace", "-s", "-p", str(pid), "-o", raw, "--", "sleep", str(int(args.seconds))]
+                else:
+                    cmd = [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
+                           "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "200", "--format", "raw",
+                           "--output", raw, "--nonblocking", "--gil"]
+                spies[role] = (raw, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            cpu0 = {n: cpu_split(p) for n, p in pids.items()}
             own0 = own_cpu_seconds()
-            phases.seconds = args.seconds
-            r = await phases.windowed(10_000_000, args.window, send_request)
-            cpu1 = {n: cpu_seconds(p) for n, p in pids.items()}
+            r = await run_window(addr, templates, count=10_000_000, window=args.window, seconds=args.seconds)
+            r["mps"] = r["count"] / r["seconds"]
+            cpu1 = {n: cpu_split(p) for n, p in pids.items()}
             own1 = own_cpu_seconds()
             for raw, proc in spies.values():
                 await trio.to_thread.run_sync(proc.wait)
             count = r["count"]
+            lat = sorted(r["latencies"])
             result = {"window": args.window, "sync": args.sync, "mps": r["mps"], "count": count,
-                      "errors": dict(phases.errors),
-                      "cpu_us_per_msg": {("master" if n == master else n): round(1e6 * (cpu1[n] - cpu0[n]) / count, 1)
+                      "p50_ms": round(1e3 * lat[len(lat) // 2], 3) if lat else None,
+                      "p99_ms": round(1e3 * lat[int(len(lat) * 0.99)], 3) if lat else None,
+                      "errors": r["errors"],
+                      "cpu_us_per_msg": {("master" if n == master else n):
+                                         round(1e6 * (sum(cpu1[n]) - sum(cpu0[n])) / count, 1)
+                                         for n in pids if count},
+                      "sys_us_per_msg": {("master" if n == master else n): round(1e6 * (cpu1[n][1] - cpu0[n][1]) / count, 1)
                                          for n in pids if count},
                       "client_cpu_us_per_msg": round(1e6 * (own1 - own0) / count, 1) if count else None,
                       "profiles": {}}
             for role, (raw, _) in spies.items():
-                if os.path.exists(raw):
+                if args.syscalls and os.path.exists(raw):
+                    result["profiles"][role] = {"syscalls": syscall_counts(raw, count)}
+                elif os.path.exists(raw):
                     own, cum = top_of_profile(raw)
                     result["profiles"][role] = {"raw": raw, "own": own, "cumulative": cum}
             await cluster.stop_all()
@@ -98,6 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="keep the raw profiles (and the cluster's files) here")
     p.add_argument("--slave", action="store_true", help="profile a slave too")
     p.add_argument("--sync", action="store_true", help="flushDiskType=SYNC_FLUSH")
+    p.add_argument("--syscalls", action="store_true", help="count system calls (perf trace -s) instead of py-spy sampling")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     r = trio.run(run, args)
@@ -105,10 +136,16 @@ def main(argv=None) -> int:
         print(json.dumps(r, indent=1))
         return 0
     print(f"window {r['window']}{' SYNC_FLUSH' if r['sync'] else ''}: {r['mps']:.0f} msg/s, {r['count']} messages, "
-          f"errors {r['errors'] or 'none'}")
+          f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, errors {r['errors'] or 'none'}")
     print("CPU us/msg: " + ", ".join(f"{k} {v}" for k, v in r["cpu_us_per_msg"].items())
           + f", load generator {r['client_cpu_us_per_msg']}")
+    print("  of which system: " + ", ".join(f"{k} {v}" for k, v in r["sys_us_per_msg"].items()))
     for role, prof in r["profiles"].items():
+        if "syscalls" in prof:
+            print(f"\n{role} system calls per 1,000 messages (all threads; total ms in calls):")
+            for name, per_k, ms in prof["syscalls"]:
+                print(f"  {per_k:8.1f}  {name} ({ms} ms)")
+            continue
         print(f"\n{role} profile, own time:")
         for pct, frame in prof["own"]:
             print(f"  {pct:5.1f}%  {frame}")

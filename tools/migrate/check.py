@@ -154,6 +154,8 @@ def check_stores(roots: list[str], *, last: int = 2, winner: str | None = None) 
             if stores[-1].error:
                 problems.append(f"{winner}: {stores[-1].error}")
     good = [s for s in stores if not s.error]
+    if not good:  # nothing readable: the errors above are the whole answer
+        return CheckReport(stores, None, [], problems)
     problems += _migration_problems(good)
     if len({s.segment_size for s in good}) > 1:
         problems.append("commitlog segment sizes differ: " + ", ".join(f"{s.root}={s.segment_size}" for s in good))

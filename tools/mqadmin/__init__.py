@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from broker.telemetry.logs import cli_logging, log_options
 from commitlog.errors import CommitLogError
 
 # Each area of the tree adds its commands in its own module, so parallel work
@@ -36,13 +37,23 @@ class MQAdminGroup(click.Group):
             return super().invoke(ctx)
         except (CommitLogError, OSError, ValueError) as exc:
             # A user mistake or an environment problem: one line, no traceback.
-            click.echo(f"mqadmin: error: {exc}", err=True)
+            click.echo(f"mqadmin: error: {describe(exc)}", err=True)
             sys.exit(EXIT_ERROR)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the path and the cause: an OSError reads
+    "/data/x: No such file or directory", not "[Errno 2] ...: '/data/x'"."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        other = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+        return f"{exc.filename}{other}: {exc.strerror}"
+    return str(exc)
 
 
 @click.group(cls=MQAdminGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ledgermq")
-def cli():
+@log_options(default_level="ERROR")
+def cli(log_level: str, log_file: str | None, log_format: str):
     """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands).
 
     Online commands take -n/--namesrvAddr (default $NAMESRV_ADDR) and --json;
@@ -62,6 +73,7 @@ def cli():
     3 could not run (unreachable server, unknown topic/group, unreadable store).
     Shell completion (bash): eval "$(_MQADMIN_COMPLETE=bash_source mqadmin)"
     """
+    cli_logging(log_level, log_file, log_format)
 
 
 def _load_commands() -> None:

@@ -155,7 +155,7 @@ class MQAdmin:
         try:
             resp = await self.remoting.invoke(addr, request, self.timeout if timeout is None else timeout)
         except (RemotingConnectError, RemotingTimeoutError, RemotingConnectionLostError) as e:
-            raise UnreachableError(f"broker {e}") from None
+            raise UnreachableError(f"broker {addr} unreachable: {e}") from None
         except RemotingError as e:
             raise AdminError(f"{addr}: {e}") from None
         if resp.code in accept:
@@ -187,6 +187,25 @@ class MQAdmin:
         if route is None or not route.broker_datas:
             raise NotFoundError(f"topic {topic} does not exist (no route on the name server)")
         return route
+
+    async def namesrv_call(self, code: int, fields: dict | None = None) -> RemotingCommand:
+        """One request to the first name server that answers it."""
+        from broker.namesrv.client import parse_namesrv_addrs
+        try:
+            addrs = parse_namesrv_addrs(self.namesrv_addr)
+        except ValueError as e:
+            raise AdminError(str(e)) from None
+        error: AdminError | None = None
+        for addr in addrs:
+            try:
+                return await self.call(addr, code, fields)
+            except UnreachableError as e:
+                error = UnreachableError(str(e).replace(f"broker {addr}", f"name server {addr}", 1))
+        raise error
+
+    async def topics_by_cluster(self, cluster: str) -> list[str]:
+        resp = await self.namesrv_call(RequestCode.GET_TOPICS_BY_CLUSTER, {"cluster": cluster})
+        return list(json.loads(resp.body).get("topicList") or [])
 
     async def delete_topic_in_namesrv(self, topic: str, cluster: str | None) -> None:
         results = await self._namesrv(lambda ns: ns.delete_topic(topic, cluster))
@@ -305,6 +324,20 @@ class MQAdmin:
     async def consume_stats(self, addr: str, group: str, topic: str | None = None) -> dict:
         resp = await self.call(addr, RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic})
         return parse_mq_map(resp.body)
+
+    async def all_group_configs(self, addr: str) -> dict[str, dict]:
+        resp = await self.call(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        return dict(json.loads(resp.body).get("subscriptionGroupTable") or {})
+
+    async def consume_by_who(self, addr: str, topic: str) -> list[str]:
+        resp = await self.call(addr, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": topic})
+        return list(json.loads(resp.body).get("groupSet") or [])
+
+    async def consume_tps(self, addr: str, group: str) -> float:
+        """ConsumeStats.consumeTps (the fastjson body's top-level field)."""
+        resp = await self.call(addr, RequestCode.GET_CONSUME_STATS, {"consumerGroup": group})
+        m = re.search(rb'"consumeTps"\s*:\s*([-0-9.eE]+)', resp.body)
+        return float(m.group(1)) if m else 0.0
 
     async def consumer_connection(self, addr: str, group: str) -> dict:
         resp = await self.call(addr, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})

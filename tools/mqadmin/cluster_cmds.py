@@ -60,15 +60,21 @@ async def _missing_peers(admin: MQAdmin, rows: list[dict]) -> list[dict]:
 @click.command("clusterList", epilog="""\b
 Examples:
   mqadmin clusterList -n 127.0.0.1:9876
-  mqadmin clusterList -c LedgerCluster --json | jq '.brokers[] | select(.role=="MASTER")'""")
+  mqadmin clusterList -c LedgerCluster --json | jq '.brokers[] | select(.role=="MASTER")'
+  mqadmin clusterList -m    # messages in and out per broker""")
 @click.option("-c", "--clusterName", "cluster", metavar="CLUSTER", help="only this cluster")
+@click.option("-m", "--moreStats", "more_stats", is_flag=True,
+              help="messages put and pulled per broker (#InTotalYest #OutTotalYest #InTotalToday "
+                   "#OutTotalToday; ledgermq counts since each broker started, as 'today')")
 @online
-async def cluster_list(admin: MQAdmin, out: Output, cluster):
+async def cluster_list(admin: MQAdmin, out: Output, cluster, more_stats: bool):
     """Every broker: cluster, name, id, address, role, DLedger term and
     leader, put TPS and disk usage; DLedger peers that are not registered
     (down) are listed as DOWN (--json: "missing")."""
     brokers = await admin.brokers(cluster)
     infos = await _gather([b.addr for b in brokers], admin.runtime_info)
+    if more_stats:
+        return _more_stats(out, brokers, infos)
     rows = []
     for b in brokers:
         info = infos.get(b.addr)
@@ -97,6 +103,36 @@ async def cluster_list(admin: MQAdmin, out: Output, cluster):
                 r["version"]] for r in rows]
               + [[m["cluster"], m["brokerName"], None, None, "DOWN", m["dledgerSelfId"], None, None, None, None,
                   None, None, None] for m in missing])
+    for r in rows:
+        if r["error"]:
+            out.note(f"mqadmin: {r['addr']}: {r['error']}")
+
+
+def _more_stats(out: Output, brokers, infos: dict) -> None:
+    """clusterList -m: RocketMQ's columns from each broker's runtime info."""
+    def n(info: dict, key: str) -> int:
+        try:
+            return int(info.get(key) or 0)
+        except ValueError:
+            return 0
+
+    rows = []
+    for b in brokers:
+        info = infos.get(b.addr)
+        info = info if isinstance(info, dict) else {}
+        rows.append({
+            "cluster": b.cluster, "brokerName": b.broker_name, "brokerId": b.broker_id, "addr": b.addr,
+            "inTotalYest": n(info, "msgPutTotalTodayMorning") - n(info, "msgPutTotalYesterdayMorning"),
+            "outTotalYest": n(info, "msgGetTotalTodayMorning") - n(info, "msgGetTotalYesterdayMorning"),
+            "inTotalToday": n(info, "msgPutTotalTodayNow") - n(info, "msgPutTotalTodayMorning"),
+            "outTotalToday": n(info, "msgGetTotalTodayNow") - n(info, "msgGetTotalTodayMorning"),
+            "error": None if info else str(infos.get(b.addr))})
+    if out.as_json:
+        out.json({"brokers": rows})
+        return
+    out.table(["#Cluster", "#Broker", "#BID", "#InTotalYest", "#OutTotalYest", "#InTotalToday", "#OutTotalToday"],
+              [[r["cluster"], r["brokerName"], r["brokerId"], r["inTotalYest"], r["outTotalYest"],
+                r["inTotalToday"], r["outTotalToday"]] for r in rows])
     for r in rows:
         if r["error"]:
             out.note(f"mqadmin: {r['addr']}: {r['error']}")

@@ -5,7 +5,7 @@
 # the group's master; client connections are whatever clients heartbeat to.
 import click
 
-from tools.mqadmin.adminapi import MQAdmin, NotFoundError
+from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError
 from tools.mqadmin.online import TIMESTAMP, fmt_ms, online
 from tools.mqadmin.render import Output
 
@@ -30,15 +30,20 @@ async def _write_targets(admin: MQAdmin, broker_addr, cluster) -> list[str]:
 
 @click.command("consumerProgress", epilog="""\b
 Diff is the broker offset minus the consumer offset: messages not consumed yet.
+Without -g: one line per consumer group (clients online, type, model, TPS,
+total diff), as RocketMQ's consumerProgress prints it.
 Examples:
+  mqadmin consumerProgress
   mqadmin consumerProgress -g OrderConsumers
   mqadmin consumerProgress -g OrderConsumers -t Orders --json""")
-@click.option("-g", "--groupName", "group", required=True, metavar="GROUP", help="consumer group")
+@click.option("-g", "--groupName", "group", metavar="GROUP", help="consumer group (default: every group)")
 @click.option("-t", "--topicName", "topic", metavar="TOPIC", help="only this topic")
 @click.option("-c", "--clusterName", "cluster", metavar="CLUSTER", help="only this cluster's brokers")
 @online
 async def consumer_progress(admin: MQAdmin, out: Output, group, topic, cluster):
     """Per queue: broker offset, consumer offset and lag; with totals."""
+    if not group:
+        return await _every_group(admin, out, cluster)
     if topic:
         names = await admin.topic_masters(topic)
         masters = {n: a for n, a in (await _masters(admin, cluster)).items() if n in names} if cluster else names
@@ -70,6 +75,49 @@ async def consumer_progress(admin: MQAdmin, out: Output, group, topic, cluster):
     if len(by_broker) > 1:
         out.line("Diff by broker: " + ", ".join(f"{b} {d}" for b, d in sorted(by_broker.items())))
     out.line(f"Diff Total: {total}")
+
+
+async def _every_group(admin: MQAdmin, out: Output, cluster) -> None:
+    """consumerProgress without -g: the groups the masters know (their
+    subscription group configs, and whoever consumes their topics)."""
+    masters = await _masters(admin, cluster)
+    groups: set[str] = set()
+    for addr in masters.values():
+        groups |= set(await admin.all_group_configs(addr))
+    for topic in await admin.topic_list():
+        if topic.startswith(("%RETRY%", "%DLQ%")):
+            continue
+        try:
+            for addr in (await admin.topic_masters(topic)).values():
+                groups |= set(await admin.consume_by_who(addr, topic))
+        except AdminError:
+            continue  # the topic or its broker went away meanwhile
+    rows = []
+    for group in sorted(groups):
+        diff, tps, conns, info = 0, 0.0, {}, {}
+        for addr in masters.values():
+            try:
+                stats = await admin.consume_stats(addr, group)
+            except NotFoundError:
+                stats = {}
+            diff += sum(max(0, w["brokerOffset"] - max(w["consumerOffset"], 0)) for w in stats.values())
+            tps += await admin.consume_tps(addr, group)
+            try:
+                answer = await admin.consumer_connection(addr, group)
+            except NotFoundError:
+                continue
+            info = info or answer
+            conns.update({c["clientId"]: c for c in answer.get("connectionSet") or []})
+        versions = sorted({str(c.get("version")) for c in conns.values()})
+        rows.append({"group": group, "count": len(conns), "version": versions[0] if len(versions) == 1 else None,
+                     "type": info.get("consumeType"), "model": info.get("messageModel"), "tps": round(tps, 2),
+                     "diffTotal": diff})
+    if out.as_json:
+        out.json({"groups": rows})
+        return
+    out.table(["#Group", "#Count", "#Version", "#Type", "#Model", "#TPS", "#Diff_Total"],
+              [[r["group"], r["count"], r["version"], r["type"], r["model"], r["tps"], r["diffTotal"]]
+               for r in rows])
 
 
 async def _merge_connections(admin: MQAdmin, addrs, fetch) -> tuple[dict, dict]:
@@ -203,18 +251,28 @@ Examples:
 @_targets_option
 @click.option("-g", "--groupName", "group", required=True, metavar="GROUP")
 @click.option("-r", "--removeOffset", "remove_offset", type=click.BOOL, default=False, show_default=True,
-              help="also delete the group's consumer offsets")
+              help="also delete the group's consumer offsets and its %RETRY%/%DLQ% topics")
 @online
 async def delete_sub_group(admin: MQAdmin, out: Output, broker_addr, cluster, group, remove_offset):
-    """Delete a subscription group (and, with -r true, its offsets)."""
+    """Delete a subscription group (and, with -r true, its offsets and its
+    retry and dead-letter topics, from the brokers and the name servers)."""
     targets = await _write_targets(admin, broker_addr, cluster)
     for addr in targets:
         await admin.delete_sub_group(addr, group, remove_offset)
+    removed = []
+    if remove_offset:
+        for topic in (f"%RETRY%{group}", f"%DLQ%{group}"):
+            for addr in targets:
+                await admin.delete_topic_in_broker(addr, topic)
+            await admin.delete_topic_in_namesrv(topic, cluster)
+            removed.append(topic)
     if out.as_json:
-        out.json({"group": group, "removeOffset": remove_offset, "brokers": targets})
+        out.json({"group": group, "removeOffset": remove_offset, "brokers": targets, "removedTopics": removed})
     else:
         for addr in targets:
             out.line(f"delete subscription group [{group}] from broker [{addr}] success.")
+        for topic in removed:
+            out.line(f"delete topic [{topic}] from cluster [{cluster or 'all'}] success.")
 
 
 def register(group: click.Group) -> None:

@@ -8,6 +8,7 @@
 # place) and export (the way back); the work is done in tools/migrate/.
 import contextlib
 import json
+import os
 
 import click
 
@@ -107,10 +108,23 @@ def migrate_check_cmd(ctx, root, replicas, winner, last, as_json):
     """Pre-flight: every store sound, the replicas agreeing, and the plan to
     align them.  Exit status 1 unless ready to apply."""
     from tools.migrate.check import check_stores, render_text
+    _require_dirs(root, *replicas, *([winner] if winner else []))
     report = check_stores([root, *replicas], last=last, winner=winner)
     _emit(as_json, report.to_json(), render_text(report))
     if not report.ok:
         ctx.exit(EXIT_PROBLEMS)
+
+
+def _require_dirs(*roots: str) -> None:
+    """A store path that is not a directory cannot be checked at all: one
+    line naming it (exit 3), not a report about a store that is not there."""
+    for root in roots:
+        if not os.path.exists(root):
+            raise ValueError(f"{root}: no such directory")
+        if not os.path.isdir(root):
+            raise ValueError(f"{root}: not a directory")
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise ValueError(f"{root}: permission denied")
 
 
 @migrate_group.command("align")
@@ -125,6 +139,7 @@ def migrate_align_cmd(ctx, root, replicas, winner, dry_run, as_json):
     equals the reference; refuses while the stores disagree without --winner."""
     from tools.migrate.align import align
     from tools.migrate.check import check_stores
+    _require_dirs(root, *replicas, *([winner] if winner else []))
     report = check_stores([root, *replicas], winner=winner)
     if report.problems:
         _emit(as_json, {"done": [], "problems": report.problems},
@@ -167,7 +182,10 @@ def migrate_apply_cmd(conf, root, self_id, segment_size, dry_run, as_json):
     index_size = None
     if conf is not None:
         from broker.config import load_broker_config
-        rc = load_broker_config(conf)[0].replication
+        try:
+            rc = load_broker_config(conf)[0].replication
+        except ValueError as e:  # ConfigError: name the file it is in
+            raise ValueError(f"{conf}: {e}") from None
         root, self_id = root or rc.store_path_root_dir, self_id or rc.self_id
         segment_size = segment_size or rc.mapped_file_size_commitlog
         index_size = rc.mapped_file_size_entry_index

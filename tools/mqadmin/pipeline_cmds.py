@@ -45,7 +45,8 @@ def _run(module: str, kw: dict, extra: dict) -> None:
 
 @click.group("pipeline")
 def pipeline():
-    """Batch jobs over stores on Spark: rebuild, export, stats, audit."""
+    """Batch jobs over stores on Spark: rebuild, export, stats, audit; and
+    stage, which copies a live store's sealed segments for them."""
 
 
 @pipeline.command("rebuild")
@@ -65,9 +66,12 @@ def rebuild_cmd(cq_file_size, index_slots, index_items, wave, **kw):
 @_common
 @click.option("--mode", type=click.Choice(["errorifexists", "overwrite", "append"]), default="errorifexists",
               show_default=True, help="what to do when --out already holds data")
-def export_cmd(mode, **kw):
-    """Committed messages to Parquet in --out, partitioned by topic and date."""
-    _run("export", kw, {"mode": mode})
+@click.option("--since-checkpoint", metavar="DIR",
+              help="export only entries committed since the last run recorded in DIR (created if new)")
+def export_cmd(mode, since_checkpoint, **kw):
+    """Committed messages to Parquet in --out, partitioned by topic and date
+    (with --since-checkpoint: only what was committed since the last run)."""
+    _run("export", kw, {"mode": mode, "since_checkpoint": since_checkpoint})
 
 
 @pipeline.command("stats")
@@ -84,6 +88,31 @@ def audit_cmd(**kw):
     """Compare the committed prefixes of a group's replicas (two or more
     --store).  Exit status 1 when they diverge."""
     _run("audit", kw, {})
+
+
+@pipeline.command("stage")
+@click.option("--store", "store", required=True, metavar="ROOT", help="the live broker's store root")
+@click.option("--to", "dest", required=True, metavar="DIR",
+              help="where executors read it: a shared filesystem path")
+@click.option("--self-id", metavar="ID", help="which dledger-<ID> store under ROOT")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def stage_cmd(store, dest, self_id, as_json):
+    """Copy the sealed, fully committed segments of a live store to DIR,
+    with sha256 checksums and a manifest (no Spark needed).  Rerun to stage
+    what was sealed since; jobs then read DIR (or a copy of it on HDFS/S3)."""
+    import json
+
+    from tools.pipeline import stage
+    from tools.pipeline.splits import PipelineInputError
+    try:
+        report = stage.stage_store(store, dest, self_id, log=lambda m: click.echo(m, err=True))
+    except (PipelineInputError, OSError) as exc:
+        click.echo(f"mqadmin: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        stage.render(report.to_json())
 
 
 def register(group: click.Group) -> None:

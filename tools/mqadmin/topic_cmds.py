@@ -5,7 +5,7 @@
 import click
 
 from broker.common.permissions import perm_text
-from tools.mqadmin.adminapi import MQAdmin, NotFoundError
+from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError
 from tools.mqadmin.online import fmt_ms, online
 from tools.mqadmin.render import Output
 
@@ -22,16 +22,43 @@ def _bool_text(ctx, param, value):
 @click.command("topicList", epilog="""\b
 Examples:
   mqadmin topicList -n 127.0.0.1:9876
+  mqadmin topicList -c      # with each topic's cluster and consumer groups
   mqadmin topicList --json | jq -r '.topicList[]'""")
+@click.option("-c", "--clusterModel", "cluster_model", is_flag=True,
+              help="also print each topic's cluster and the consumer groups that consume it")
 @online
-async def topic_list(admin: MQAdmin, out: Output):
+async def topic_list(admin: MQAdmin, out: Output, cluster_model: bool):
     """Every topic the name server knows."""
+    if cluster_model:
+        return await _topics_by_cluster(admin, out)
     topics = sorted(await admin.topic_list())
     if out.as_json:
         out.json({"topicList": topics})
     else:
         for t in topics:
             out.line(t)
+
+
+async def _topics_by_cluster(admin: MQAdmin, out: Output) -> None:
+    """topicList -c: per cluster (GET_TOPICS_BY_CLUSTER), each topic and the
+    groups its masters say consume it (QUERY_TOPIC_CONSUME_BY_WHO)."""
+    _, clusters = await admin.cluster_info()
+    rows = []
+    for cluster in sorted(clusters):
+        for topic in sorted(await admin.topics_by_cluster(cluster)):
+            groups: set[str] = set()
+            if not topic.startswith(("%RETRY%", "%DLQ%")):
+                try:
+                    for addr in (await admin.topic_masters(topic)).values():
+                        groups |= set(await admin.consume_by_who(addr, topic))
+                except AdminError:
+                    pass  # gone meanwhile: listed without groups
+            rows.append({"cluster": cluster, "topic": topic, "groups": sorted(groups)})
+    if out.as_json:
+        out.json({"topics": rows})
+        return
+    out.table(["#Cluster Name", "#Topic", "#Consumer Group"],
+              [[r["cluster"], r["topic"], g] for r in rows for g in (r["groups"] or [""])])
 
 
 @click.command("updateTopic", epilog="""\b

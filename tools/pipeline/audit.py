@@ -260,7 +260,9 @@ def audit_plans(spark, plans, *, allow_fallback=False, progress=None) -> dict:
 
 
 def run(spark, opts: J.JobOptions) -> tuple[dict, int]:
+    from tools.pipeline.hadoopfs import local_path
     from tools.pipeline.sparkenv import Progress
+    opts = attrs.evolve(opts, stores=tuple(local_path(r, "audit") for r in opts.stores))
     if len(opts.stores) < 2:
         raise ValueError("audit needs two or more --store roots (the replicas of one group)")
     with Progress(spark, opts.progress) as progress:

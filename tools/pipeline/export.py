@@ -25,10 +25,14 @@
 #                           the codec is unavailable: body is then as stored)
 #   body binary
 #   date string             yyyy-MM-dd of storeTimestamp, UTC (partition)
-# Usage: spark-submit tools/pipeline/export.py --store ROOT --out DIR
+# With --since-checkpoint DIR, only the entries committed since the last
+# run are exported and published roll-back safe (incremental.py).
+# Usage: spark-submit tools/pipeline/export.py --store ROOT --out DIR [--since-checkpoint CKPT]
 import datetime
 import functools
 import sys
+
+import attrs
 
 from tools.pipeline import jobcommon as J
 from tools.pipeline import segscan
@@ -91,8 +95,9 @@ def messages_frame(spark, plans, allow_fallback: bool, counters=None):
     """The DataFrame of every committed message of the plans (one
     partition per segment); `counters` ({store root: accumulator}) count
     the rows each store produced."""
+    from tools.pipeline.hadoopfs import split_rdd
     items = [s for p in plans for s in p.splits]
-    rdd = spark.sparkContext.parallelize(items, max(len(items), 1)).mapPartitions(
+    rdd = split_rdd(spark, items).mapPartitions(
         functools.partial(_rows_of_partition, allow_fallback=allow_fallback, counters=counters))
     return spark.createDataFrame(rdd, schema(), verifySchema=False)
 
@@ -102,6 +107,8 @@ def run(spark, opts: J.JobOptions) -> tuple[dict, int]:
     extra = dict(opts.extra)
     if not opts.out:
         raise ValueError("export needs --out DIR")
+    if extra.get("since_checkpoint"):
+        return run_incremental(spark, opts, extra["since_checkpoint"])
     mode = extra.get("mode") or "errorifexists"
     with Progress(spark, opts.progress) as progress:
         plans = J.plan_inputs(spark, opts.stores, self_id=opts.self_id, allow_fallback=opts.allow_fallback,
@@ -117,9 +124,66 @@ def run(spark, opts: J.JobOptions) -> tuple[dict, int]:
             "partitionBy": list(PARTITION_BY)}, J.EXIT_OK
 
 
+def run_incremental(spark, opts: J.JobOptions, ckpt_dir: str) -> tuple[dict, int]:
+    """Export the entries committed since the checkpoint in `ckpt_dir`, then
+    advance it (tools/pipeline/incremental.py has the rules)."""
+    from tools.pipeline import incremental as I
+    from tools.pipeline import splits as S
+    from tools.pipeline.hadoopfs import units_for
+    from tools.pipeline.sparkenv import Progress
+    ckpt = I.load(ckpt_dir)
+    if ckpt.out is not None and ckpt.out != opts.out:
+        raise I.ExportCheckpointError(f"{ckpt_dir}: the checkpoint belongs to the export into {ckpt.out}, "
+                                      f"not {opts.out}")
+    run = ckpt.run + 1
+    with Progress(spark, opts.progress) as progress:
+        plans = J.plan_inputs(spark, opts.stores, self_id=opts.self_id, allow_fallback=opts.allow_fallback,
+                              progress=progress)
+        cut, marks = [], {}
+        for plan in plans:
+            if plan.dledger is None:
+                raise I.ExportCheckpointError(f"{plan.root}: an old master-slave commitlog has no entry index to "
+                                              f"continue from; export it in full (without --since-checkpoint)")
+            units = units_for(spark, plan)
+            mark = ckpt.marks.get(plan.root, I.Mark())
+            I.check_continues(plan.root, plan, units, mark)
+            cut.append(I.since(plan, mark))
+            last = max(plan.committed_index, mark.index)
+            plain_done = plan.kind == S.KIND_MIXED or mark.plain_done
+            marks[plan.root] = attrs.evolve(mark, plain_done=plain_done) if last == mark.index else \
+                I.mark_of(units, last, plain_done)
+        publisher = I.Publisher(spark, opts.out)
+        rolled = publisher.roll_back(ckpt.run)
+        progress.stage("export segments", sum(len(p.splits) for p in cut))
+        counters = {p.root: spark.sparkContext.accumulator(0) for p in cut}
+        df = messages_frame(spark, cut, opts.allow_fallback, counters)
+        df.write.mode("overwrite").partitionBy(*PARTITION_BY).parquet(publisher.incoming(run))
+        I.crash_point("after-write")
+        files = publisher.staged(run)
+        for k, (path, rel) in enumerate(files):
+            if k == len(files) // 2:
+                I.crash_point("mid-publish")
+            publisher.publish(run, path, rel)
+        I.crash_point("after-publish")
+        I.save(ckpt_dir, I.Checkpoint(opts.out, run, {**ckpt.marks, **marks}))
+        publisher.finish(run)
+    per_store = {root: acc.value for root, acc in counters.items()}
+    stores = []
+    for plan, c in zip(plans, cut):
+        before = ckpt.marks.get(plan.root, I.Mark())
+        stores.append({**c.to_json(), "rows": per_store.get(plan.root, 0), "fromIndex": before.index + 1,
+                       "toIndex": marks[plan.root].index})
+    return {"job": "export", "out": opts.out, "rows": sum(per_store.values()), "stores": stores,
+            "partitionBy": list(PARTITION_BY), "checkpoint": ckpt_dir, "run": run, "files": len(files),
+            "rolledBack": rolled}, J.EXIT_OK
+
+
 def render(result: dict) -> None:
     for s in result["stores"]:
-        print(f"{s['root']} ({s['kind']}): {s['rows']} messages from {s['segments']} segments")
+        since = f" (entries {s['fromIndex']}..{s['toIndex']})" if "fromIndex" in s else ""
+        print(f"{s['root']} ({s['kind']}): {s['rows']} messages from {s['segments']} segments{since}")
+    if result.get("rolledBack"):
+        print(f"{result['rolledBack']} file(s) of an interrupted run removed first")
     print(f"{result['rows']} rows written to {result['out']} (partitioned by {', '.join(result['partitionBy'])})")
 
 
@@ -127,8 +191,11 @@ def main(argv=None) -> int:
     ap = J.arg_parser("export", "Export the committed messages of store roots to Parquet.")
     ap.add_argument("--mode", choices=["errorifexists", "overwrite", "append"], default="errorifexists",
                     help="what to do when --out already holds data")
+    ap.add_argument("--since-checkpoint", metavar="DIR",
+                    help="export only entries committed since the last run recorded in DIR (created if new)")
     args = ap.parse_args(argv)
-    return J.run_job(run, J.options_from_args(args, {"mode": args.mode}), render)
+    return J.run_job(run, J.options_from_args(args, {"mode": args.mode, "since_checkpoint": args.since_checkpoint}),
+                     render)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ class JobOptions:
 def plan_inputs(spark, roots, *, self_id=None, allow_fallback=False, progress=None) -> list:
     """StorePlans for the roots, plain parts resolved (one task per plain
     segment; nothing runs when there is none)."""
-    plans = [S.plan_store(r, self_id) for r in roots]
+    from tools.pipeline import hadoopfs
+    plans = [hadoopfs.plan_uri_store(spark, r, self_id) if hadoopfs.is_uri(r) else S.plan_store(r, self_id)
+             for r in roots]
     plain = [s for p in plans if p.plain_end is None for s in p.splits if s.mode == S.MODE_PLAIN]
     if not plain:
         return plans

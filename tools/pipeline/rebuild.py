@@ -131,7 +131,7 @@ def rebuild_plan(spark, plan: S.StorePlan, out_root: str, *, config: DispatchCon
                                                               f"entry {engine.last_index}")
             backends.add(end.backend)
             t1 = time.perf_counter()
-            engine.pos = split.start
+            engine.pos = split.start + split.skip
             for batch in batches:
                 blob, res = segscan.replay_result(engine.backend, batch)
                 # The dispatcher's own per-batch step (grouping, CQ staging,
@@ -173,7 +173,9 @@ def out_root_for(root: str, out: str | None, several: bool) -> str:
 
 
 def run(spark, opts: J.JobOptions) -> tuple[dict, int]:
+    from tools.pipeline.hadoopfs import local_path
     from tools.pipeline.sparkenv import Progress
+    opts = attrs.evolve(opts, stores=tuple(local_path(r, "rebuild") for r in opts.stores))
     extra = dict(opts.extra)
     config = dispatch_config(extra)
     reports = []

@@ -73,6 +73,11 @@ class SegmentView:
         s = self.split
         if s.length <= 0:
             return self.view
+        if s.data is not None:  # handed over by Spark (a Hadoop filesystem read)
+            if len(s.data) < s.length:
+                raise SegmentReadError(s.path, len(s.data), f"file is {len(s.data)} bytes; the log needs {s.length}")
+            self.view = memoryview(s.data)[:s.length]
+            return self.view
         try:
             with open(s.path, "rb") as f:
                 length = os.fstat(f.fileno()).st_size
@@ -117,7 +122,8 @@ def scan_split(split: Split, backend, *, options: int = 0, batch_records: int = 
     end = ScanEnd(split, end=split.start, backend=backend.name)
     recs = backend.new_records(batch_records)
     with SegmentView(split) as view:
-        off = 0
+        off = split.skip
+        end.end = split.start + off
         expect = -1
         while True:
             sub = view[off:]

@@ -93,6 +93,12 @@ def _log_config(local_dir: str) -> str:
     return path
 
 
+def driver_log_option() -> str:
+    """The driver JVM option that applies our quiet log configuration (for
+    spark-submit's --driver-java-options / spark.driver.extraJavaOptions)."""
+    return f"-Dlog4j2.configurationFile=file:{_log_config(_local_dir())}"
+
+
 def build_session(master: str | None = None, conf: dict | None = None, *, app_name: str = "ledgermq-pipeline"):
     """The SparkSession for a job (getOrCreate: an active one is reused)."""
     check_java()
@@ -103,8 +109,8 @@ def build_session(master: str | None = None, conf: dict | None = None, *, app_na
         master = master or DEFAULT_MASTER
         builder = builder.master(master)
         merged = {k: v for k, v in DEFAULT_CONF.items() if v is not None}
-        merged["spark.local.dir"] = local = _local_dir()
-        merged["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_log_config(local)}"
+        merged["spark.local.dir"] = _local_dir()
+        merged["spark.driver.extraJavaOptions"] = driver_log_option()
         if master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
             # Python workers run the driver's interpreter (the venv with
             # ledgermq).  PySpark reads this variable, not spark.pyspark.python,

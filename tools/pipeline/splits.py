@@ -22,7 +22,7 @@ import attrs
 
 from commitlog.entry import HEADER, HEADER_SIZE, INDEX_UNIT, INDEX_UNIT_SIZE
 from commitlog.errors import CommitLogError
-from commitlog.metafiles import read_checkpoint
+from commitlog.metafiles import read_base, read_checkpoint
 from commitlog.scan import resolve_store_dir
 from commitlog.segments import infer_segment_size, list_segment_files
 from consumequeue.legacy_store import COMMITLOG_DIR
@@ -49,6 +49,16 @@ class Split:
     seg_size: int
     end: int
     mode: int  # MODE_DLEDGER or MODE_PLAIN
+    # Bytes at the head of the file that are not part of the log: the first
+    # segment of a store reset to a later position (ledgermq-base) is zero
+    # up to that position.
+    skip: int = 0
+    # The file's bytes when a task was handed them instead of a path to map
+    # (segments read through Spark's Hadoop filesystems, hadoopfs.py).
+    data: bytes | None = attrs.field(default=None, eq=False, repr=False)
+    # The sha256 the stage manifest recorded for the file (checked by the
+    # task that reads it through a Hadoop filesystem); None for local files.
+    sha256: str | None = None
 
     @property
     def length(self) -> int:
@@ -113,22 +123,26 @@ def _pread(path: str, offset: int, size: int) -> bytes:
 
 
 class _Units:
-    """Index units of one DLedger store by entry index (read-only)."""
+    """Index units of one DLedger store by entry index (read-only).  Local
+    files by default; a staged store behind a Hadoop filesystem passes its
+    manifest's index files and a reader (hadoopfs.py)."""
 
-    def __init__(self, store_dir: str, data_files, data_size: int):
-        index_dir = os.path.join(store_dir, "index")
-        files = list_segment_files(index_dir) if os.path.isdir(index_dir) else []
-        self.size = infer_segment_size(files) or DEFAULT_INDEX_SEGMENT
-        self.index_files = {start: (path, length) for start, path, length in files}
+    def __init__(self, store_dir: str, data_files, data_size: int, *, index_files=None, pread=_pread):
+        if index_files is None:
+            index_dir = os.path.join(store_dir, "index")
+            index_files = list_segment_files(index_dir) if os.path.isdir(index_dir) else []
+        self.size = infer_segment_size(index_files) or DEFAULT_INDEX_SEGMENT
+        self.index_files = {start: (path, length) for start, path, length in index_files}
         self.data_files = {start: (path, length) for start, path, length in data_files}
         self.data_size = data_size
+        self.pread = pread
 
     def header_at(self, pos: int):
         start = pos - pos % self.data_size
         f = self.data_files.get(start)
         if f is None or pos - start + HEADER_SIZE > f[1]:
             return None
-        return HEADER.unpack(_pread(f[0], pos - start, HEADER_SIZE))
+        return HEADER.unpack(self.pread(f[0], pos - start, HEADER_SIZE))
 
     def entry(self, index: int):
         """(pos, size, term) of entry `index` when its index unit and its
@@ -140,7 +154,7 @@ class _Units:
         f = self.index_files.get(start)
         if f is None or off - start + INDEX_UNIT_SIZE > f[1]:
             return None
-        magic, pos, size, idx, term = INDEX_UNIT.unpack(_pread(f[0], off - start, INDEX_UNIT_SIZE))
+        magic, pos, size, idx, term = INDEX_UNIT.unpack(self.pread(f[0], off - start, INDEX_UNIT_SIZE))
         if idx != index or size <= HEADER_SIZE - 4:
             return None
         h = self.header_at(pos)
@@ -156,6 +170,11 @@ def dledger_bound(store_dir: str) -> DLedgerBound:
     if not files or seg_size <= 0:
         return DLedgerBound(store_dir, 0, -1, -1, 0, seg_size, tuple(files))
     begin_pos = files[0][0]
+    base = read_base(store_dir)
+    if base is not None and begin_pos <= base.pos < begin_pos + seg_size:
+        # A store reset to a later position (SegmentedStore.reset_to): its
+        # first segment is zero up to the recorded begin position.
+        begin_pos = base.pos
     units = _Units(store_dir, files, seg_size)
     head = units.header_at(begin_pos)
     if head is None or head[0] in (0, -1) or head[4] != begin_pos:
@@ -229,7 +248,8 @@ def plan_store(root: str, self_id: str | None = None) -> StorePlan:
             if start >= bound.committed_pos:
                 break  # nothing committed there
             end = min(start + min(length, bound.seg_size), bound.committed_pos)
-            splits.append(Split(root, len(splits), path, start, bound.seg_size, end, MODE_DLEDGER))
+            skip = bound.begin_pos - start if start < bound.begin_pos < start + bound.seg_size else 0
+            splits.append(Split(root, len(splits), path, start, bound.seg_size, end, MODE_DLEDGER, skip))
     kind = KIND_MIXED if (plain_files and bound is not None) else (KIND_PLAIN if plain_files else KIND_DLEDGER)
     plain_begin = plain_files[0][0] if plain_files else (bound.begin_pos if bound else 0)
     plan = StorePlan(root, kind, tuple(splits), bound, plain_begin,

@@ -43,8 +43,10 @@ def _rows(splits, allow_fallback):
 
 def rows_frame(spark, plans, allow_fallback: bool):
     from pyspark.sql.types import _parse_datatype_string
+
+    from tools.pipeline.hadoopfs import split_rdd
     items = [s for p in plans for s in p.splits]
-    rdd = spark.sparkContext.parallelize(items, max(len(items), 1)).mapPartitions(
+    rdd = split_rdd(spark, items).mapPartitions(
         functools.partial(_rows, allow_fallback=allow_fallback))
     schema = _parse_datatype_string("struct<" + ",".join(f"{n}:{t}" for n, t in ROW_COLUMNS) + ">")
     return spark.createDataFrame(rdd, schema, verifySchema=False)

@@ -183,3 +183,32 @@ async def test_unreachable_name_server_fails_with_typed_error():
         with pytest.raises(InvalidArgumentError, match=match):
             async with open_push_consumer("g", namesrv_addr=f"127.0.0.1:{port}", subscriptions={"T": "*"}, **bad):
                 pass
+
+
+async def test_producer_says_why_it_has_no_route():
+    # A name server that is not there: the error says "Connection refused"
+    # and names the address, once, not "no route" three times (issue 17).
+    import socket
+
+    from broker.client import Message, SendFailedError, open_producer
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with open_producer("p_dead_ns", namesrv_addr=f"127.0.0.1:{port}", timeout=0.5) as producer:
+        with pytest.raises(SendFailedError) as info:
+            await producer.send(Message("Nowhere", b"x"), timeout=0.5)
+    text = str(info.value)
+    assert f"connect to 127.0.0.1:{port} failed" in text and "Connection refused" in text, text
+    assert text.count("Connection refused") == 1 and "(x3)" in text, text
+    assert info.value.errors[-1].reason.startswith("no route at the name servers; the name servers could not be asked")
+
+
+def test_every_client_exception_is_exported():
+    import inspect
+
+    import broker.client as client
+    from broker.client import errors
+    defined = {name for name, obj in vars(errors).items()
+               if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == errors.__name__}
+    assert defined <= set(client.__all__), defined - set(client.__all__)
+    assert all(getattr(client, name) is getattr(errors, name) for name in defined)

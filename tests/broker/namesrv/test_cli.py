@@ -88,3 +88,18 @@ def test_port_taken_is_a_clear_error():
         r = subprocess.run(RUN + ["-p", str(s.getsockname()[1])], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert "Address already in use" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_log_dir_from_conf_in_json_lines_and_log_file_option(tmp_path):
+    # logDir in namesrv.conf: namesrv.log there, one JSON object a line with
+    # --log-format json; --log-file wins over logDir (issue 17).
+    import json
+    conf = tmp_path / "namesrv.conf"
+    conf.write_text(f"listenPort={free_port()}\nlogDir={tmp_path / 'logs'}\n")
+    _, rc, _, err = await run_namesrv(["-c", str(conf), "--log-format", "json"], signal.SIGTERM)
+    assert rc == 0 and "Traceback" not in err
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "namesrv.log").read_text().splitlines()]
+    assert any(x["message"].startswith("name server listening on") and x["level"] == "INFO" for x in lines)
+    assert all(x["logger"] and x["ts"].endswith("Z") for x in lines)
+    _, rc, _, _ = await run_namesrv(["-c", str(conf), "--log-file", str(tmp_path / "ns.log")], signal.SIGTERM)
+    assert rc == 0 and "name server listening on" in (tmp_path / "ns.log").read_text()

@@ -5,10 +5,9 @@
 # vs a field-by-field reference, parse_send_header's name tables.  Each
 # would fail if a fast path returned different bytes or values.
 import json
-
-import attrs
 import struct
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

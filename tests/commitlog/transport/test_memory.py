@@ -259,3 +259,20 @@ def test_fault_values_validated():
         with pytest.raises(ValueError):
             LinkFaults(**bad)
     assert LinkFaults(delay=[0.1, 0.2]).delay == (0.1, 0.2)
+
+
+async def test_a_sink_gets_queued_then_delivered_messages_with_the_counts(autojump_clock):
+    net = MemoryNetwork(seed=3, send_queue_messages=2)
+    async with AsyncExitStack() as stack:
+        t = await start(net, stack)
+        assert t["n0"].send("n1", b"early")
+        await trio.sleep(1)  # delivered into n1's queue
+        got = []
+        t["n1"].set_sink(lambda src, payload: got.append((trio.current_time(), src, payload)))
+        assert [(s, p) for _, s, p in got] == [("n0", b"early")]
+        for m in msgs(6):  # the link's slots free up as the sink takes them
+            while not t["n0"].send("n1", m):
+                await trio.sleep(0.01)
+        await trio.sleep(1)
+        assert [p for _, _, p in got] == [b"early", *msgs(6)]
+        assert t["n1"].stats().peers["n0"].received_frames == 7

@@ -455,3 +455,36 @@ async def test_peers_join_and_leave_while_running():
         with pytest.raises(UnknownPeerError):
             n0.t.send("n9", b"?")                  # never a peer: still an error
         nursery.cancel_scope.cancel()
+
+
+@deadline
+async def test_a_sink_takes_messages_from_the_reader_and_can_hold_it_back():
+    """set_sink: what was queued goes to the sink at once, then each message
+    as its reader reads it; a sink that returns an Event stops that reader
+    until the Event is set (the rest still flow, in order, afterwards)."""
+    async with trio.open_nursery() as nursery:
+        nodes, _ = await mesh(nursery, ids=("n0", "n1"))
+        n0, n1 = nodes["n0"].t, nodes["n1"].t
+        async def received(n):  # (wait_state wakes on connectivity changes only)
+            while n1.stats().peers["n0"].received_frames < n:
+                await trio.sleep(0.01)
+        assert n0.send("n1", b"queued")
+        await received(1)
+        got, hold = [], trio.Event()
+
+        def sink(src, payload):
+            got.append((src, payload))
+            return hold if payload == b"m1" else None
+        n1.set_sink(sink)
+        assert got == [("n0", b"queued")]
+        for i in range(4):
+            assert n0.send("n1", b"m%d" % i)
+        await received(3)
+        await trio.sleep(0.2)  # the reader is parked on `hold`: nothing more is taken
+        assert got[1:] == [("n0", b"m0"), ("n0", b"m1")]
+        hold.set()
+        with trio.fail_after(5):
+            while len(got) < 5:
+                await trio.sleep(0.01)
+        assert [p for _, p in got] == [b"queued", b"m0", b"m1", b"m2", b"m3"]
+        nursery.cancel_scope.cancel()

@@ -186,6 +186,28 @@ async def test_cluster_topic_consumer_and_message_commands(tmp_path):
         assert await group_count() == before + 1
         await mq(cluster, "deleteSubGroup", "-b", maddr, "-g", "NewGroup", "-r", "true")
         assert await group_count() == before
+
+        # --- what the dashboards' pages call: every group's progress, topics by cluster, in/out totals
+        every = await mqj(cluster, "consumerProgress")
+        cg = next(g for g in every["groups"] if g["group"] == "CG")
+        assert (cg["diffTotal"], cg["count"], cg["model"], cg["type"]) == (0, 1, "CLUSTERING", "CONSUME_PASSIVELY")
+        assert "NewGroup" not in [g["group"] for g in every["groups"]]
+        out, _ = await mq(cluster, "consumerProgress")
+        assert table(out)[0]["#Group"] and "CG" in [r["#Group"] for r in table(out)]
+        by_cluster = await mqj(cluster, "topicList", "-c")
+        row = next(r for r in by_cluster["topics"] if r["topic"] == TOPIC)
+        assert row["cluster"] == "LedgerCluster" and "CG" in row["groups"]
+        assert "%RETRY%CG" in [r["topic"] for r in by_cluster["topics"]]
+        assert TOPIC in (await mq(cluster, "topicList", "-c"))[0]
+        more = (await mqj(cluster, "clusterList", "-m"))["brokers"]
+        assert {b["addr"] for b in more} == set(ids.values())
+        assert next(b for b in more if b["addr"] == maddr)["inTotalToday"] >= 5
+        assert next(b for b in more if b["addr"] == maddr)["outTotalToday"] >= 0
+        assert "#InTotalToday" in (await mq(cluster, "clusterList", "-m"))[0]
+        # deleteSubGroup -r true removes the group's %RETRY% and %DLQ% topics too (brokers and name server)
+        await mq(cluster, "deleteSubGroup", "-c", "LedgerCluster", "-g", "CG", "-r", "true")
+        await wait_route(cluster, "%RETRY%CG", present=False)
+        assert "%RETRY%CG" not in (await mqj(cluster, "topicList"))["topicList"]
         status = await mqj(cluster, "brokerStatus", "-c", "LedgerCluster")
         assert set(status) == set(ids.values()) and status[maddr]["dledgerRole"] == "LEADER"
         assert "brokerName" in {r["KEY"] for r in table((await mq(cluster, "brokerStatus", "-b", maddr))[0])}

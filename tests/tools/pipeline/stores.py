@@ -110,3 +110,40 @@ def committed_messages(root) -> list[tuple[int, M.MessageRecord]]:
         if M.looks_like_record(body):
             out.append((h.pos + 48, M.decode(bytes(body))))
     return out
+
+
+def commit_up_to(root, index: int) -> None:
+    """Raise the store's committed index, as the group's progress would."""
+    store = SegmentedStore.open(StoreConfig(str(root)))
+    try:
+        store.set_committed(index)
+        store.write_checkpoint()
+    finally:
+        store.close()
+
+
+def build_reset_store(root, ref_root, begin: int, n: int, *, prev_chain_crc: int | None = None,
+                      seg: int = SEG) -> None:
+    """A follower reset to the leader's begin `begin` after retention
+    (SegmentedStore.reset_to with the leader's entry begin-1), then given
+    messages begin..n-1 and committed.  `prev_chain_crc` overrides the
+    leader's chainCrc of entry begin-1 (another history)."""
+    ref_dir = os.path.join(str(ref_root), "dledger-n0")
+    prev = pos = None
+    for h, _, _, _ in walk_store(ref_dir):
+        if h.index == begin - 1:
+            prev = h
+        if h.index == begin:
+            pos = h.pos
+            break
+    assert prev is not None and pos is not None, f"entries {begin - 1} and {begin} are not both in {ref_root}"
+    store = SegmentedStore.open(StoreConfig(str(root), data_segment_size=seg, index_segment_size=32 * 1024))
+    try:
+        store.reset_to(begin, pos, prev.term, prev.chain_crc if prev_chain_crc is None else prev_chain_crc)
+        table = QueueOffsetTable()
+        store.add_append_hook(table.append_hook)
+        for a in range(begin, n, 50):
+            store.append_leader([message(i) for i in range(a, min(n, a + 50))], term=prev.term)
+        store.set_committed(store.end_index)
+    finally:
+        store.close()

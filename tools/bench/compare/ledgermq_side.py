@@ -13,10 +13,17 @@ import trio
 
 import broker.client as client
 from broker.remoting.codes import ResponseCode
-from tools.bench.broker import (TOPIC, Phases, batch_request, client_push, create_topic_request,
-                                send_request)
-from tools.bench.compare.common import (BATCH, BATCHES_IN_FLIGHT, BODY, FAILOVER_SENDERS, Meter, Workload,
-                                        latency_result, rate)
+from tools.bench.broker import TOPIC, Phases, batch_request, client_push, create_topic_request, send_request
+from tools.bench.compare.common import (
+    BATCH,
+    BATCHES_IN_FLIGHT,
+    BODY,
+    FAILOVER_SENDERS,
+    Meter,
+    Workload,
+    latency_result,
+    rate,
+)
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
 
 PRODUCER_GROUP = "cmp_client_pg"

@@ -20,8 +20,17 @@ import time
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
-from tools.bench.compare.common import (BATCH, BATCHES_IN_FLIGHT, BODY, FAILOVER_SENDERS, Meter, Workload,
-                                        latency_result, rate, stop_pid)
+from tools.bench.compare.common import (
+    BATCH,
+    BATCHES_IN_FLIGHT,
+    BODY,
+    FAILOVER_SENDERS,
+    Meter,
+    Workload,
+    latency_result,
+    rate,
+    stop_pid,
+)
 from tools.bench.compare.nats_raw import RawNats
 from tools.localcluster import free_ports
 

@@ -1,0 +1,56 @@
+# Owns the name server's metrics: a prometheus_client collector over the
+# running NameServer (requests served by code and client language, brokers
+# per cluster, topics, open connections), served with the process's own
+# metrics (RSS, CPU: process_*) when namesrv.conf says
+# metricsExporterType=PROM (the broker's keys, read the same way).
+import attrs
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from broker.remoting.codes import RequestCode
+
+
+def _code_name(code: int) -> str:
+    try:
+        return RequestCode(code).name
+    except ValueError:
+        return str(code)
+
+
+@attrs.define(eq=False)
+class NamesrvCollector:
+    ns: object  # broker.namesrv.service.NameServer
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        ns = self.ns
+        requests = CounterMetricFamily("ledgermq_namesrv_requests", "Requests served, by request code and "
+                                       "client language", labels=["code", "language"])
+        for (code, language), n in sorted(ns.request_counts.items()):
+            requests.add_metric([_code_name(code), language], n)
+        yield requests
+        routes = ns.routes
+        brokers = GaugeMetricFamily("ledgermq_namesrv_brokers", "Live broker registrations (one per broker "
+                                    "address), by cluster", labels=["cluster"])
+        live_by_cluster: dict[str, int] = {}
+        for cluster, names in routes.cluster_addr_table.items():
+            live_by_cluster[cluster] = sum(len(routes.broker_addr_table[n].broker_addrs)
+                                           for n in names if n in routes.broker_addr_table)
+        for cluster, n in sorted(live_by_cluster.items()):
+            brokers.add_metric([cluster], n)
+        yield brokers
+        topics = GaugeMetricFamily("ledgermq_namesrv_topics", "Topics with a route")
+        topics.add_metric([], len(routes.topic_queue_table))
+        yield topics
+        conns = GaugeMetricFamily("ledgermq_remoting_connections", "Open remoting connections")
+        conns.add_metric([], len(ns.server.connections) if ns.server is not None else 0)
+        yield conns
+
+
+def namesrv_registry(ns) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NamesrvCollector(ns))
+    ProcessCollector(registry=registry)
+    return registry

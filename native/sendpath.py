@@ -1,0 +1,151 @@
+# Owns the Python face of the send-path helpers (native/src/sendpath.c):
+# scanning the whole frames of a receive buffer and parsing plain
+# SEND_MESSAGE_V2 headers, encoding their message records, and encoding the
+# SendMessageResponseHeader answers -- each in one call per burst.
+#
+# The helpers take only the usual request (plain digits, no DELAY/CLUSTER/
+# TRAN_MSG property, strict JSON...) and decline the rest with a status; a
+# declined request goes through the general path in Python
+# (broker.remoting.codec + broker.processors.send), which is therefore the
+# pure-Python twin of everything here: the oracle tests check that whatever
+# the C accepts comes out byte for byte as the general path makes it.  With
+# no extension (AVAILABLE false) callers simply never take this path.
+from array import array
+
+from native import NATIVE_LOADED, ffi, lib
+
+AVAILABLE = NATIVE_LOADED and hasattr(lib, "lmq_scan_requests")
+
+_new = ffi.new_allocator(should_clear_after_alloc=False) if AVAILABLE else None
+
+SEND_OK, SEND_GENERAL, SEND_PROPS, SEND_BAD_JSON, SEND_OTHER = range(5)
+# Frames scanned per call, and the most a record adds to its request's
+# bytes (fixed fields and hosts, UNIQ_KEY and CLUSTER aside).
+MAX_SCAN = 512
+_RECORD_OVERHEAD = 160
+_RESPONSE_ROOM = 400
+
+
+class SendScan:
+    """The whole frames at the front of a receive buffer, as
+    lmq_scan_requests saw them.  `data` is a copy of exactly those frames,
+    so bodies and headers stay readable after the buffer moves on."""
+
+    __slots__ = ("data", "n", "reqs", "scratch", "_data_ptr")
+
+    def __init__(self, data: bytes, n: int, reqs, scratch) -> None:
+        self.data, self.n, self.reqs, self.scratch = data, n, reqs, scratch
+        self._data_ptr = None
+
+    @property
+    def end(self) -> int:
+        """Bytes the scanned frames take."""
+        r = self.reqs[self.n - 1]
+        return r.frame_off + r.frame_len
+
+    def header(self, i: int) -> bytes:
+        r = self.reqs[i]
+        return self.data[r.header_off:r.header_off + r.header_len]
+
+    def body(self, i: int) -> bytes:
+        r = self.reqs[i]
+        return self.data[r.body_off:r.body_off + r.body_len]
+
+    def topic(self, i: int) -> bytes:
+        r = self.reqs[i]
+        return ffi.buffer(self.scratch + r.topic_off, r.topic_len)[:]
+
+    def properties(self, i: int) -> bytes:
+        r = self.reqs[i]
+        return ffi.buffer(self.scratch + r.props_off, r.props_len)[:]
+
+    def data_ptr(self):
+        if self._data_ptr is None:
+            self._data_ptr = ffi.from_buffer(self.data)
+        return self._data_ptr
+
+
+def scan_requests(buf: bytearray, start: int, max_frame: int, max_n: int = MAX_SCAN) -> SendScan | None:
+    """Scan buf[start:] (the decoder's own checks on every prefix; a frame
+    failing one, or incomplete, ends the scan); None when no whole frame is
+    there.  The caller reads the frames in order from the scan."""
+    avail = len(buf) - start
+    # Nothing to do unless the first frame is whole: a large frame arriving
+    # chunk by chunk must not cost a scan (and a scratch buffer) per chunk.
+    if avail < 8 or avail < 4 + int.from_bytes(buf[start:start + 4], "big", signed=True):
+        return None
+    reqs = _new("lmq_send_req[]", max_n)
+    scratch = _new("uint8_t[]", avail)  # unescaped strings are never longer than their JSON
+    with ffi.from_buffer(buf) as whole:
+        n = lib.lmq_scan_requests(whole + start, avail, max_frame, max_n, reqs, scratch, avail)
+    if n == 0:
+        return None
+    last = reqs[n - 1]
+    return SendScan(bytes(buf[start:start + last.frame_off + last.frame_len]), n, reqs, scratch)
+
+
+class SendEnv:
+    """The per-burst constants of lmq_send_env (kept alive with it)."""
+
+    __slots__ = ("env", "_keep")
+
+    def __init__(self, born_host: bytes, store_host: bytes, store_timestamp: int, cluster: bytes,
+                 uniq_prefix: bytes, uniq_diff: int, uniq_counter: int) -> None:
+        env = ffi.new("lmq_send_env *")
+        keep = [ffi.from_buffer(b) for b in (born_host, store_host, cluster, uniq_prefix)]
+        env.born_host, env.store_host, env.cluster, env.uniq_prefix = keep
+        env.born_host_len, env.store_host_len = len(born_host), len(store_host)
+        env.cluster_len, env.uniq_prefix_len = len(cluster), len(uniq_prefix)
+        env.store_timestamp, env.uniq_diff, env.uniq_counter = store_timestamp, uniq_diff, uniq_counter
+        self.env, self._keep = env, keep
+
+
+def record_props_len(scan: SendScan, i: int, env: SendEnv) -> int:
+    """The length the stored record's properties will have."""
+    r = scan.reqs[i]
+    e = env.env
+    return r.props_len + (0 if r.uniq_len else 9 + e.uniq_prefix_len + 13) + 9 + e.cluster_len
+
+
+def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array,
+                 env: SendEnv) -> tuple[bytearray, array, array, array, array, int]:
+    """The records of the requests `which` (indexes into the scan, 'i'),
+    with their queue ids and sysflags ('i' arrays): (records buffer --
+    larger than the records, which lie back to back from 0 --, record
+    offsets, record lengths, UNIQ_KEY offsets and lengths in the buffer,
+    the UNIQ_KEY counter after the keys it made).  The caller has checked
+    the property lengths (record_props_len)."""
+    n = len(which)
+    e = env.env
+    cap = len(scan.data) + n * (_RECORD_OVERHEAD + e.cluster_len + e.uniq_prefix_len)
+    out = bytearray(cap)
+    rec_off, rec_len = array("q", bytes(8 * n)), array("i", bytes(4 * n))
+    uniq_off, uniq_len = array("q", bytes(8 * n)), array("i", bytes(4 * n))
+    counter = ffi.new("int32_t *")
+    f = ffi.from_buffer
+    used = lib.lmq_encode_sends(scan.data_ptr(), scan.reqs, f("int32_t[]", which), f("int32_t[]", queue_ids),
+                                f("int32_t[]", sysflags), n, scan.scratch, e, f(out), cap,
+                                f("int64_t[]", rec_off), f("int32_t[]", rec_len), f("int64_t[]", uniq_off),
+                                f("int32_t[]", uniq_len), counter)
+    if used < 0:  # pragma: no cover - the capacity above is an upper bound
+        raise RuntimeError(f"lmq_encode_sends: no room for record {-1 - used}")
+    return out, rec_off, rec_len, uniq_off, uniq_len, counter[0]
+
+
+def encode_send_responses(opaques: array, queue_ids: array, queue_offsets: array, phy_offsets: array,
+                          uniq_buf: bytes, uniq_off: array, uniq_len: array, store_host: bytes,
+                          version: int) -> tuple[bytes, array]:
+    """SUCCESS answers (SendMessageResponseHeader, JSON) for n sends: the
+    frames back to back, and where each starts."""
+    n = len(opaques)
+    cap = n * _RESPONSE_ROOM + 6 * sum(uniq_len)
+    out = bytearray(cap)
+    frame_off = array("q", bytes(8 * n))
+    f = ffi.from_buffer
+    used = lib.lmq_encode_send_responses(f("int32_t[]", opaques), f("int32_t[]", queue_ids),
+                                         f("int64_t[]", queue_offsets), f("int64_t[]", phy_offsets), f(uniq_buf),
+                                         f("int64_t[]", uniq_off), f("int32_t[]", uniq_len), n, f(store_host),
+                                         len(store_host), version, f(out), cap, f("int64_t[]", frame_off))
+    if used < 0:  # pragma: no cover - the capacity above is an upper bound
+        raise RuntimeError(f"lmq_encode_send_responses: no room for frame {-1 - used}")
+    return bytes(memoryview(out)[:used]), frame_off
