@@ -130,7 +130,8 @@ async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", a
             transport = await nursery.start(lambda task_status: serve_peer_transport(
                 cfg.transport_config(), cfg.self_id, cfg.peer_addrs, group=cfg.group,
                 listeners=listeners, rng=random.Random(seed),
-                identity={"dataSegmentSize": str(store.data_segment_size)}, task_status=task_status))
+                identity={"dataSegmentSize": str(store.data_segment_size)}, auth=cfg.peer_auth(),
+                task_status=task_status))
             replica = replica_on_store(store, transport, cfg.self_id, cfg.peer_ids, raft_config_for(cfg),
                                        rng=random.Random(seed),
                                        peer_addresses={p.peer_id: p.address for p in cfg.peers},

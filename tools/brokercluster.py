@@ -72,6 +72,7 @@ class LocalBrokerCluster:
     namesrv_count: int = 1
     extra_conf: dict = attrs.Factory(dict)  # more broker.conf keys for every broker
     namesrv_conf: dict = attrs.Factory(dict)  # more namesrv.conf keys for every name server
+    client_options: dict = attrs.Factory(dict)  # open_remoting_client keywords (rpc_hook, tls) for `remoting`
     log_level: str = "WARNING"
     remoting: RemotingClient | None = None
     namesrvs: list[ManagedProcess] = attrs.Factory(list)
@@ -371,7 +372,7 @@ async def open_broker_cluster(root, **kw) -> AsyncIterator[LocalBrokerCluster]:
     on failure the processes' log tails are printed to stderr."""
     cluster = LocalBrokerCluster(str(root), **kw)
     try:
-        async with open_remoting_client() as rc:
+        async with open_remoting_client(**cluster.client_options) as rc:
             cluster.remoting = rc
             await cluster.start()
             yield cluster

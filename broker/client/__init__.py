@@ -1,7 +1,9 @@
 # The ledgermq Python client library (RocketMQ 4.x protocol), trio-native:
 # open_producer, open_push_consumer, open_pull_consumer; the blocking facade
 # for non-async code is in broker.client.blocking.  See README "Python client".
+from broker.acl.signing import Credentials
 from broker.client.errors import (
+                                  AccessDeniedError,
                                   BrokerBusyError,
                                   BrokerError,
                                   BrokerSystemError,
@@ -38,6 +40,7 @@ from broker.client.rebalance import allocate_averagely
 from broker.common.values import ConsumeFromWhere
 
 __all__ = [
+    "AccessDeniedError", "Credentials",
     "BrokerBusyError", "BrokerError", "BrokerSystemError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
     "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
     "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoPermissionError", "NoRouteError", "NotSupportedError", "Producer",

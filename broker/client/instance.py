@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from broker.acl.signing import Credentials
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
 from broker.client.model import MessageQueue
 from broker.client.running_info import no_route_reason, running_info_response
@@ -39,6 +41,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import not_supported
 from broker.remoting.errors import RemotingError
 from broker.remoting.header import encode_json
+from broker.remoting.tls import ClientTls
 
 log = logging.getLogger("ledgermq.client")
 
@@ -347,7 +350,9 @@ class ClientInstance:
 @asynccontextmanager
 async def open_client_instance(namesrv_addr, **kw) -> AsyncIterator[tuple[ClientInstance, trio.Nursery]]:
     """A ClientInstance with its timers running, and a nursery for the
-    client's own tasks (cancelled first on exit); unregisters on exit."""
+    client's own tasks (cancelled first on exit); unregisters on exit.
+    `credentials` (client_credentials) signs every request for a broker
+    with ACL on; `tls` (client_tls) dials with TLS."""
     holder: dict = {}
 
     async def handler(conn, cmd):
@@ -373,9 +378,40 @@ def _single(error: BaseException) -> BaseException | None:
     return error
 
 
+def client_credentials(credentials) -> Credentials | None:
+    """`credentials=`: None, Credentials or (accessKey, secretKey)."""
+    if credentials is None or isinstance(credentials, Credentials):
+        return credentials
+    try:
+        access_key, secret_key = credentials
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("credentials must be Credentials(access_key, secret_key) or a pair") from None
+    return Credentials(str(access_key), str(secret_key))
+
+
+def client_tls(tls) -> ClientTls | None:
+    """`tls=`: None/False (plaintext), True (TLS, the system's CAs), a CA
+    bundle path, an ssl.SSLContext or a ClientTls."""
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return ClientTls.create()
+    if isinstance(tls, str):
+        return ClientTls.create(tls)
+    if isinstance(tls, ssl.SSLContext):
+        return ClientTls.from_context(tls)
+    if isinstance(tls, ClientTls):
+        return tls
+    raise InvalidArgumentError(f"tls must be True, a CA file, an ssl.SSLContext or a ClientTls, not {tls!r}")
+
+
 @asynccontextmanager
 async def _instance(namesrv_addr, handler, holder, kw):
-    async with open_remoting_client(handler=handler) as remoting:
+    # Every request of the instance (name servers and brokers) is signed
+    # with the credentials and travels over TLS when asked.
+    rpc_hook = client_credentials(kw.pop("credentials", None))
+    tls = client_tls(kw.pop("tls", None))
+    async with open_remoting_client(handler=handler, rpc_hook=rpc_hook, tls=tls) as remoting:
         instance = ClientInstance(remoting, namesrv_addr, **kw)
         holder["instance"] = instance
         async with trio.open_nursery() as outer:

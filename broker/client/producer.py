@@ -258,13 +258,13 @@ class Producer:
 
 @asynccontextmanager
 async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, route_interval: float = ROUTE_INTERVAL,
-                        **options) -> AsyncIterator[Producer]:
+                        credentials=None, tls=None, **options) -> AsyncIterator[Producer]:
     """A started producer; on exit it waits for its send_async calls, then
     unregisters from the brokers.  `route_interval` is Java's
     pollNameServerInterval (how soon a drained group is noticed); `options`
     are Producer's keywords."""
-    async with open_client_instance(namesrv_addr, timeout=timeout, route_interval=route_interval) as (instance,
-                                                                                                       nursery):
+    async with open_client_instance(namesrv_addr, timeout=timeout, route_interval=route_interval,
+                                    credentials=credentials, tls=tls) as (instance, nursery):
         producer = Producer(instance, nursery, group, **options)
         instance.producer_groups.add(group)
         instance.default_topic_queue_nums = producer.default_topic_queue_nums

@@ -359,7 +359,8 @@ class PushConsumer:
 
 @asynccontextmanager
 async def open_push_consumer(group: str, *, namesrv_addr, subscriptions: dict[str, str], handler: Handler,
-                             timeout: float = 3.0, **options) -> AsyncIterator[PushConsumer]:
+                             timeout: float = 3.0, credentials=None, tls=None,
+                             **options) -> AsyncIterator[PushConsumer]:
     """A started push consumer (its first rebalance done); on exit it stops
     pulling, lets running handlers finish, commits offsets and unregisters.
     `options` are PushOptions fields (consume_from, consume_concurrency, ...)."""
@@ -369,7 +370,8 @@ async def open_push_consumer(group: str, *, namesrv_addr, subscriptions: dict[st
     if not callable(handler):
         raise InvalidArgumentError(f"handler must be an async function taking a message list, not {handler!r}")
     opts = PushOptions(**options)
-    async with open_client_instance(namesrv_addr, timeout=timeout) as (instance, nursery):
+    async with open_client_instance(namesrv_addr, timeout=timeout, credentials=credentials,
+                                    tls=tls) as (instance, nursery):
         consumer = PushConsumer(instance, group, subscriptions, handler, opts)
         instance.consumers[group] = consumer.consumer_data
         instance.notify[group] = lambda _group: consumer.request_rebalance()

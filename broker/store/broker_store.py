@@ -210,7 +210,7 @@ async def serve_broker_store(cfg: BrokerConfig, *, listeners=None, seed: int | N
     async with trio.open_nursery() as nursery:
         transport = await nursery.start(lambda task_status: serve_peer_transport(
             rc.transport_config(), rc.self_id, rc.peer_addrs, group=rc.group, listeners=listeners,
-            rng=random.Random(seed), identity=identity, task_status=task_status))
+            rng=random.Random(seed), identity=identity, auth=rc.peer_auth(), task_status=task_status))
         bs = await nursery.start(lambda task_status: run_broker_store(
             cfg, transport, rng=random.Random(seed), task_status=task_status))
         task_status.started(bs)
