@@ -112,6 +112,12 @@ KEYS = {
     "registerNameServerPeriod": ("register_name_server_period_ms", _int(10000, 60000)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "messageDelayLevel": ("message_delay_levels_ms", parse_delay_levels),
+    "enablePropertyFilter": ("enable_property_filter", _bool),
+    "transactionTimeOut": ("transaction_timeout_ms", _int(1, _JAVA_INT)),
+    "transactionCheckMax": ("transaction_check_max", _int(1, _JAVA_INT)),
+    "transactionCheckInterval": ("transaction_check_interval_ms", _int(1, _JAVA_INT)),
+    # RocketMQ reads it from -Drocketmq.broker.rebalance.lockMaxLiveTime; a key here.
+    "rebalanceLockMaxLiveTime": ("rebalance_lock_max_live_ms", _int(1, _JAVA_INT)),
     "logDir": ("log_dir", _nonempty),
     # ACL (README "Security"): RocketMQ's aclEnable; where plain_acl.yml is
     # (RocketMQ reads $ROCKETMQ_HOME/conf/plain_acl.yml; rocketmqHome is its
@@ -144,6 +150,11 @@ class BrokerConfig:
     register_name_server_period_ms: int = 30000
     broker_permission: int = 6  # PERM_READ | PERM_WRITE
     message_delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # level n is entry n-1
+    enable_property_filter: bool = False  # SQL92 subscriptions (MessageSelector.bySql)
+    transaction_timeout_ms: int = 6000  # a half message is checked back once this old
+    transaction_check_max: int = 15  # check-backs before a half message is discarded
+    transaction_check_interval_ms: int = 60000  # between check-backs of one half message
+    rebalance_lock_max_live_ms: int = 60000  # an orderly consumer's queue lock lives this long unrenewed
     metrics: MetricsConfig = attrs.Factory(MetricsConfig)
     log_dir: str | None = None  # logDir: also log to <logDir>/broker.log
     acl_enable: bool = False

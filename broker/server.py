@@ -10,7 +10,8 @@
 #                         the composition root.  Nothing is discovered: a
 #                         processor that fails to import fails the start.
 #   services              the client registry (notifications, expiry), the
-#                         delay-level schedule service, the admin TPS meter
+#                         delay-level schedule service, the transaction
+#                         check service, the admin TPS meter
 #   metrics               broker/metrics.py: the send and pull processors
 #                         registered through their metered wrappers, the
 #                         stats sampler (VIEW_BROKER_STATS_DATA), and with
@@ -64,6 +65,8 @@ from broker.processors.admin_clients import ClientsAdminProcessor
 from broker.processors.admin_dledger import DLedgerAdminProcessor
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
+from broker.processors.end_transaction import EndTransactionProcessor
+from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.pull import PullProcessor
 from broker.processors.retry import RetryTopics, SendBackProcessor
@@ -78,6 +81,7 @@ from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remo
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
+from broker.store.transaction import TransactionService
 from broker.telemetry.stats import StatsBook
 from commitlog.replica import ReplicaNode
 
@@ -100,21 +104,37 @@ class Processors:
     admin_clients: ClientsAdminProcessor
     admin_dledger: DLedgerAdminProcessor
     schedule: ScheduleService
+    end_transaction: EndTransactionProcessor
+    transactions: TransactionService
+    locks: QueueLockProcessor
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
-                  self.admin_clients, self.admin_dledger):
+                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks):
             p.register(dispatcher)
+
+    def services(self) -> tuple:
+        """The background services, each started with `nursery.start(s.run)`."""
+        return self.schedule, self.transactions, self.admin
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
                     stats: StatsBook | None = None) -> Processors:
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
+    # The check service asks producers through the processor that knows the
+    # client registry; the processor asks the service which halves are resolved.
+    transactions = TransactionService(bs, config.current, check_back=None)
+    end_transaction = EndTransactionProcessor(send, transactions, clients)
+    transactions.check_back = end_transaction.check_back
     return Processors(
+        end_transaction=end_transaction,
+        transactions=transactions,
+        locks=QueueLockProcessor(config, bs.metadata),
         send=send,
         send_back=SendBackProcessor(send, bs.cq),
         pull=PullProcessor(config, bs, clients),
-        clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate)),
+        clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate),
+                                property_filter=lambda: config.current.enable_property_filter),
         offsets=ConsumerOffsetProcessor(bs),
         admin=AdminProcessor(config, bs, stats=stats if stats is not None else StatsBook()),
         admin_clients=ClientsAdminProcessor(config, bs, clients),
@@ -340,7 +360,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         pulls.register(dispatcher)
         broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats)
         broker.metrics_server = await nursery.start(serve_broker_metrics, broker.metrics, cfg.metrics, cfg.broker_ip1)
-        for service in (clients, processors.schedule, processors.admin):
+        for service in (clients, *processors.services()):
             await nursery.start(service.run)
         # brokerPermission changes the topic permissions the name servers must see.
         config.on_change(lambda _new: broker.kick())

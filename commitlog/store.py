@@ -107,8 +107,8 @@ AppendHook = Callable[[AppendBatch], "array | None"]
 LOCK_FILE = "ledgermq.lock"
 # Read maps keep the last RELEASE_KEEP bytes of the log resident; older
 # pages are unmapped every RELEASE_STEP bytes written (_release_pages).
-RELEASE_STEP = 64 << 20
-RELEASE_KEEP = 32 << 20
+RELEASE_STEP = 32 << 20
+RELEASE_KEEP = 16 << 20
 
 
 def _positive(_inst, attr, value):

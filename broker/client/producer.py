@@ -1,6 +1,8 @@
 # Owns the producer (Java's DefaultMQProducer): send (the awaited, "sync"
 # send), send_async (fire and get a callback), send_oneway, send_batch
-# (SEND_BATCH_MESSAGE, body per spec §1.10), queue selection, and retries.
+# (SEND_BATCH_MESSAGE, body per spec §1.10), send_orderly (a sharding key
+# hashed to a queue), queue selection, and retries.  Transactional sends
+# build on it in transaction.py.
 #
 #   async with open_producer("pg", namesrv_addr=ns) as producer:
 #       result = await producer.send(Message("T", b"body", tags="A"))
@@ -19,12 +21,14 @@
 # keeps sends away from a group that just failed or answered slowly.
 import itertools
 import logging
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.errors import (
     BrokerBusyError,
@@ -44,6 +48,7 @@ from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
+from native.hashing import java_hash_str
 
 log = logging.getLogger("ledgermq.client.producer")
 
@@ -63,10 +68,10 @@ _SENT_CODES = tuple(_STATUS)
 
 
 class Producer:
-    """Use open_producer(); every method is a trio coroutine except
+    """Use open_producer(); every method is a coroutine (asyncio or trio) except
     send_async, which starts the send in the producer's nursery."""
 
-    def __init__(self, instance: ClientInstance, nursery: trio.Nursery, group: str, *,
+    def __init__(self, instance: ClientInstance, nursery: anyio.abc.TaskGroup, group: str, *,
                  send_timeout: float = DEFAULT_SEND_TIMEOUT, retries: int = DEFAULT_RETRIES,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, compress_over: int | None = COMPRESS_OVER,
                  default_topic_queue_nums: int = 4, latency_fault_enable: bool = True) -> None:
@@ -81,7 +86,7 @@ class Producer:
         self._uniq = UniqKeyGenerator()
         self._counter = itertools.count()
         self._pending_async = 0
-        self._async_done = trio.Event()
+        self._async_done = anyio.Event()
         self.faults = LatencyFaultTolerance(latency_fault_enable)
         self.closed = False
 
@@ -94,6 +99,13 @@ class Producer:
         uniq, req = self._request(msg)
         return await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
                                 lambda resp, mq: self._result(resp, mq, uniq)[0], selector, timeout)
+
+    async def send_orderly(self, msg: Message, sharding_key, *, timeout: float | None = None) -> SendResult:
+        """Send to the queue `sharding_key` hashes to (SelectMessageQueueByHash:
+        Java's hashCode of the key's text, modulo the write queues), so the
+        messages of one key keep their order in one queue.  A failed send is
+        retried on the same queue, never another one."""
+        return await self.send(msg, selector=hash_selector(sharding_key), timeout=timeout)
 
     async def send_oneway(self, msg: Message, *, selector: Selector | None = None,
                           timeout: float | None = None) -> None:
@@ -131,7 +143,7 @@ class Producer:
     def send_async(self, msg: Message, callback: SendCallback | None = None, *,
                    selector: Selector | None = None, timeout: float | None = None) -> None:
         """Start sending `msg` and return at once; `callback(result, error)`
-        runs in the producer's trio thread when the send ends.  Many async
+        runs in the producer's event loop when the send ends.  Many async
         sends share one pipelined connection per broker."""
         if self.closed:
             raise ClientClosedError("the producer is closed")
@@ -161,16 +173,18 @@ class Producer:
             self._pending_async -= 1
             if not self._pending_async:
                 self._async_done.set()
-                self._async_done = trio.Event()
+                self._async_done = anyio.Event()
 
-    def _request(self, msg: Message) -> tuple[str, RemotingCommand]:
-        """The V2 request without its queue, built once per message."""
+    def _request(self, msg: Message, extra_properties: dict | None = None,
+                 sysflag: int = 0) -> tuple[str, RemotingCommand]:
+        """The V2 request without its queue, built once per message
+        (`extra_properties` and `sysflag`: what a transactional send adds)."""
         msg.check(self.max_message_size)
         uniq = self._uniq.next()
-        body, sysflag = msg.body, 0
+        body = msg.body
         if self.compress_over is not None and len(body) > self.compress_over:
-            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), M.COMPRESSED_FLAG
-        props = M.properties_to_string(msg.wire_properties(uniq))
+            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), sysflag | M.COMPRESSED_FLAG
+        props = M.properties_to_string({**msg.wire_properties(uniq), **(extra_properties or {})})
         return uniq, self._header_request(msg.topic, body, sysflag, msg.flag, props, batch=False)
 
     def _header_request(self, topic: str, body: bytes, sysflag: int, flag: int, props: str,
@@ -200,7 +214,7 @@ class Producer:
     def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
                 last_broker: str | None) -> MessageQueue:
         queues = self.faults.choose([q for q in route.write_queues if route.master(q.broker_name) not in bad],
-                                    trio.current_time(), route.master)
+                                    anyio.current_time(), route.master)
         if selector is not None:
             chosen = selector(list(route.write_queues), msg)
             if not isinstance(chosen, MessageQueue):
@@ -219,7 +233,7 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         inst = self.instance
         inst.auto_create_topics.add(topic)
-        deadline = trio.current_time() + (self.send_timeout if timeout is None else timeout)
+        deadline = anyio.current_time() + (self.send_timeout if timeout is None else timeout)
         errors: list[ClientError] = []
         bad: set[str] = set()  # addresses that failed this send in a way that says the route is stale
         route: TopicRoute | None = None
@@ -234,26 +248,39 @@ class Producer:
                     raise NoRouteError(topic, f"no master for {mq.broker_name} in the route")
                 request = build(mq)
                 await inst.ensure_heartbeat(addr)
-                started = trio.current_time()
+                started = anyio.current_time()
                 remaining = max(0.0, deadline - started)
                 if parse is None:
                     await inst.invoke_oneway(addr, request, remaining)
                     return None
                 resp = await inst.invoke(addr, request, remaining, ok=None)
                 check_response(resp, addr, request.code, _SENT_CODES)
-                self.faults.record(mq.broker_name, trio.current_time() - started, False, trio.current_time(), addr)
+                self.faults.record(mq.broker_name, anyio.current_time() - started, False, anyio.current_time(), addr)
                 return parse(resp, mq)
             except ClientError as e:
                 if mq is not None and isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
-                    self.faults.record(mq.broker_name, 0.0, True, trio.current_time(), route.master(mq.broker_name))
+                    self.faults.record(mq.broker_name, 0.0, True, anyio.current_time(), route.master(mq.broker_name))
                 errors.append(e)
-                if not e.retriable or len(errors) > self.retries or trio.current_time() >= deadline:
+                if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
                     raise SendFailedError(topic, errors) from e
                 log.debug("send to %s failed (attempt %d), retrying: %s", topic, len(errors), e)
                 if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
                     bad.add(e.addr)
                 if not isinstance(e, BrokerBusyError):
                     await inst.refresh_route(topic, route.version if route is not None else None)
+
+
+def hash_selector(sharding_key) -> Selector:
+    """SelectMessageQueueByHash with Java's String.hashCode of the key's text
+    (Math.abs of the signed remainder), so a Java producer with the same key
+    picks the same queue."""
+    code = java_hash_str(str(sharding_key))
+
+    def select(queues: list[MessageQueue], _msg: Message) -> MessageQueue:
+        if not queues:
+            raise NoRouteError(_msg.topic, "no write queue to select from")
+        return queues[abs(int(math.fmod(code, len(queues))))]
+    return select
 
 
 @asynccontextmanager
