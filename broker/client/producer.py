@@ -200,7 +200,9 @@ class Producer:
         fields = dict(req.ext_fields)
         fields["e"] = str(mq.queue_id)
         fields["n"] = mq.broker_name
-        return RemotingCommand(code, language=req.language, ext_fields=fields, body=req.body)
+        # req's fields are converted already, and these two are text: skip the converters.
+        return RemotingCommand.trusted(int(code), req.language, req.version, 0, 0, None, fields, req.body,
+                                       req.serialize_type)
 
     def _result(self, resp: RemotingCommand, mq: MessageQueue, *uniqs: str) -> list[SendResult]:
         f = resp.ext_fields

@@ -49,6 +49,7 @@ log = logging.getLogger("ledgermq.client.transport")
 Handler = Callable[["ClientConnection", RemotingCommand], Awaitable[RemotingCommand | None]]
 DEFAULT_TIMEOUT = 3.0
 RECV_CHUNK = 64 * 1024
+OUTBOX_LIMIT = 4 << 20  # bytes queued for a connection's writer before senders wait
 _IO_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 _MAX_OPAQUE = (1 << 31) - 1
 
@@ -98,7 +99,15 @@ class ClientConnection:
         self.close_reason: str | None = None
         self._handler = handler or not_supported
         self._decoder = CommandDecoder(max_frame_size)
-        self._send_lock = anyio.Lock()
+        # Frames wait in the outbox for the connection's writer task, which
+        # sends everything queued in one write: pipelined requests cost one
+        # send syscall per burst, not one each, and a requester's timeout
+        # never cuts a frame in half.  Past OUTBOX_LIMIT bytes, senders wait
+        # for the writer (a peer that stops reading stops the senders).
+        self._outbox: list[bytes] = []
+        self._outbox_bytes = 0
+        self._queued = anyio.Event()  # set when the outbox gets a frame
+        self._drained = anyio.Event()  # set when the writer emptied a full outbox
         self._pending: dict[int, _Waiter] = {}
         self._opaques = itertools.count(1)
         self._closed = False
@@ -127,17 +136,33 @@ class ClientConnection:
                 return opaque
 
     async def _send(self, data: bytes) -> None:
-        if self._closed:
-            raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
-        async with self._send_lock:  # whole frames: responses and requests interleave per frame only
-            try:
-                await self.stream.send(data)
-            except anyio.get_cancelled_exc_class():
-                self.close("a send was cancelled mid-frame")  # a frame cut in half poisons the stream
-                raise
-            except _IO_ERRORS as e:
-                self.close(f"send failed: {e!r}")
-                raise RemotingConnectionLostError(self.remote_address, f"send failed: {e!r}") from None
+        """Queue one whole frame for the writer."""
+        while True:
+            if self._closed:
+                raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
+            if self._outbox_bytes < OUTBOX_LIMIT:
+                break
+            if self._drained.is_set():
+                self._drained = anyio.Event()
+            await self._drained.wait()
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        self._queued.set()
+
+    async def _writer(self) -> None:
+        """Send what the outbox holds, one write per wakeup; a failed write
+        ends the connection (every waiter learns it from _fail_pending)."""
+        while True:
+            await self._queued.wait()
+            self._queued = anyio.Event()
+            while self._outbox:
+                frames, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                self._drained.set()
+                try:
+                    await self.stream.send(frames[0] if len(frames) == 1 else b"".join(frames))
+                except _IO_ERRORS as e:
+                    self.close(f"send failed: {e!r}")
+                    return
 
     async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         if self._closed:
@@ -169,10 +194,12 @@ class ClientConnection:
         try:
             with self._scope:
                 async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._writer)
                     await self._read_loop(tasks)
                     tasks.cancel_scope.cancel()
         finally:
             self._closed = True
+            self._drained.set()  # senders waiting for room learn it is closed
             self._fail_pending()
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
