@@ -242,6 +242,11 @@ class ReplicationConfig:
     delete_when: tuple[int, ...] = (4,)
     disk_max_used_space_ratio: int = 75
     admin_port: int | None = None
+    # dLegerJoin: this node joins an existing group (mqadmin addDLedgerPeer
+    # first).  A store without a membership file then starts with no
+    # configuration -- it neither campaigns nor votes -- and learns the
+    # group's from the leader, instead of taking dLegerPeers as its voters.
+    join: bool = False
     peer_send_queue_size: int = 1024
     peer_max_frame_size: int = 64 * 1024 * 1024
     # The group's shared secret (dLegerPeerSecret, or the content of
@@ -462,6 +467,7 @@ KEYS = {
     "deleteWhen": ("delete_when", _hours),
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", _int(0, _JAVA_INT)),
     "adminPort": ("admin_port", _int(0, 65535)),
+    "dLegerJoin": ("join", _bool),
     "peerSendQueueSize": ("peer_send_queue_size", _int(1, _JAVA_INT)),
     "peerMaxFrameSize": ("peer_max_frame_size", _int(1024, 0xFFFFFFFF)),
     "dLegerPeerSecret": ("peer_secret", _secret),

@@ -30,7 +30,16 @@ import trio
 from commitlog import metafiles
 from commitlog.atomicfile import fsync_dir
 from commitlog.config import FlushDiskType
-from commitlog.entry import BLANK, HEADER_SIZE, MAGIC_NOOP, MAGIC_NORMAL, MIN_BLANK_LEN, EntryBatch, EntryHeader
+from commitlog.entry import (
+    BLANK,
+    HEADER_SIZE,
+    MAGIC_CONFIG_CHANGE,
+    MAGIC_NOOP,
+    MAGIC_NORMAL,
+    MIN_BLANK_LEN,
+    EntryBatch,
+    EntryHeader,
+)
 from commitlog.entry import INDEX_UNIT_SIZE as UNIT
 from commitlog.errors import (
     AppendRejectedError,
@@ -358,8 +367,8 @@ class SegmentedStore(StoreReads):
         """Append one entry per body; returns (index, pos) per body.  One
         native layout, one native seal, one pwrite per segment touched."""
         self._check_open()
-        if magic not in (MAGIC_NORMAL, MAGIC_NOOP):
-            raise ValueError(f"leader appends NORMAL or NOOP entries, not magic {magic}")
+        if magic not in (MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE):
+            raise ValueError(f"leader appends NORMAL, NOOP or CONFIG_CHANGE entries, not magic {magic}")
         if term < max(self._end_term, 0):
             raise AppendRejectedError(f"term {term} is below the log's last term {self._end_term}")
         n = len(bodies)
@@ -466,6 +475,8 @@ class SegmentedStore(StoreReads):
                                       f"{accepted} entries in {off} bytes verified")
         if batch.term_runs and batch.last_term != st[S_LAST_TERM]:
             raise AppendRejectedError(f"batch term runs end in term {batch.last_term}, entries in {st[S_LAST_TERM]}")
+        if batch.count > 1 and MAGIC_CONFIG_CHANGE in units[3::UNIT]:  # each unit's magic, low byte
+            raise AppendRejectedError("a configuration entry inside a larger batch (they travel alone)")
         try:
             self._write_pieces(pieces)
             self.index.write_span(batch.first_index * UNIT, units)

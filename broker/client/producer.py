@@ -16,7 +16,9 @@
 # (the new leader registers as soon as it takes writes), bounded by the
 # send's deadline.  That is what makes failover take about a second instead
 # of Java's 30 s route poll.  A retried send keeps its UNIQ_KEY, so a
-# duplicate caused by a lost response is recognisable downstream.
+# duplicate caused by a lost response is recognisable downstream.  With
+# several broker groups, latency fault tolerance (latency.py, on by default)
+# keeps sends away from a group that just failed or answered slowly.
 import itertools
 import logging
 import math
@@ -39,7 +41,8 @@ from broker.client.errors import (
     SendFailedError,
     check_response,
 )
-from broker.client.instance import ClientInstance, TopicRoute, open_client_instance
+from broker.client.instance import ROUTE_INTERVAL, ClientInstance, TopicRoute, open_client_instance
+from broker.client.latency import LatencyFaultTolerance
 from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
 from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
@@ -71,7 +74,7 @@ class Producer:
     def __init__(self, instance: ClientInstance, nursery: anyio.abc.TaskGroup, group: str, *,
                  send_timeout: float = DEFAULT_SEND_TIMEOUT, retries: int = DEFAULT_RETRIES,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, compress_over: int | None = COMPRESS_OVER,
-                 default_topic_queue_nums: int = 4) -> None:
+                 default_topic_queue_nums: int = 4, latency_fault_enable: bool = True) -> None:
         self.instance = instance
         self.group = group
         self.send_timeout = send_timeout
@@ -84,6 +87,7 @@ class Producer:
         self._counter = itertools.count()
         self._pending_async = 0
         self._async_done = anyio.Event()
+        self.faults = LatencyFaultTolerance(latency_fault_enable)
         self.closed = False
 
     # --- public API -----------------------------------------------------------------
@@ -211,7 +215,8 @@ class Producer:
 
     def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
                 last_broker: str | None) -> MessageQueue:
-        queues = [q for q in route.write_queues if route.master(q.broker_name) not in bad]
+        queues = self.faults.choose([q for q in route.write_queues if route.master(q.broker_name) not in bad],
+                                    anyio.current_time(), route.master)
         if selector is not None:
             chosen = selector(list(route.write_queues), msg)
             if not isinstance(chosen, MessageQueue):
@@ -245,14 +250,18 @@ class Producer:
                     raise NoRouteError(topic, f"no master for {mq.broker_name} in the route")
                 request = build(mq)
                 await inst.ensure_heartbeat(addr)
-                remaining = max(0.0, deadline - anyio.current_time())
+                started = anyio.current_time()
+                remaining = max(0.0, deadline - started)
                 if parse is None:
                     await inst.invoke_oneway(addr, request, remaining)
                     return None
                 resp = await inst.invoke(addr, request, remaining, ok=None)
                 check_response(resp, addr, request.code, _SENT_CODES)
+                self.faults.record(mq.broker_name, anyio.current_time() - started, False, anyio.current_time(), addr)
                 return parse(resp, mq)
             except ClientError as e:
+                if mq is not None and isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
+                    self.faults.record(mq.broker_name, 0.0, True, anyio.current_time(), route.master(mq.broker_name))
                 errors.append(e)
                 if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
                     raise SendFailedError(topic, errors) from e
@@ -277,12 +286,14 @@ def hash_selector(sharding_key) -> Selector:
 
 
 @asynccontextmanager
-async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, credentials=None, tls=None,
-                        **options) -> AsyncIterator[Producer]:
+async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, route_interval: float = ROUTE_INTERVAL,
+                        credentials=None, tls=None, **options) -> AsyncIterator[Producer]:
     """A started producer; on exit it waits for its send_async calls, then
-    unregisters from the brokers.  `options` are Producer's keywords."""
-    async with open_client_instance(namesrv_addr, timeout=timeout, credentials=credentials,
-                                    tls=tls) as (instance, nursery):
+    unregisters from the brokers.  `route_interval` is Java's
+    pollNameServerInterval (how soon a drained group is noticed); `options`
+    are Producer's keywords."""
+    async with open_client_instance(namesrv_addr, timeout=timeout, route_interval=route_interval,
+                                    credentials=credentials, tls=tls) as (instance, nursery):
         producer = Producer(instance, nursery, group, **options)
         instance.producer_groups.add(group)
         instance.default_topic_queue_nums = producer.default_topic_queue_nums

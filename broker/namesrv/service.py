@@ -204,6 +204,8 @@ class NameServer:
         d.register(RequestCode.GET_BROKER_CLUSTER_INFO, self._get_cluster_info)
         d.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._get_topic_list)
         d.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic)
+        d.register(RequestCode.WIPE_WRITE_PERM_OF_BROKER, self._wipe_write_perm)
+        d.register(RequestCode.ADD_WRITE_PERM_OF_BROKER, self._add_write_perm)
         d.register(RequestCode.GET_TOPICS_BY_CLUSTER, self._get_topics_by_cluster)
         d.register(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS, self._get_system_topics)
         self.metrics_server = None  # MetricsServer with metricsExporterType=PROM
@@ -287,6 +289,20 @@ class NameServer:
         if not self.cfg.enable_all_topic_list:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "disable")
         return cmd.make_response(body=encode_json({"topicList": self.routes.topic_list()}))
+
+    async def _wipe_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return self._set_write_perm(cmd, False, "wipeTopicCount")
+
+    async def _add_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return self._set_write_perm(cmd, True, "addTopicCount")
+
+    def _set_write_perm(self, cmd: RemotingCommand, writable: bool, count_field: str) -> RemotingCommand:
+        # RocketMQ 4.x's Wipe/AddWritePermOfBrokerRequest/ResponseHeader.
+        name = HeaderReader(cmd.ext_fields).str("brokerName")
+        count = self.routes.set_write_perm(name, writable)
+        log.info("write permission of broker %s %s (%d topics)", name, "restored" if writable else "wiped", count)
+        self._notify()
+        return cmd.make_response(ext_fields={count_field: count})
 
     async def _get_topics_by_cluster(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         cluster = HeaderReader(cmd.ext_fields).str("cluster")

@@ -159,7 +159,7 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
             store, transport, rc.self_id, rc.peer_ids, raft_config or raft_config_for(rc),
             rng=rng or random.Random(),
             peer_addresses=peer_addresses if peer_addresses is not None else {p.peer_id: p.address for p in rc.peers},
-            max_pending=rc.max_pending_requests, max_wait_ack_ms=rc.max_wait_ack_time_ms)
+            max_pending=rc.max_pending_requests, max_wait_ack_ms=rc.max_wait_ack_time_ms, joining=rc.join)
         cq = ConsumeQueueService(store, engine, replica.committed)
         if checkpoint_interval is not None:
             cq.dispatcher.checkpoint_interval = checkpoint_interval

@@ -30,6 +30,16 @@
 # Failure handling: a bad frame, a reset, EOF or a write error ends that one
 # connection with a logged reason; the peer's queue survives for the next
 # connection.  Nothing a remote sends can end the transport's own tasks.
+#
+# Membership changes: set_peers() replaces the peer set while running (the
+# replica shell calls it with the members of its configuration, addresses
+# from the configuration entries).  A new peer is dialled if its id sorts
+# higher, and accepted once known; a removed one is disconnected, its dialer
+# stopped and its queue dropped, and send() to it returns False (messages
+# the Raft core queued before the change) instead of raising.  A node
+# joining a group therefore needs nothing from the others up front: the
+# leader learns its address from the CONFIG_CHANGE entry that adds it, and
+# the joiner accepts the leader because its own dLegerPeers lists it.
 import collections
 import functools
 import logging
@@ -98,6 +108,7 @@ class _Peer:
     wakeup: trio.Event = attrs.field(factory=trio.Event)
     conn: _Conn | None = None
     counters: Counters = attrs.field(factory=Counters)
+    dialer: trio.CancelScope | None = None  # the dial loop, while it runs
 
 
 def _set_nodelay(stream: trio.SocketStream) -> None:
@@ -149,6 +160,8 @@ class PeerTransport:
         self._sink = None  # set_sink(): readers hand messages over directly
         self._changed = trio.Event()
         self._closed = False
+        self._removed: set[str] = set()
+        self._nursery: trio.Nursery | None = None  # where dial loops run (serve_peer_transport)
         self.rejected_connections = 0
         self.listen_addresses: list[tuple[str, int]] = []
 
@@ -162,7 +175,43 @@ class PeerTransport:
     def listen_port(self) -> int:
         return self.listen_addresses[0][1]
 
+    def set_peers(self, peers: Mapping[str, tuple[str, int] | None]) -> None:
+        """Make `peers` (id -> (host, port); this node's own entry ignored)
+        the peer set: new ones are dialled or accepted, removed ones are
+        disconnected and forgotten, a changed address is used from the
+        next dial on."""
+        wanted = {pid: tuple(addr) if addr is not None else None
+                  for pid, addr in peers.items() if pid != self.self_id}
+        for pid in [p for p in self._peers if p not in wanted]:
+            peer = self._peers.pop(pid)
+            self._removed.add(pid)
+            if peer.dialer is not None:
+                peer.dialer.cancel()
+            if peer.conn is not None:
+                peer.conn.scope.cancel()
+            peer.queue.clear()
+            log.info("%s: %s is no longer a peer", self.self_id, pid)
+        for pid, addr in wanted.items():
+            peer = self._peers.get(pid)
+            if addr is None:           # address unknown here: keep what we have
+                if peer is not None:
+                    continue
+                addr = ("0.0.0.0", 0)   # accepted when it dials us; dialling it fails until known
+            if peer is not None:
+                if peer.addr != addr:
+                    log.info("%s: %s moves from %s:%d to %s:%d", self.self_id, pid, *peer.addr, *addr)
+                    peer.addr = addr
+                continue
+            self._removed.discard(pid)
+            peer = self._peers[pid] = _Peer(pid, addr, self.self_id < pid)
+            log.info("%s: %s at %s:%d is a peer now", self.self_id, pid, *addr)
+            if peer.dials and self._nursery is not None:
+                self._nursery.start_soon(self._run_dialer, peer)
+        self._notify()
+
     def send(self, peer_id: str, payload: bytes) -> bool:
+        if peer_id in self._removed:
+            return False  # a peer that left the configuration; the core's last words to it
         peer = self._peer(peer_id)
         payload = bytes(payload)
         n = len(payload)
@@ -359,6 +408,11 @@ class PeerTransport:
 
     # --- dialing -----------------------------------------------------------
 
+    async def _run_dialer(self, peer: _Peer) -> None:
+        with trio.CancelScope() as scope:
+            peer.dialer = scope
+            await self._dial_loop(peer)
+
     async def _dial_loop(self, peer: _Peer) -> None:
         attempt = 0
         while True:
@@ -503,7 +557,9 @@ class PeerTransport:
                         remote, reason)
                 await _send_reject(stream, reason)
                 return
-            await self._run_connection(self._peers[hello.src], stream, decoder, remote)
+            peer = self._peers.get(hello.src)
+            if peer is not None:  # (unless removed during the handshake)
+                await self._run_connection(peer, stream, decoder, remote)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -534,9 +590,10 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, transport._handle_inbound, listeners)
+            transport._nursery = nursery
             for peer in transport._peers.values():
                 if peer.dials:
-                    nursery.start_soon(transport._dial_loop, peer)
+                    nursery.start_soon(transport._run_dialer, peer)
             task_status.started(transport)
             await trio.sleep(math.inf)
     finally:
