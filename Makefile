@@ -42,6 +42,7 @@ bench: setup native
 	$(VPY) -m tools.bench.replication
 	$(VPY) -m tools.bench.dispatch
 	$(VPY) -m tools.bench.broker
+	$(VPY) -m tools.bench.groups
 	$(VPY) -m tools.bench.pipeline
 
 clean:

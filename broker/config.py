@@ -30,6 +30,9 @@ import socket
 import attrs
 
 from broker.common import conf_keys
+from broker.remoting.streams import LIMIT_KEYS, ServerLimits, limits_from_props
+from broker.remoting.tls import KNOWN_KEYS as TLS_KEYS
+from broker.remoting.tls import ClientTls, ServerTls
 from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError
 from commitlog.config import ALIASES as REPLICATION_ALIASES
 from commitlog.config import KEYS as REPLICATION_KEYS
@@ -109,10 +112,26 @@ KEYS = {
     "registerNameServerPeriod": ("register_name_server_period_ms", _int(10000, 60000)),
     "brokerPermission": ("broker_permission", _int(0, 15)),
     "messageDelayLevel": ("message_delay_levels_ms", parse_delay_levels),
+    "enablePropertyFilter": ("enable_property_filter", _bool),
+    "transactionTimeOut": ("transaction_timeout_ms", _int(1, _JAVA_INT)),
+    "transactionCheckMax": ("transaction_check_max", _int(1, _JAVA_INT)),
+    "transactionCheckInterval": ("transaction_check_interval_ms", _int(1, _JAVA_INT)),
+    # RocketMQ reads it from -Drocketmq.broker.rebalance.lockMaxLiveTime; a key here.
+    "rebalanceLockMaxLiveTime": ("rebalance_lock_max_live_ms", _int(1, _JAVA_INT)),
     "logDir": ("log_dir", _nonempty),
+    # ACL (README "Security"): RocketMQ's aclEnable; where plain_acl.yml is
+    # (RocketMQ reads $ROCKETMQ_HOME/conf/plain_acl.yml; rocketmqHome is its
+    # BrokerConfig key for that home, aclFile ours for a file elsewhere);
+    # and the credentials this broker signs its name server calls with.
+    "aclEnable": ("acl_enable", _bool),
+    "rocketmqHome": ("rocketmq_home", _nonempty),
+    "aclFile": ("acl_file", _nonempty),
+    "brokerAccessKey": ("broker_access_key", _nonempty),
+    "brokerSecretKey": ("broker_secret_key", _nonempty),
 }
 # Every key some part of ledgermq parses (for "did you mean").
-PARSED_KEYS = frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS)
+PARSED_KEYS = (frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS) | frozenset(LIMIT_KEYS)
+               | TLS_KEYS)
 
 
 @attrs.frozen
@@ -131,8 +150,23 @@ class BrokerConfig:
     register_name_server_period_ms: int = 30000
     broker_permission: int = 6  # PERM_READ | PERM_WRITE
     message_delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # level n is entry n-1
+    enable_property_filter: bool = False  # SQL92 subscriptions (MessageSelector.bySql)
+    transaction_timeout_ms: int = 6000  # a half message is checked back once this old
+    transaction_check_max: int = 15  # check-backs before a half message is discarded
+    transaction_check_interval_ms: int = 60000  # between check-backs of one half message
+    rebalance_lock_max_live_ms: int = 60000  # an orderly consumer's queue lock lives this long unrenewed
     metrics: MetricsConfig = attrs.Factory(MetricsConfig)
     log_dir: str | None = None  # logDir: also log to <logDir>/broker.log
+    acl_enable: bool = False
+    rocketmq_home: str | None = None
+    acl_file: str | None = None
+    broker_access_key: str | None = attrs.field(default=None, repr=False)
+    broker_secret_key: str | None = attrs.field(default=None, repr=False)
+    # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
+    # (to the name servers), and the limits against hostile clients.
+    tls: ServerTls = ServerTls()
+    client_tls: ClientTls = ClientTls()
+    limits: ServerLimits = ServerLimits()
 
     # --- derived -------------------------------------------------------------
 
@@ -168,6 +202,15 @@ class BrokerConfig:
         """What the broker registers at the name server."""
         return str(self.store_host)
 
+    @property
+    def acl_path(self) -> str | None:
+        """The plain_acl.yml this broker enforces: aclFile, else
+        <rocketmqHome or $ROCKETMQ_HOME>/conf/plain_acl.yml (RocketMQ 4.x)."""
+        if self.acl_file:
+            return self.acl_file
+        home = self.rocketmq_home or os.environ.get("ROCKETMQ_HOME")
+        return os.path.join(home, "conf", "plain_acl.yml") if home else None
+
     def broker_id_for(self, role: Role | None) -> int:
         return broker_id_for(role, self.self_id, self.replication.peer_ids)
 
@@ -181,10 +224,13 @@ class BrokerConfig:
         values: dict[str, object] = {}
         rest: dict[str, object] = {}
         metrics: dict[str, object] = {}
+        remoting: dict[str, object] = {}  # TLS and the limits
         for key, value in props.items():
             if key in KEYS:
                 field, parse = KEYS[key]
                 values[field] = parse(key, value)
+            elif key in LIMIT_KEYS or key in TLS_KEYS:
+                remoting[key] = value
             elif key in METRICS_KEYS:
                 metrics[key] = value
             elif key in REPLICATION_KEYS or key in REPLICATION_ALIASES or key == "enableDLegerCommitLog":
@@ -198,6 +244,11 @@ class BrokerConfig:
         except MetricsConfigError as e:
             raise ConfigError(e.key, e.value, e.reason) from None
         warnings += more
+        values["limits"] = limits_from_props(remoting)
+        values["tls"] = ServerTls.from_props(remoting)
+        values["client_tls"] = ClientTls.from_props(remoting)
+        if ("broker_access_key" in values) != ("broker_secret_key" in values):
+            raise ConfigError("brokerAccessKey/brokerSecretKey", None, "set both or neither")
         replication, more = ReplicationConfig.from_dict(rest)
         warnings += more
         if "broker_id" in values and values["broker_id"] != MASTER_ID:
@@ -209,6 +260,9 @@ class BrokerConfig:
                             "(int(selfId[1:]) + 1); using position in dLegerPeers + 1 instead: "
                             + ", ".join(f"{p}={i}" for p, i in ids.items()))
         cfg = cls(replication=replication, **values)
+        if cfg.acl_enable and cfg.acl_path is None:
+            raise ConfigError("aclEnable", "true", "plain_acl.yml not found: set ROCKETMQ_HOME (RocketMQ reads "
+                                                   "$ROCKETMQ_HOME/conf/plain_acl.yml), rocketmqHome or aclFile")
         if cfg.listen_port == 0:
             warnings.append("listenPort=0: the bound port must be put back into the config "
                             "(attrs.evolve) before messages are stored, it is their STOREHOST")

@@ -28,7 +28,9 @@
 # (rocketmq_messages_in_total, rocketmq_throughput_in_total, ...), and
 # ledgermq_* for what RocketMQ has no name for (DLedger, dispatch).
 import struct
+import sys
 import time
+from array import array
 
 import attrs
 import trio
@@ -50,9 +52,13 @@ CQ_UNIT = struct.Struct(">qiq")  # phy offset, size, tags code (spec §2)
 
 
 def _size_sum(raw: bytes, n: int) -> int:
-    """The message bytes of n consume queue units (one unpack for all of
-    them: this runs over every message put)."""
-    sizes = struct.unpack_from(">" + "qiq" * n, raw)[1::3]
+    """The message bytes of n consume queue units, without a Python step
+    per unit (this runs over every message put): a unit is five big-endian
+    int32 words, the size its third."""
+    words = array("i", raw[:n * CQ_UNIT.size])
+    if sys.byteorder == "little":
+        words.byteswap()
+    sizes = words[2::5]
     total = sum(sizes)
     return total if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
 READ_UNITS = 8192  # CQ units read per queue per pass

@@ -10,7 +10,8 @@
 #                         the composition root.  Nothing is discovered: a
 #                         processor that fails to import fails the start.
 #   services              the client registry (notifications, expiry), the
-#                         delay-level schedule service, the admin TPS meter
+#                         delay-level schedule service, the transaction
+#                         check service, the admin TPS meter
 #   metrics               broker/metrics.py: the send and pull processors
 #                         registered through their metered wrappers, the
 #                         stats sampler (VIEW_BROKER_STATS_DATA), and with
@@ -49,6 +50,9 @@ import sys
 import attrs
 import trio
 
+from broker.acl.service import AclService
+from broker.acl.signing import Credentials
+from broker.acl.validator import BROKER_POLICY
 from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.common.values import TopicConfig
 from broker.config import BrokerConfig, LiveConfig, load_broker_config
@@ -61,6 +65,8 @@ from broker.processors.admin_clients import ClientsAdminProcessor
 from broker.processors.admin_dledger import DLedgerAdminProcessor
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
+from broker.processors.end_transaction import EndTransactionProcessor
+from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.pull import PullProcessor
 from broker.processors.retry import RetryTopics, SendBackProcessor
@@ -70,10 +76,12 @@ from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import not_supported
 from broker.remoting.errors import RemotingError
+from broker.remoting.guard import GuardedDispatcher, InFlightLimiter
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
+from broker.store.transaction import TransactionService
 from broker.telemetry.stats import StatsBook
 from commitlog.replica import ReplicaNode
 from commitlog.watermark import Watermark
@@ -99,21 +107,37 @@ class Processors:
     admin_clients: ClientsAdminProcessor
     admin_dledger: DLedgerAdminProcessor
     schedule: ScheduleService
+    end_transaction: EndTransactionProcessor
+    transactions: TransactionService
+    locks: QueueLockProcessor
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
-                  self.admin_clients, self.admin_dledger):
+                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks):
             p.register(dispatcher)
+
+    def services(self) -> tuple:
+        """The background services, each started with `nursery.start(s.run)`."""
+        return self.schedule, self.transactions, self.admin
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
                     stats: StatsBook | None = None) -> Processors:
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
+    # The check service asks producers through the processor that knows the
+    # client registry; the processor asks the service which halves are resolved.
+    transactions = TransactionService(bs, config.current, check_back=None)
+    end_transaction = EndTransactionProcessor(send, transactions, clients)
+    transactions.check_back = end_transaction.check_back
     return Processors(
+        end_transaction=end_transaction,
+        transactions=transactions,
+        locks=QueueLockProcessor(config, bs.metadata),
         send=send,
         send_back=SendBackProcessor(send, bs.cq),
         pull=PullProcessor(config, bs, clients),
-        clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate)),
+        clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate),
+                                property_filter=lambda: config.current.enable_property_filter),
         offsets=ConsumerOffsetProcessor(bs),
         admin=AdminProcessor(config, bs, stats=stats if stats is not None else StatsBook()),
         admin_clients=ClientsAdminProcessor(config, bs, clients),
@@ -134,6 +158,8 @@ class Broker:
     clients: ClientManager
     processors: Processors
     namesrv: NamesrvClient | None = None
+    guard: GuardedDispatcher | None = None  # admission in front of `dispatcher`
+    acl: AclService | None = None  # when aclEnable
     registrations: int = 0  # completed registration rounds
     last_registered_id: int | None = None
     last_results: dict = attrs.Factory(dict)
@@ -303,7 +329,8 @@ class Broker:
             return
         broker_id = self.last_registered_id if self.last_registered_id is not None else self.gate.broker_id
         with trio.CancelScope(shield=True), trio.move_on_after(timeout):
-            async with open_remoting_client() as rc:
+            async with open_remoting_client(rpc_hook=broker_credentials(self.cfg),
+                                            tls=self.cfg.client_tls) as rc:
                 results = await NamesrvClient(rc, self.cfg.namesrv_addr, timeout=timeout).unregister_broker(
                     self.cfg.broker_cluster_name, self.broker_addr, self.cfg.broker_name, broker_id)
             for addr, result in results.items():
@@ -311,6 +338,13 @@ class Broker:
                     log.warning("unregister %s from %s failed: %s", self.broker_addr, addr, result)
                 else:
                     log.info("unregistered %s from %s", self.broker_addr, addr)
+
+
+def broker_credentials(cfg: BrokerConfig) -> Credentials | None:
+    """What the broker signs its name server calls with (brokerAccessKey)."""
+    if cfg.broker_access_key is None:
+        return None
+    return Credentials(cfg.broker_access_key, cfg.broker_secret_key)
 
 
 def _bind_host(cfg: BrokerConfig) -> str:
@@ -331,23 +365,40 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         return await not_supported(conn, cmd)
 
     dispatcher = RequestDispatcher(default)
+    # Admission, in front of every processor (both the one-by-one and the
+    # burst path): the ACL when aclEnable (a missing or bad plain_acl.yml
+    # fails the start: a broker told to enforce ACL must not start open),
+    # then the in-flight cap (SYSTEM_BUSY past serverMaxInFlightRequests).
+    acl = AclService.load(cfg.acl_path, BROKER_POLICY) if cfg.acl_enable else None
+    guard = GuardedDispatcher(dispatcher, checks=[acl.check] if acl is not None else [],
+                              limiter=InFlightLimiter(cfg.limits.max_in_flight))
     # One registry of connected clients: heartbeats fill it, pulls read
     # their subscriptions from it, and a closed connection's clients leave
     # their groups at once (the rest of the group is notified).
     clients = ClientManager()
+
+    def closed(conn) -> None:
+        guard.forget(conn)
+        clients.on_connection_closed(conn)
+
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(functools.partial(serve_remoting, dispatcher, bind_host or _bind_host(cfg),
-                                                       cfg.listen_port, on_close=clients.on_connection_closed,
-                                                       bursts=dispatcher, raw_sends=True))
+        if acl is not None:
+            await nursery.start(acl.run)  # reloads plain_acl.yml when it changes
+        # raw_sends (the C fast path) only without ACL: the guard must see
+        # each send's header and body to check its signature and topic.
+        server = await nursery.start(functools.partial(
+            serve_remoting, guard, bind_host or _bind_host(cfg), cfg.listen_port, on_close=closed,
+            bursts=guard, raw_sends=acl is None, tls=cfg.tls, limits=cfg.limits,
+            max_frame_size=cfg.limits.max_frame_size, max_in_flight=cfg.limits.max_in_flight_per_connection))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)
         config = LiveConfig(cfg)
         bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
-        remoting = RemotingClient(nursery)
+        remoting = RemotingClient(nursery, rpc_hook=broker_credentials(cfg), tls=cfg.client_tls)
         stats = StatsBook()
         processors = wire_processors(config, bs, clients, stats)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
-                        NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None)
+                        NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
         processors.register(dispatcher)
         # Sends and pulls are timed and counted: their wrappers take the
         # processors' codes over (each hands every request on unchanged).
@@ -356,7 +407,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         pulls.register(dispatcher)
         broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats)
         broker.metrics_server = await nursery.start(serve_broker_metrics, broker.metrics, cfg.metrics, cfg.broker_ip1)
-        for service in (clients, processors.schedule, processors.admin):
+        for service in (clients, *processors.services()):
             await nursery.start(service.run)
         # brokerPermission changes the topic permissions the name servers must see.
         config.on_change(lambda _new: broker.kick())
@@ -407,6 +458,12 @@ def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str]) ->
         raise click.ClickException(f"{config_file}: storePathRootDir={root}: {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise click.ClickException(f"{config_file}: storePathRootDir={root}: {probe} is not writable")
+    if cfg.acl_enable:  # the broker would refuse to start on a bad plain_acl.yml
+        from broker.acl.plain import AclConfigError
+        try:
+            AclService.load(cfg.acl_path, BROKER_POLICY)
+        except AclConfigError as e:
+            raise click.ClickException(f"{config_file}: aclEnable=true: {e}") from None
     click.echo(f"# {config_file}: OK ({len(warnings)} warning(s)); the effective settings:")
     click.echo(properties_text(broker_config_properties(cfg)), nl=False)
 
@@ -414,6 +471,7 @@ def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str]) ->
 def main(argv=None) -> None:
     import click
 
+    from broker.acl.plain import AclConfigError
     from broker.telemetry.logs import cli_logging, log_options, version_text
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
@@ -474,7 +532,8 @@ def main(argv=None) -> None:
             leaves = list(_leaves(e))
             if all(isinstance(x, KeyboardInterrupt) for x in leaves):
                 pass
-            elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError))), None)):
+            elif (err := next((x for x in leaves if isinstance(x, (CommitLogError, ConfigError, AclConfigError))),
+                               None)):
                 raise click.ClickException(str(err)) from None
             elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None and serving:
                 log.error("%s stopped by an I/O error", cfg.self_id, exc_info=oserr)

@@ -24,6 +24,7 @@ import attrs
 from commitlog.entry import HEADER_SIZE, INDEX_UNIT_SIZE, MIN_BLANK_LEN
 from commitlog.errors import CommitLogError
 from commitlog.transport.base import TransportConfig
+from commitlog.transport.framing import PeerAuth
 
 
 @attrs.define(str=False)
@@ -241,8 +242,17 @@ class ReplicationConfig:
     delete_when: tuple[int, ...] = (4,)
     disk_max_used_space_ratio: int = 75
     admin_port: int | None = None
+    # dLegerJoin: this node joins an existing group (mqadmin addDLedgerPeer
+    # first).  A store without a membership file then starts with no
+    # configuration -- it neither campaigns nor votes -- and learns the
+    # group's from the leader, instead of taking dLegerPeers as its voters.
+    join: bool = False
     peer_send_queue_size: int = 1024
     peer_max_frame_size: int = 64 * 1024 * 1024
+    # The group's shared secret (dLegerPeerSecret, or the content of
+    # dLegerPeerSecretFile): when set, the peer port admits only nodes that
+    # prove they hold it (transport/framing.py, "peer authentication").
+    peer_secret: str | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         ids = [p.peer_id for p in self.peers]
@@ -313,6 +323,9 @@ class ReplicationConfig:
     @property
     def index_dir(self) -> str:
         return os.path.join(self.dledger_dir, "index")
+
+    def peer_auth(self) -> PeerAuth | None:
+        return PeerAuth(self.peer_secret, self.group) if self.peer_secret else None
 
     def transport_config(self, **overrides) -> TransportConfig:
         return TransportConfig(max_frame_size=self.peer_max_frame_size,
@@ -393,6 +406,28 @@ def _flush_type(key: str, value: object) -> FlushDiskType:
         raise ConfigError(key, value, "expected ASYNC_FLUSH or SYNC_FLUSH") from None
 
 
+def _secret_file(key: str, value: object) -> str:
+    path = _nonempty(key, value)
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(key, value, f"cannot read the peer secret: {getattr(e, 'strerror', None) or e}") from None
+    if len(secret) < MIN_PEER_SECRET:
+        raise ConfigError(key, value, f"the peer secret must be at least {MIN_PEER_SECRET} characters")
+    return secret
+
+
+def _secret(key: str, value: object) -> str:
+    secret = _nonempty(key, value)
+    if len(secret) < MIN_PEER_SECRET:
+        raise ConfigError(key, "<hidden>", f"the peer secret must be at least {MIN_PEER_SECRET} characters")
+    return secret
+
+
+MIN_PEER_SECRET = 16
+
+
 def _peers(key: str, value: object) -> tuple[Peer, ...]:
     return parse_peers(_text(key, value), key)
 
@@ -432,8 +467,11 @@ KEYS = {
     "deleteWhen": ("delete_when", _hours),
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", _int(0, _JAVA_INT)),
     "adminPort": ("admin_port", _int(0, 65535)),
+    "dLegerJoin": ("join", _bool),
     "peerSendQueueSize": ("peer_send_queue_size", _int(1, _JAVA_INT)),
     "peerMaxFrameSize": ("peer_max_frame_size", _int(1024, 0xFFFFFFFF)),
+    "dLegerPeerSecret": ("peer_secret", _secret),
+    "dLegerPeerSecretFile": ("peer_secret", _secret_file),
 }
 REQUIRED = ("dLegerGroup", "dLegerPeers", "dLegerSelfId")
 # Old RocketMQ spellings still found in broker.conf files.

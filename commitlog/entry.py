@@ -33,7 +33,7 @@ MIN_BLANK_LEN = 8
 
 MAGIC_NORMAL = 1
 MAGIC_NOOP = 2
-MAGIC_CONFIG_CHANGE = 3  # reserved by DLedger HEAD; never written by ledgermq
+MAGIC_CONFIG_CHANGE = 3  # DLedger HEAD reserves it; ledgermq writes membership changes with it (raft/membership.py)
 VALID_MAGICS = frozenset({MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE})
 BLANK_MAGIC = -1
 

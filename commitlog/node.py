@@ -29,6 +29,7 @@ from commitlog import metafiles
 from commitlog.admin import serve_admin
 from commitlog.config import ConfigError, ReplicationConfig, load_replication_config
 from commitlog.errors import CommitLogError
+from commitlog.members import load_membership, write_members
 from commitlog.profiling import profiled
 from commitlog.raft.core import RaftCore
 from commitlog.raft.state import HardState, RaftConfig
@@ -77,22 +78,34 @@ def store_config_for(cfg: ReplicationConfig, *, repair: bool = False) -> StoreCo
 def replica_on_store(store: SegmentedStore, transport, self_id: str, peer_ids, raft_config: RaftConfig, *,
                      rng: random.Random, tick_seconds: float = TICK_MS / 1000,
                      peer_addresses: dict[str, str] | None = None, max_pending: int = 10000,
-                     max_wait_ack_ms: int = 2500) -> ReplicaNode:
+                     max_wait_ack_ms: int = 2500, joining: bool = False) -> ReplicaNode:
     """A ReplicaNode over an opened (recovered) store: term and vote come from
-    its `currterm` file, the committed index from its checkpoint, and every
-    hard-state change is written back to `currterm` (atomically, fsync'ed)
-    before the Ready's messages leave.  serve_node and the integration tests
-    build nodes with this."""
+    its `currterm` file, the committed index from its checkpoint, the group's
+    configuration from `ledgermq-members` checked against the log (or
+    dLegerPeers for a store without one; nothing for a `joining` node), and
+    every hard-state or configuration change is written back (atomically,
+    fsync'ed) before the Ready's messages leave.  serve_node and the
+    integration tests build nodes with this."""
     term, vote = metafiles.read_currterm(store.store_dir)
+    addresses = dict(peer_addresses or {})
+    membership = load_membership(store.store_dir, store, voters=tuple(peer_ids),
+                                 addresses={p: a for p, a in addresses.items() if p in peer_ids}, joining=joining)
     core = RaftCore(self_id, tuple(peer_ids), store, rng, raft_config,
-                    hard_state=HardState(term, vote or None), committed_index=store.committed_index)
+                    hard_state=HardState(term, vote or None), committed_index=store.committed_index,
+                    membership=membership)
 
     def persist_hard_state(hs: HardState) -> None:
         metafiles.write_currterm(store.store_dir, hs.term, hs.voted_for)
 
-    return ReplicaNode(core, store, transport, persist_hard_state, peer_addresses=dict(peer_addresses or {}),
+    def persist_membership(history) -> None:
+        write_members(store.store_dir, history)
+
+    node = ReplicaNode(core, store, transport, persist_hard_state, peer_addresses=addresses,
                        tick_seconds=tick_seconds, max_pending=max_pending,
-                       max_wait_ack_ms=max_wait_ack_ms)
+                       max_wait_ack_ms=max_wait_ack_ms, persist_membership=persist_membership)
+    if membership.latest_index >= 0:
+        node.sync_peers()      # the configuration changed since dLegerPeers was written
+    return node
 
 
 @attrs.define
@@ -117,12 +130,13 @@ async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", a
             transport = await nursery.start(lambda task_status: serve_peer_transport(
                 cfg.transport_config(), cfg.self_id, cfg.peer_addrs, group=cfg.group,
                 listeners=listeners, rng=random.Random(seed),
-                identity={"dataSegmentSize": str(store.data_segment_size)}, task_status=task_status))
+                identity={"dataSegmentSize": str(store.data_segment_size)}, auth=cfg.peer_auth(),
+                task_status=task_status))
             replica = replica_on_store(store, transport, cfg.self_id, cfg.peer_ids, raft_config_for(cfg),
                                        rng=random.Random(seed),
                                        peer_addresses={p.peer_id: p.address for p in cfg.peers},
                                        max_pending=cfg.max_pending_requests,
-                                       max_wait_ack_ms=cfg.max_wait_ack_time_ms)
+                                       max_wait_ack_ms=cfg.max_wait_ack_time_ms, joining=cfg.join)
             await nursery.start(replica.run)
             nursery.start_soon(serve_flusher, store)
             nursery.start_soon(lambda: serve_retention(

@@ -32,6 +32,15 @@
 # one sweep, and the ticker fails expired ones (QuorumTimeoutError) once per
 # tick.  At tens of thousands of single-entry appends per second the trio
 # primitives were most of the leader's CPU; now it is the log and the socket.
+#
+# Membership (commitlog/raft/membership.py): a Ready that changes the
+# configuration history is persisted first (persist_membership, the
+# ledgermq-members file), then the transport's peer set follows the
+# configuration (addresses from its entries) and `membership` advances, so
+# the broker re-derives its brokerId and registration.  change_membership()
+# is the operator's entry point: it waits out the refusals that pass with
+# time (a learner catching up, the previous change or the new leader's NOOP
+# not committed yet) and returns once the change is committed in its term.
 import collections
 import errno
 import logging
@@ -51,8 +60,10 @@ from commitlog.errors import (
     QuorumTimeoutError,
     TermChangedError,
 )
+from commitlog.members import recover
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
+from commitlog.raft.membership import ConfChange, ConfigEntry, MembershipChangeError, MembershipLog
 from commitlog.raft.state import HardState, Ready, Role, SoftState
 from commitlog.watermark import Watermark
 
@@ -137,6 +148,12 @@ class ReplicaNode:
     # Asked before a Ready's writes; raises DiskFullError when the disk
     # cannot take them (the broker's disk reserve), handled like ENOSPC.
     space_check: Callable[[], None] | None = None
+    # Writes the configuration history (ledgermq-members) before the log
+    # changes in the same Ready; None keeps it in memory only (tests).
+    persist_membership: Callable[[tuple], None] | None = None
+    # Advanced (by one) after every change of the configuration or of the
+    # peers replicated to; the broker follows it for brokerId and status.
+    membership: Watermark = attrs.Factory(lambda: Watermark(0))
 
     committed: Watermark = attrs.Factory(Watermark)
     soft_state: SoftState | None = attrs.field(default=None, init=False)
@@ -154,6 +171,9 @@ class ReplicaNode:
     _outbox: list = attrs.Factory(list)
     _wrote: bool = False
     _new_commit: int | None = None
+    # Set after every driver round that saw a tick or a peer message (what
+    # can clear a refusal that passes with time; change_membership waits on it).
+    _round: trio.Event = attrs.Factory(trio.Event)
     refused: RefusedLeader | None = None
     out_of_space: DiskFullError | None = None  # the last write that found no space (None once one succeeds)
     stats: collections.Counter = attrs.Factory(collections.Counter)
@@ -274,6 +294,38 @@ class ReplicaNode:
             while self.is_leader:
                 await self._role_changed.wait()
 
+    async def change_membership(self, change: ConfChange, timeout: float = 10.0) -> ConfigEntry:
+        """Leader only: make one single-server change and return its
+        configuration entry once it is committed in the term it was
+        proposed.  Refusals that pass with time (MembershipChangeError
+        .retryable: the learner still catching up, the previous change or
+        this leader's NOOP not committed yet, a transfer under way) are
+        retried after each driver round until `timeout`, then raised; other
+        refusals, NotLeaderError and TermChangedError (leadership moved
+        before the entry committed: it may or may not survive) at once.
+        QuorumTimeoutError if it is not committed in time."""
+        deadline = trio.current_time() + timeout
+        while True:
+            round_done = self._round
+            try:
+                index, term = await self.call(lambda core: (core.propose_conf_change(change), core.term))
+                break
+            except MembershipChangeError as e:
+                if not e.retryable or trio.current_time() >= deadline:
+                    raise
+            with trio.move_on_at(deadline):
+                await round_done.wait()
+        try:
+            await self.committed.wait_for(index, timeout=max(0.0, deadline - trio.current_time()))
+        except trio.TooSlowError:
+            raise QuorumTimeoutError(index, int(timeout * 1000)) from None
+        entry = self.core.membership.at(index)
+        if entry.index != index or entry.term != term:
+            raise TermChangedError(term, self.core.term)
+        log.info("%s: membership change %s committed at %d: %s", self.node_id, change.describe(), index,
+                 entry.membership.describe())
+        return entry
+
     def read_committed(self, first_index: int, max_count: int, max_bytes: int = 4 << 20) -> list:
         """Decoded entries from first_index on, never beyond the committed
         index (what consumers and replica comparisons may see)."""
@@ -297,6 +349,8 @@ class ReplicaNode:
             "ledgerBeginIndex": st.begin_index, "ledgerEndIndex": st.end_index,
             "uncommitted": st.uncommitted, "transferringTo": st.transferring_to,
             "pendingAppends": self._pending_entries,
+            "voters": list(st.voters), "learners": list(st.learners), "configIndex": st.config_index,
+            "configCommitted": st.config_index <= st.commit_index,
             "refusedLeader": self.refused.to_json() if self.refused else None,
             "peers": {p.peer_id: {"state": p.state, "matchIndex": p.match_index, "nextIndex": p.next_index,
                                   "lag": max(0, st.end_index - p.match_index),
@@ -395,6 +449,7 @@ class ReplicaNode:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
+            outside = bool(self._ticks_due or self._inbox)  # time passed or a peer spoke
             while self._ticks_due:
                 self._ticks_due -= 1
                 self.core.tick()
@@ -420,6 +475,9 @@ class ReplicaNode:
             if self._proposals:
                 self._propose()
             await self._publish()
+            if outside:
+                done, self._round = self._round, trio.Event()
+                done.set()
 
     def _propose(self) -> None:
         reqs = [r for r in self._proposals if not r.done]
@@ -467,6 +525,8 @@ class ReplicaNode:
             if rd.hard_state is not None:
                 self.persist_hard_state(rd.hard_state)  # fsync'ed, atomic
                 self._durable_hard = rd.hard_state
+            if rd.membership is not None:
+                self._membership_ready(rd.membership)
             if rd.reset_to is not None:
                 r = rd.reset_to
                 logw.reset_to(r.begin_index, r.begin_pos, r.prev_term, r.prev_chain_crc)
@@ -509,7 +569,8 @@ class ReplicaNode:
         log.error("%s: cannot place entries from leader %s (term %d): %s; not replicating from it in this term "
                   "(fix this store and restart the node)", self.node_id, self.refused.leader, old.term, exc)
         self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
-                             hard_state=HardState(old.term, old.voted_for), committed_index=self.committed.value)
+                             hard_state=HardState(old.term, old.voted_for), committed_index=self.committed.value,
+                             membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
         ss = self.core.soft_state()
         if ss != self.soft_state:
             self._on_soft_state(ss)
@@ -527,10 +588,29 @@ class ReplicaNode:
             log.error("%s: no space left to write (%s; %d times so far): nothing written or acknowledged; "
                       "replicating again once space is freed", self.node_id, exc, self.stats["out_of_space"])
         self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
-                             hard_state=self._durable_hard, committed_index=self.committed.value)
+                             hard_state=self._durable_hard, committed_index=self.committed.value,
+                             membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
         ss = self.core.soft_state()
         if ss != self.soft_state:
             self._on_soft_state(ss)
+
+    def _membership_ready(self, history: tuple) -> None:
+        """Persist the configuration history (before the log changes) and
+        point the transport at the configuration's members."""
+        if self.persist_membership is not None:
+            self.persist_membership(history)
+        self.sync_peers()
+        self.membership.advance(self.membership.value + 1)
+
+    def sync_peers(self) -> None:
+        """The transport's peers := the members the core replicates to or
+        hears from (a joining node that knows no configuration yet keeps
+        the peers of its dLegerPeers, whose leader will reach it)."""
+        core = self.core
+        self.peer_addresses.update(core.member_addresses())
+        set_peers = getattr(self.transport, "set_peers", None)
+        if set_peers is not None and not core.membership.latest.empty:
+            set_peers({p: _host_port(self.peer_addresses.get(p)) for p in core.peers})
 
     def _assign_positions(self, first_index: int, placed: list[tuple[int, int]], stamps) -> None:
         # Requests wait in index order; those of this write are at the tail.
@@ -609,3 +689,10 @@ class ReplicaNode:
         self._waiting = collections.deque(r for r in self._waiting if not r.done)
         self._proposals = [r for r in self._proposals if not r.done]
 
+
+def _host_port(addr: str | None) -> tuple[str, int] | None:
+    """"host:port" (or "[v6]:port") as the TCP transport takes it."""
+    if not addr or ":" not in addr:
+        return None
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]"), int(port)) if port.isdigit() else None

@@ -68,6 +68,19 @@ def infer_segment_size(files: list[tuple[int, str, int]], configured: int | None
     return longest
 
 
+def release_below(mm: mmap.mmap, end: int) -> None:
+    """Drop this process's page-table entries for mm[0:end) (rounded down
+    to a page).  For a shared file mapping the bytes stay in the page cache
+    and a later read faults them back in, so a long-running broker's RSS is
+    what it reads now, not every page it ever mapped."""
+    try:
+        end = min(end, len(mm)) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > 0:
+            mm.madvise(mmap.MADV_DONTNEED, 0, end)
+    except ValueError:  # closed meanwhile
+        pass
+
+
 def tail_is_zero(fd: int, view, offset: int) -> bool:
     """True when every byte from `offset` to the end of the mapped view is 0.
     Holes are skipped with SEEK_DATA so a sparse 1 GiB tail costs nothing."""
@@ -181,6 +194,11 @@ class Segment:
         if self._fd >= 0:
             os.fdatasync(self._fd)
         self.dirty = False
+
+    def release_below(self, offset: int) -> None:
+        """release_below() of this segment's read map, if it has one."""
+        if self._map is not None:
+            release_below(self._map, offset)
 
     def _drop_map(self) -> None:
         if self._map is not None:

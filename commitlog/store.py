@@ -32,7 +32,16 @@ import trio
 from commitlog import metafiles
 from commitlog.atomicfile import fsync_dir
 from commitlog.config import FlushDiskType
-from commitlog.entry import BLANK, HEADER_SIZE, MAGIC_NOOP, MAGIC_NORMAL, MIN_BLANK_LEN, EntryBatch, EntryHeader
+from commitlog.entry import (
+    BLANK,
+    HEADER_SIZE,
+    MAGIC_CONFIG_CHANGE,
+    MAGIC_NOOP,
+    MAGIC_NORMAL,
+    MIN_BLANK_LEN,
+    EntryBatch,
+    EntryHeader,
+)
 from commitlog.entry import INDEX_UNIT_SIZE as UNIT
 from commitlog.errors import (
     AppendRejectedError,
@@ -101,6 +110,10 @@ class AppendBatch:
 # last_stamps so the appender learns them without reading the entries back.
 AppendHook = Callable[[AppendBatch], "array | None"]
 LOCK_FILE = "ledgermq.lock"
+# Read maps keep the last RELEASE_KEEP bytes of the log resident; older
+# pages are unmapped every RELEASE_STEP bytes written (_release_pages).
+RELEASE_STEP = 32 << 20
+RELEASE_KEEP = 16 << 20
 
 
 def _positive(_inst, attr, value):
@@ -197,6 +210,7 @@ class SegmentedStore(StoreReads):
     # leader reads the same range once per follower.  Dropped whenever
     # entries change under an unchanged end (truncate, reset, retention).
     _last_batch: tuple | None = None
+    _released_at: int = 0  # _end_pos at the last _release_pages()
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -365,8 +379,8 @@ class SegmentedStore(StoreReads):
         """Append one entry per body; returns (index, pos) per body.  One
         native layout, one native seal, one pwrite per segment touched."""
         self._check_open()
-        if magic not in (MAGIC_NORMAL, MAGIC_NOOP):
-            raise ValueError(f"leader appends NORMAL or NOOP entries, not magic {magic}")
+        if magic not in (MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE):
+            raise ValueError(f"leader appends NORMAL, NOOP or CONFIG_CHANGE entries, not magic {magic}")
         if term < max(self._end_term, 0):
             raise AppendRejectedError(f"term {term} is below the log's last term {self._end_term}")
         n = len(bodies)
@@ -412,7 +426,23 @@ class SegmentedStore(StoreReads):
         self._end, self._end_term, self._end_pos = end, term, end_pos
         self._end_chain, self._crc_mode = chain, crc_mode
         self._unflushed = True
+        if end_pos >= self._released_at + RELEASE_STEP:
+            self._release_pages()
         self._note_activity()
+
+    def _release_pages(self) -> None:
+        """Every RELEASE_STEP bytes written, unmap the read maps' pages
+        more than RELEASE_KEEP behind the end (readers of older entries
+        fault them back in from the page cache): without this the RSS of a
+        broker grows with every segment byte replication and pulls read."""
+        self._released_at = self._end_pos
+        data_keep = self._end_pos - RELEASE_KEEP
+        index_keep = (self._end + 1 - RELEASE_KEEP // 1024) * UNIT
+        for sl, keep in ((self.data, data_keep), (self.index, index_keep)):
+            for seg in sl.segments:
+                if seg.start >= keep:
+                    break
+                seg.release_below(keep - seg.start)
 
     # --- follower append -----------------------------------------------------
 
@@ -457,6 +487,8 @@ class SegmentedStore(StoreReads):
                                       f"{accepted} entries in {off} bytes verified")
         if batch.term_runs and batch.last_term != st[S_LAST_TERM]:
             raise AppendRejectedError(f"batch term runs end in term {batch.last_term}, entries in {st[S_LAST_TERM]}")
+        if batch.count > 1 and MAGIC_CONFIG_CHANGE in units[3::UNIT]:  # each unit's magic, low byte
+            raise AppendRejectedError("a configuration entry inside a larger batch (they travel alone)")
         try:
             self._write_pieces(pieces)
             self.index.write_span(batch.first_index * UNIT, units)

@@ -26,6 +26,7 @@ import time
 import attrs
 import trio
 
+from commitlog.store import RELEASE_STEP
 from commitlog.watermark import Watermark
 from consumequeue import checkpoint as ck
 from consumequeue.arrivals import QueueArrivals
@@ -97,6 +98,7 @@ class DispatchEngine:
         self.index = IndexService(root, slot_num=self.config.index_slot_num,
                                   index_num=self.config.index_num, backend=self.backend)
         self.pos = 0  # next commitlog position to dispatch
+        self._released_at = 0  # pos when the source last released what was read
         self.last_index = -1  # last dispatched entry index
         self.last_store_timestamp = 0
         self.stats = DispatchStats()
@@ -278,6 +280,9 @@ class DispatchEngine:
         finally:
             self._flush_stage()
         self.cqs.write_pending()  # dispatched units are readable once this returns
+        if self.pos >= self._released_at + RELEASE_STEP:
+            self._released_at = self.pos
+            self.source.release_below(self.pos - RELEASE_STEP // 2)
         return self.pos - started
 
     def apply_scanned(self, view, res) -> None:

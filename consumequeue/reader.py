@@ -27,6 +27,7 @@
 # request offset, as RocketMQ's nextOffsetCorrection does.
 import enum
 import struct
+from collections.abc import Callable
 
 import attrs
 
@@ -170,10 +171,13 @@ def _join(pieces: list[memoryview]) -> bytes:
 
 def read_messages(target, topic: str, queue_id: int, offset: int, max_msgs: int = DEFAULT_MAX_MSGS,
                   max_bytes: int = DEFAULT_MAX_BYTES, tag_codes: set[int] | None = None, *,
-                  correct_offsets: bool = True, committed_pos: int | None = None) -> PullResult:
+                  correct_offsets: bool = True, committed_pos: int | None = None,
+                  accept: Callable[[memoryview], bool] | None = None) -> PullResult:
     """GetMessage for one queue from logical `offset`: at most `max_msgs`
     records and, after the first, at most `max_bytes` in total; only units
-    whose tagsCode (as a Java int) is in `tag_codes` (None: every unit).
+    whose tagsCode (as a Java int) is in `tag_codes` (None: every unit), and
+    with `accept`, only records it accepts (isMatchedByCommitLog: the
+    broker's SQL92 property filter, given the stored record's bytes).
     `committed_pos` may only lower the bound (the dispatch position)."""
     engine, store = _parts(target)
     S = GetMessageStatus
@@ -233,6 +237,11 @@ def read_messages(target, topic: str, queue_id: int, offset: int, max_msgs: int 
                 if not pieces:
                     status = S.MESSAGE_WAS_REMOVING
                 skip_below = phy - phy % seg_size + seg_size if seg_size else phy + 1
+                continue
+            if accept is not None and not accept(piece):
+                piece.release()
+                if not pieces:
+                    status = S.NO_MATCHED_MESSAGE
                 continue
             pieces.append(piece)
             q_offsets.append(offset + i)

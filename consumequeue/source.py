@@ -22,6 +22,7 @@ import re
 import struct
 from collections import OrderedDict
 
+from commitlog.segments import release_below
 from consumequeue.record import BLANK_MAGIC as _BLANK_MAGIC
 from consumequeue.record import POS_SYSFLAG, store_timestamp_pos
 from native.dispatch import MODE_DLEDGER
@@ -149,6 +150,14 @@ class CommitlogSource:
                 raise KeyError(pos + size)
             return bytes(v)
 
+    def release_below(self, pos: int) -> None:
+        """Unmap the pages of every map below `pos` (they stay in the page
+        cache; a later view faults them back in): dispatch reads the log
+        once, front to back, and should not keep what it read resident."""
+        for start, (mm, _, _) in self._maps.items():
+            if start < pos:
+                release_below(mm, pos - start)
+
     def store_timestamp_at(self, phy: int) -> int:
         """STORETIMESTAMP of the record at `phy` (its position depends on the
         born host's address family)."""
@@ -249,6 +258,10 @@ class LayeredSource:
 
     def store_timestamp_at(self, phy: int) -> int:
         return (self.legacy if phy < self.divided else self.dledger).store_timestamp_at(phy)
+
+    def release_below(self, pos: int) -> None:
+        self.legacy.release_below(pos)
+        self.dledger.release_below(pos)
 
     def close(self) -> None:
         self.legacy.close()

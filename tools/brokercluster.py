@@ -1,15 +1,21 @@
 # Owns running a whole ledgermq cluster as real processes on 127.0.0.1: one
 # or more `mqnamesrv` and one DLedger group of `mqbroker`s (default 3), each
-# broker with its own broker.conf and store root.  It learns each process's
-# address from the line it prints when it serves, can kill -9 / SIGSTOP /
-# restart the processes it started (by PID, and only those), and finds the
+# broker with its own broker.conf and store root -- or several groups
+# (brokerName a, b, ...) behind the same name servers (MultiGroupCluster).
+# It learns each process's address from the line it prints when it serves,
+# can kill -9 / SIGSTOP / restart the processes it started (by PID, and only
+# those), add a node that joins a running group (dLegerJoin), and finds the
 # current master from the name server's cluster info.  Used by the client
-# library's and mqadmin's tests, the broker benchmark and the quickstart.
+# library's and mqadmin's tests, the broker benchmarks and the quickstart.
 #
 #   async with open_broker_cluster(tmp_path) as cluster:
 #       master = await cluster.wait_master()          # node id, e.g. "n1"
 #       cluster.kill(master)
 #       await cluster.wait_master(exclude={master})
+#
+#   async with open_multi_group_cluster(tmp_path, groups=("broker-a", "broker-b")) as mc:
+#       await mc.wait_masters()
+#       mc["broker-a"].kill(await mc["broker-a"].wait_master())
 import json
 import os
 import re
@@ -66,11 +72,12 @@ class LocalBrokerCluster:
     namesrv_count: int = 1
     extra_conf: dict = attrs.Factory(dict)  # more broker.conf keys for every broker
     namesrv_conf: dict = attrs.Factory(dict)  # more namesrv.conf keys for every name server
+    client_options: dict = attrs.Factory(dict)  # open_remoting_client keywords (rpc_hook, tls) for `remoting`
     log_level: str = "WARNING"
     remoting: RemotingClient | None = None
     namesrvs: list[ManagedProcess] = attrs.Factory(list)
     brokers: dict[str, ManagedProcess] = attrs.Factory(dict)
-    _peer_ports: list[int] = attrs.Factory(list)
+    peers: dict[str, str] = attrs.Factory(dict)  # dLegerSelfId -> DLedger host:port, as configured
 
     # --- addresses -----------------------------------------------------------------
 
@@ -109,22 +116,35 @@ class LocalBrokerCluster:
         os.makedirs(self.root, exist_ok=True)
         ids = [f"n{i}" for i in range(self.size)]
         ports = free_ports(self.size * 2)
-        peers = ";".join(f"{n}-127.0.0.1:{ports[k]}" for k, n in enumerate(ids))
+        self.peers = {n: f"127.0.0.1:{ports[k]}" for k, n in enumerate(ids)}
         for k, node in enumerate(ids):
-            conf = {
-                "brokerClusterName": self.cluster_name, "brokerName": self.broker_name,
-                "brokerIP1": "127.0.0.1", "listenPort": ports[self.size + k],
-                "enableDLegerCommitLog": "true", "dLegerGroup": self.broker_name,
-                "dLegerPeers": peers, "dLegerSelfId": node,
-                "storePathRootDir": self.store_root(node), "flushDiskType": "ASYNC_FLUSH",
-                "namesrvAddr": self.namesrv_addr, "registerNameServerPeriod": 10000,
-                **self.extra_conf,
-            }
-            with open(self.conf_path(node), "w") as f:
-                f.writelines(f"{key}={value}\n" for key, value in conf.items())
-            self.brokers[node] = ManagedProcess(
-                node, [*_console("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
-                os.path.join(self.root, f"{node}.log"))
+            self._write_conf(node, ports[self.size + k], self.peers)
+
+    def _write_conf(self, node: str, listen_port: int, peers: dict[str, str], **more) -> None:
+        conf = {
+            "brokerClusterName": self.cluster_name, "brokerName": self.broker_name,
+            "brokerIP1": "127.0.0.1", "listenPort": listen_port,
+            "enableDLegerCommitLog": "true", "dLegerGroup": self.broker_name,
+            "dLegerPeers": ";".join(f"{n}-{a}" for n, a in peers.items()), "dLegerSelfId": node,
+            "storePathRootDir": self.store_root(node), "flushDiskType": "ASYNC_FLUSH",
+            "namesrvAddr": self.namesrv_addr, "registerNameServerPeriod": 10000,
+            **self.extra_conf, **more,
+        }
+        with open(self.conf_path(node), "w") as f:
+            f.writelines(f"{key}={value}\n" for key, value in conf.items())
+        self.brokers[node] = ManagedProcess(
+            node, [*_console("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
+            os.path.join(self.root, f"{node}.log"))
+
+    def add_node(self, node: str) -> str:
+        """Write the broker.conf of a fresh node that joins this running
+        group (dLegerJoin=true; its dLegerPeers lists the group and itself);
+        returns its DLedger peer address for `mqadmin addDLedgerPeer`.  Start
+        it with start_broker()."""
+        peer_port, listen_port = free_ports(2)
+        self.peers[node] = f"127.0.0.1:{peer_port}"
+        self._write_conf(node, listen_port, self.peers, dLegerJoin="true")
+        return self.peers[node]
 
     async def start(self) -> None:
         """Start every name server and broker that is not running; returns
@@ -271,13 +291,88 @@ class LocalBrokerCluster:
                 await trio.sleep(0.05)
 
 
+@attrs.define
+class MultiGroupCluster:
+    """Several DLedger groups (one LocalBrokerCluster each, under
+    root/<brokerName>) behind the same name servers, in one cluster."""
+
+    root: str
+    groups: dict[str, LocalBrokerCluster]
+
+    def __getitem__(self, broker_name: str) -> LocalBrokerCluster:
+        return self.groups[broker_name]
+
+    @property
+    def first(self) -> LocalBrokerCluster:
+        return next(iter(self.groups.values()))
+
+    @property
+    def namesrv_addr(self) -> str:
+        return self.first.namesrv_addr
+
+    @property
+    def namesrvs(self) -> list[ManagedProcess]:
+        return self.first.namesrvs
+
+    async def start(self) -> None:
+        first = self.first
+        await first.start()                      # the name servers, then its brokers
+        for g in list(self.groups.values())[1:]:
+            g.namesrvs = first.namesrvs
+            await g.start()
+
+    async def wait_masters(self, timeout: float = 60.0) -> dict[str, str]:
+        """brokerName -> master node id, once every group has one."""
+        return {name: await g.wait_master(timeout=timeout) for name, g in self.groups.items()}
+
+    async def stop_all(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for g in self.groups.values():
+                for node in g.brokers:
+                    nursery.start_soon(g.stop, node)
+        async with trio.open_nursery() as nursery:
+            for ns in self.namesrvs:
+                nursery.start_soon(self.first.stop, ns.name)
+
+    def processes(self) -> list[tuple[str, ManagedProcess, LocalBrokerCluster]]:
+        out = [(ns.name, ns, self.first) for ns in self.namesrvs]
+        out += [(f"{name}/{node}", p, g) for name, g in self.groups.items() for node, p in g.brokers.items()]
+        return out
+
+
+@asynccontextmanager
+async def open_multi_group_cluster(root, groups=("broker-a", "broker-b"), namesrv_count: int = 2,
+                                   **kw) -> AsyncIterator[MultiGroupCluster]:
+    """Start one DLedger group per brokerName behind `namesrv_count` name
+    servers (one cluster), yield it, stop it on exit; on failure the
+    processes' log tails are printed to stderr."""
+    mc = MultiGroupCluster(str(root), {})
+    try:
+        async with open_remoting_client() as rc:
+            for name in groups:
+                mc.groups[name] = LocalBrokerCluster(os.path.join(str(root), name), broker_name=name,
+                                                     namesrv_count=namesrv_count, remoting=rc, **kw)
+            await mc.start()
+            yield mc
+            await mc.stop_all()
+    except BaseException:
+        for label, proc, g in mc.processes():
+            print(g.log_tail(label.split("/")[-1]), file=sys.stderr)
+        raise
+    finally:
+        for _, proc, _ in mc.processes():
+            if proc.alive:
+                os.kill(proc.pid, signal.SIGKILL)
+                await proc.process.wait()
+
+
 @asynccontextmanager
 async def open_broker_cluster(root, **kw) -> AsyncIterator[LocalBrokerCluster]:
     """Start the cluster, yield it (with `remoting` set), stop it on exit;
     on failure the processes' log tails are printed to stderr."""
     cluster = LocalBrokerCluster(str(root), **kw)
     try:
-        async with open_remoting_client() as rc:
+        async with open_remoting_client(**cluster.client_options) as rc:
             cluster.remoting = rc
             await cluster.start()
             yield cluster

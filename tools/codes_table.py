@@ -12,6 +12,7 @@
 import argparse
 import os
 import sys
+import types
 
 import attrs
 import trio
@@ -40,12 +41,14 @@ def client_codes() -> frozenset[int]:
     from broker.remoting.command import RemotingCommand
 
     instance = ClientInstance(None, "127.0.0.1:9876", client_id="codes-table")
+    # the connection a request came on: handlers name its peer in their logs
+    conn = types.SimpleNamespace(remote_address="(codes table probe)")
 
     async def probe() -> frozenset[int]:
         out = set()
         for code in RequestCode:
             cmd = RemotingCommand.create_request(code, {}).as_request(1)
-            resp = await instance.handle_pushed(None, cmd)
+            resp = await instance.handle_pushed(conn, cmd)
             if resp is None or resp.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
                 out.add(int(code))
         return frozenset(out)

@@ -1,7 +1,11 @@
-# The ledgermq Python client library (RocketMQ 4.x protocol), trio-native:
-# open_producer, open_push_consumer, open_pull_consumer; the blocking facade
-# for non-async code is in broker.client.blocking.  See README "Python client".
+# The ledgermq Python client library (RocketMQ 4.x protocol) on anyio, so it runs
+# under asyncio and trio alike: open_producer, open_transactional_producer,
+# open_push_consumer (clustering, orderly or broadcasting), open_pull_consumer;
+# the blocking facade for non-async code is in broker.client.blocking.  See
+# README "Python client".
+from broker.acl.signing import Credentials
 from broker.client.errors import (
+                                  AccessDeniedError,
                                   BrokerBusyError,
                                   BrokerError,
                                   BrokerSystemError,
@@ -26,6 +30,7 @@ from broker.client.model import (
                                   Message,
                                   MessageExt,
                                   MessageQueue,
+                                  MessageSelector,
                                   PullResult,
                                   PullStatus,
                                   SendResult,
@@ -35,14 +40,22 @@ from broker.client.producer import Producer, open_producer
 from broker.client.pull_consumer import PullConsumer, open_pull_consumer
 from broker.client.push_consumer import PushConsumer, PushOptions, open_push_consumer
 from broker.client.rebalance import allocate_averagely
-from broker.common.values import ConsumeFromWhere
+from broker.client.transaction import (
+                                       LocalTransactionState,
+                                       TransactionalProducer,
+                                       TransactionSendResult,
+                                       open_transactional_producer,
+)
+from broker.common.values import ConsumeFromWhere, MessageModel
 
 __all__ = [
+    "AccessDeniedError", "Credentials",
     "BrokerBusyError", "BrokerError", "BrokerSystemError", "BrokerUnavailableError", "ClientClosedError", "ClientError",
     "ConnectionFailedError", "ConsumeFromWhere", "ConsumeStatus", "InvalidArgumentError", "InvalidMessageError",
-    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "NoPermissionError", "NoRouteError", "NotSupportedError", "Producer",
-    "PullConsumer",
+    "Message", "MessageExt", "MessageIllegalError", "MessageQueue", "MessageSelector", "NoPermissionError",
+    "NoRouteError", "NotSupportedError", "Producer", "PullConsumer",
     "PullResult", "PullStatus", "PushConsumer", "PushOptions", "RequestTimeoutError", "SendFailedError",
-    "SendResult", "SendStatus", "SubscriptionError", "SystemError_", "TopicNotExistError", "allocate_averagely", "open_producer",
-    "open_pull_consumer", "open_push_consumer",
+    "SendResult", "SendStatus", "SubscriptionError", "SystemError_", "TopicNotExistError", "allocate_averagely",
+    "open_producer", "open_pull_consumer", "open_push_consumer", "LocalTransactionState", "MessageModel",
+    "TransactionSendResult", "TransactionalProducer", "open_transactional_producer",
 ]

@@ -1,84 +1,65 @@
 # Owns the blocking facade: the same producer and consumers for code that is
-# not async.  Each object runs its trio client in a dedicated daemon thread
-# (trio.run there) and every method is a trio.from_thread.run call into it,
-# so many application threads may share one object.  Push handlers are plain
-# functions; they run in trio's worker threads (trio.to_thread), up to
-# consume_concurrency at a time.
+# not async.  Each object runs its client in an event loop of its own in a
+# dedicated thread (an anyio blocking portal; `backend="trio"` by default,
+# "asyncio" works the same) and every method is a portal call into it, so
+# many application threads may share one object.  Push handlers, check
+# listeners and transaction executors are plain functions; push handlers
+# run in worker threads (anyio.to_thread), up to consume_concurrency at a
+# time.
 #
 #   with BlockingProducer("pg", namesrv_addr=ns) as producer:
 #       result = producer.send(Message("T", b"body"))
 import functools
-import threading
 from collections.abc import Callable
 
-import trio
+import anyio
+import anyio.from_thread
 
 from broker.client.errors import ClientClosedError
 from broker.client.model import ConsumeStatus, MessageExt
 from broker.client.producer import open_producer
 from broker.client.pull_consumer import open_pull_consumer
 from broker.client.push_consumer import open_push_consumer
+from broker.client.transaction import open_transactional_producer
+
+DEFAULT_BACKEND = "trio"
 
 
-class _TrioThread:
-    """Enters an async context manager in its own trio thread and keeps it
-    open until close()."""
+class _Portal:
+    """Enters an async context manager in its own event loop thread and
+    keeps it open until close()."""
 
-    def __init__(self, name: str, open_cm: Callable) -> None:
-        self._open_cm = open_cm
-        self._ready = threading.Event()
-        self._token = None
-        self._stop: trio.Event | None = None
-        self._error: BaseException | None = None
-        self.obj = None
-        self.closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise self._error
-
-    def _run(self) -> None:
+    def __init__(self, open_cm: Callable, backend: str = DEFAULT_BACKEND) -> None:
+        self._loop = anyio.from_thread.start_blocking_portal(backend)
+        self.portal = self._loop.__enter__()
         try:
-            trio.run(self._main)
-        except BaseException as e:  # noqa: BLE001 - handed to the constructor's caller
-            if not self._ready.is_set():
-                self._error = e
-        finally:
-            self._ready.set()
+            self._cm = self.portal.wrap_async_context_manager(open_cm())
+            self.obj = self._cm.__enter__()
+        except BaseException:
+            self._loop.__exit__(None, None, None)
+            raise
+        self.closed = False
 
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with self._open_cm() as obj:
-            self.obj = obj
-            self._ready.set()
-            await self._stop.wait()
-
-    def call(self, async_fn, *args, **kwargs):
+    def call(self, fn, *args, **kwargs):
+        """Run fn (a coroutine function or a plain one) in the client's loop."""
         if self.closed:
             raise ClientClosedError("closed")
-        return trio.from_thread.run(functools.partial(async_fn, *args, **kwargs), trio_token=self._token)
+        return self.portal.call(functools.partial(fn, *args, **kwargs))
 
-    def call_sync(self, fn, *args, **kwargs):
-        if self.closed:
-            raise ClientClosedError("closed")
-        return trio.from_thread.run_sync(functools.partial(fn, *args, **kwargs), trio_token=self._token)
+    call_sync = call
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         try:
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        except trio.RunFinishedError:
-            pass
-        self._thread.join()
+            self._cm.__exit__(None, None, None)
+        finally:
+            self._loop.__exit__(None, None, None)
 
 
 class _Blocking:
-    _portal: _TrioThread
+    _portal: _Portal
 
     def close(self) -> None:
         """Stop (consumers commit their offsets) and unregister."""
@@ -92,9 +73,8 @@ class _Blocking:
 
 
 class BlockingProducer(_Blocking):
-    def __init__(self, group: str, *, namesrv_addr, **options) -> None:
-        self._portal = _TrioThread(f"ledgermq-producer-{group}",
-                                   lambda: open_producer(group, namesrv_addr=namesrv_addr, **options))
+    def __init__(self, group: str, *, namesrv_addr, backend: str = DEFAULT_BACKEND, **options) -> None:
+        self._portal = _Portal(lambda: open_producer(group, namesrv_addr=namesrv_addr, **options), backend)
 
     def send(self, msg, *, selector=None, timeout=None):
         return self._portal.call(self._portal.obj.send, msg, selector=selector, timeout=timeout)
@@ -102,18 +82,33 @@ class BlockingProducer(_Blocking):
     def send_oneway(self, msg, *, selector=None, timeout=None) -> None:
         self._portal.call(self._portal.obj.send_oneway, msg, selector=selector, timeout=timeout)
 
+    def send_orderly(self, msg, sharding_key, *, timeout=None):
+        return self._portal.call(self._portal.obj.send_orderly, msg, sharding_key, timeout=timeout)
+
     def send_batch(self, msgs, *, selector=None, timeout=None):
         return self._portal.call(self._portal.obj.send_batch, list(msgs), selector=selector, timeout=timeout)
 
     def send_async(self, msg, callback=None, *, selector=None, timeout=None) -> None:
-        """`callback(result, error)` runs in the producer's trio thread."""
+        """`callback(result, error)` runs in the producer's event loop thread."""
         self._portal.call_sync(self._portal.obj.send_async, msg, callback, selector=selector, timeout=timeout)
 
 
+class BlockingTransactionalProducer(_Blocking):
+    """`execute(msg, arg)` and `check(msg)` are plain functions returning a
+    LocalTransactionState; they run in worker threads."""
+
+    def __init__(self, group: str, *, namesrv_addr, execute, check, backend: str = DEFAULT_BACKEND,
+                 **options) -> None:
+        self._portal = _Portal(lambda: open_transactional_producer(
+            group, namesrv_addr=namesrv_addr, execute=execute, check=check, **options), backend)
+
+    def send_in_transaction(self, msg, arg=None, *, timeout=None):
+        return self._portal.call(self._portal.obj.send_in_transaction, msg, arg, timeout=timeout)
+
+
 class BlockingPullConsumer(_Blocking):
-    def __init__(self, group: str, *, namesrv_addr, **options) -> None:
-        self._portal = _TrioThread(f"ledgermq-pull-{group}",
-                                   lambda: open_pull_consumer(group, namesrv_addr=namesrv_addr, **options))
+    def __init__(self, group: str, *, namesrv_addr, backend: str = DEFAULT_BACKEND, **options) -> None:
+        self._portal = _Portal(lambda: open_pull_consumer(group, namesrv_addr=namesrv_addr, **options), backend)
 
     def fetch_queues(self, topic: str):
         return self._portal.call(self._portal.obj.fetch_queues, topic)
@@ -143,12 +138,13 @@ class BlockingPushConsumer(_Blocking):
     worker threads."""
 
     def __init__(self, group: str, *, namesrv_addr, subscriptions: dict[str, str],
-                 handler: Callable[[list[MessageExt]], ConsumeStatus], **options) -> None:
+                 handler: Callable[[list[MessageExt]], ConsumeStatus], backend: str = DEFAULT_BACKEND,
+                 **options) -> None:
         async def in_thread(msgs):
-            return await trio.to_thread.run_sync(handler, msgs)
+            return await anyio.to_thread.run_sync(handler, msgs)
 
-        self._portal = _TrioThread(f"ledgermq-push-{group}", lambda: open_push_consumer(
-            group, namesrv_addr=namesrv_addr, subscriptions=subscriptions, handler=in_thread, **options))
+        self._portal = _Portal(lambda: open_push_consumer(
+            group, namesrv_addr=namesrv_addr, subscriptions=subscriptions, handler=in_thread, **options), backend)
 
     def assigned_queues(self):
         return self._portal.call_sync(self._portal.obj.assigned_queues)
@@ -157,4 +153,4 @@ class BlockingPushConsumer(_Blocking):
         self._portal.call(self._portal.obj.commit_offsets)
 
 
-__all__ = ["BlockingProducer", "BlockingPullConsumer", "BlockingPushConsumer"]
+__all__ = ["BlockingProducer", "BlockingPullConsumer", "BlockingPushConsumer", "BlockingTransactionalProducer"]

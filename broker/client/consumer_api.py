@@ -2,7 +2,8 @@
 # ClientInstance: PULL_MESSAGE (request building and response decoding into
 # a PullResult), the offset requests (QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/
 # MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP), GET_CONSUMER_LIST_BY_GROUP,
-# CONSUMER_SEND_MSG_BACK, and the HEART_BEAT consumer data.
+# CONSUMER_SEND_MSG_BACK, LOCK/UNLOCK_BATCH_MQ (orderly consumption), and
+# the HEART_BEAT consumer data.
 #
 # Where requests go: offsets are stored by the master (the DLedger leader),
 # so offset writes and reads go there; pulls go to the node the broker
@@ -12,7 +13,8 @@
 import logging
 
 import attrs
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.errors import BrokerError, BrokerUnavailableError, ConnectionFailedError, NoRouteError
 from broker.client.instance import ClientInstance, TopicRoute
@@ -20,7 +22,7 @@ from broker.client.model import MessageQueue, PullResult, PullStatus, decode_rec
 from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND, Subscription
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.header import decode_json
+from broker.remoting.header import decode_json, encode_json
 
 log = logging.getLogger("ledgermq.client.pull")
 
@@ -36,7 +38,8 @@ def request(code: int, fields: dict | None = None, body: bytes = b"") -> Remotin
 
 def subscription_data(topic: str, sub: Subscription) -> dict:
     """One SubscriptionData of a HEART_BEAT (spec §8.5)."""
-    return {"classFilterMode": False, "topic": topic, "subString": sub.sub_string, "expressionType": "TAG",
+    return {"classFilterMode": False, "topic": topic, "subString": sub.sub_string,
+            "expressionType": sub.expression_type,
             "tagsSet": sorted(sub.tags), "codeSet": sorted(sub.codes or ()), "subVersion": sub.sub_version}
 
 
@@ -59,7 +62,7 @@ class ConsumerApi:
         addr = route.master(mq.broker_name)
         if addr is not None and addr != avoid:
             return addr
-        deadline = trio.current_time() + self.instance.timeout
+        deadline = anyio.current_time() + self.instance.timeout
         route = await self.instance.wait_route(
             mq.topic, lambda r: r.master(mq.broker_name) not in (None, avoid), deadline)
         return route.master(mq.broker_name)
@@ -98,7 +101,7 @@ class ConsumerApi:
             "maxMsgNums": str(max_nums), "sysFlag": str(sys_flag),
             "commitOffset": str(commit_offset if commit_offset is not None else 0),
             "suspendTimeoutMillis": str(suspend_ms), "subscription": sub.sub_string,
-            "subVersion": str(sub.sub_version), "expressionType": "TAG"})
+            "subVersion": str(sub.sub_version), "expressionType": sub.expression_type})
         await self.instance.ensure_heartbeat(addr)
         resp = await self.instance.invoke(addr, req, timeout, ok=tuple(_PULL_STATUS))
         f = resp.ext_fields
@@ -161,6 +164,22 @@ class ConsumerApi:
         body = decode_json(resp.body, "GetConsumerListByGroupResponseBody")
         return sorted(str(c) for c in (body or {}).get("consumerIdList") or ())
 
+    async def lock_batch(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ for queues of ONE broker, to its master: the ones
+        this client holds now (orderly consumption)."""
+        req = request(RequestCode.LOCK_BATCH_MQ, body=encode_json({
+            "consumerGroup": self.group, "clientId": self.instance.client_id,
+            "mqSet": [{"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id} for m in mqs]}))
+        resp = await self.on_master(mqs[0], req)
+        body = decode_json(resp.body, "LockBatchResponseBody") or {}
+        return {MessageQueue(m["topic"], m["brokerName"], int(m["queueId"])) for m in body.get("lockOKMQSet") or ()}
+
+    async def unlock_batch(self, mqs: list[MessageQueue]) -> None:
+        req = request(RequestCode.UNLOCK_BATCH_MQ, body=encode_json({
+            "consumerGroup": self.group, "clientId": self.instance.client_id,
+            "mqSet": [{"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id} for m in mqs]}))
+        await self.on_master(mqs[0], req)
+
     async def send_back(self, msg, delay_level: int = 0, max_reconsume_times: int = MAX_RECONSUME_TIMES) -> None:
         """CONSUMER_SEND_MSG_BACK: the broker re-puts `msg` to %RETRY%<group>
         (or the DLQ).  Raises BrokerError (e.g. REQUEST_CODE_NOT_SUPPORTED)."""
@@ -171,7 +190,8 @@ class ConsumerApi:
         await self.on_master(msg.queue, req)
 
 
-def parse_subscriptions(subscriptions: dict[str, str]) -> dict[str, Subscription]:
+def parse_subscriptions(subscriptions: dict) -> dict[str, Subscription]:
+    """topic -> tag expression (text) or MessageSelector."""
     return {topic: subscription(expr) for topic, expr in subscriptions.items()}
 
 

@@ -12,6 +12,7 @@ import itertools
 
 import attrs
 
+from broker.acl.validator import EXCEPTION_PREFIX as _ACL_REFUSAL
 from broker.remoting.codes import ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import (
@@ -115,6 +116,13 @@ class SystemError_(BrokerError):
 BrokerSystemError = SystemError_
 
 
+class AccessDeniedError(BrokerError):
+    """The broker's ACL refused the request (RocketMQ answers SYSTEM_ERROR
+    with an AclException remark naming what was refused: an unknown access
+    key, a bad signature, a topic or group without the permission).  Not
+    retried: another broker of the cluster has the same rules."""
+
+
 class MessageIllegalError(BrokerError):
     """MESSAGE_ILLEGAL: the broker refuses the message (size, topic name)."""
 
@@ -142,6 +150,8 @@ _BY_CODE: dict[int, type[BrokerError]] = {
 
 
 def broker_error(addr: str, resp: RemotingCommand, request_code: int | None = None) -> BrokerError:
+    if resp.code == ResponseCode.SYSTEM_ERROR and (resp.remark or "").startswith(_ACL_REFUSAL):
+        return AccessDeniedError(addr, resp.code, resp.remark, request_code)
     return _BY_CODE.get(resp.code, BrokerError)(addr, resp.code, resp.remark, request_code)
 
 

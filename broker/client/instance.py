@@ -20,25 +20,29 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
-import trio
+import anyio
+import anyio.abc
 
+from broker.acl.signing import Credentials
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
 from broker.client.model import MessageQueue
 from broker.client.running_info import no_route_reason, running_info_response
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.namesrv.routes import TopicRouteData
-from broker.remoting.client import RemotingClient, open_remoting_client, parse_addr
+from broker.client.transport import RemotingClient, not_supported, open_remoting_client, parse_addr
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import not_supported
 from broker.remoting.errors import RemotingError
 from broker.remoting.header import encode_json
+from broker.remoting.tls import ClientTls
+from consumequeue import record as M
 
 log = logging.getLogger("ledgermq.client")
 
@@ -102,8 +106,8 @@ class TopicRoute:
 class _RouteSlot:
     route: TopicRoute | None = None
     version: int = 0
-    lock: trio.Lock = attrs.Factory(trio.Lock)
-    changed: trio.Event = attrs.Factory(trio.Event)
+    lock: anyio.Lock = attrs.Factory(anyio.Lock)
+    changed: anyio.Event = attrs.Factory(anyio.Event)
     error: RemotingError | None = None  # issue 17: why the last ask failed (named in NoRouteError)
 
 
@@ -133,9 +137,11 @@ class ClientInstance:
         self.consumers: dict[str, ConsumerDataFn] = {}  # group -> consumerData builder
         self.notify: dict[str, NotifyFn] = {}  # group -> NOTIFY_CONSUMER_IDS_CHANGED callback
         self.reset: dict[str, NotifyFn] = {}  # group -> RESET_CONSUMER_CLIENT_OFFSET callback (topic)
+        # producer group -> CHECK_TRANSACTION_STATE callback (conn, request): a transactional producer
+        self.transaction_checks: dict[str, Callable] = {}
         self._routes: dict[str, _RouteSlot] = {}
         self._hb_conns: dict[str, object] = {}  # addr -> the connection our last heartbeat used
-        self._hb_locks: dict[str, trio.Lock] = {}
+        self._hb_locks: dict[str, anyio.Lock] = {}
         self.closed = False
 
     # --- requests ---------------------------------------------------------------
@@ -173,6 +179,16 @@ class ClientInstance:
                          conn.remote_address)
                 callback(topic)
             return None if cmd.is_oneway else cmd.make_response(ResponseCode.SUCCESS)
+        if cmd.code == RequestCode.CHECK_TRANSACTION_STATE:  # a broker asks a transactional producer
+            try:  # the group is the PGROUP property of the half message it carries
+                group = M.decode(cmd.body).properties.get("PGROUP", "")
+            except M.MessageFormatError:
+                log.warning("%s: undecodable CHECK_TRANSACTION_STATE from %s", self.client_id, conn.remote_address)
+                return None
+            callback = self.transaction_checks.get(group)
+            if callback is not None:
+                callback(conn, cmd)
+            return None  # oneway
         if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # issue 17: dashboards, RocketMQ mqadmin consumerStatus
             return running_info_response(cmd, self.client_id, self.consumers)
         return await not_supported(conn, cmd)
@@ -220,7 +236,7 @@ class ClientInstance:
             slot.route = None if data is None else TopicRoute.build(topic, data, slot.version)
             if old is None or slot.route is None or old.data != slot.route.data:
                 slot.changed.set()
-                slot.changed = trio.Event()
+                slot.changed = anyio.Event()
             return slot.route
 
     async def _template_route(self) -> TopicRouteData | None:
@@ -246,13 +262,13 @@ class ClientInstance:
             route = await self.refresh_route(topic, slot.version)
             if route is not None and usable(route):
                 return route
-            if trio.current_time() + delay > deadline:
+            if anyio.current_time() + delay > deadline:
                 reason = "no route with a usable master" if route else "no route at the name servers"
                 raise NoRouteError(topic, no_route_reason(reason, slot.error))  # issue 17: name the cause
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    def route_changed(self, topic: str) -> trio.Event:
+    def route_changed(self, topic: str) -> anyio.Event:
         """Set when the topic's route next changes."""
         return self._slot(topic).changed
 
@@ -269,7 +285,9 @@ class ClientInstance:
         })
 
     def heartbeat_addrs(self) -> set[str]:
-        masters_only = not self.consumers
+        # Consumers and transactional producers: every node, since any may
+        # become master and must know the group (for check-backs too).
+        masters_only = not self.consumers and not self.transaction_checks
         addrs: set[str] = set()
         for slot in self._routes.values():
             if slot.route is not None:
@@ -281,7 +299,7 @@ class ClientInstance:
         return conn is not None and self._hb_conns.get(addr) is conn
 
     async def heartbeat(self, addr: str, only_if_stale: bool = False) -> None:
-        lock = self._hb_locks.setdefault(addr, trio.Lock())
+        lock = self._hb_locks.setdefault(addr, anyio.Lock())
         async with lock:  # concurrent callers share one heartbeat
             if only_if_stale and self._heartbeat_current(addr):
                 return
@@ -303,20 +321,20 @@ class ClientInstance:
             except ClientError as e:
                 log.debug("heartbeat to %s failed: %s", addr, e)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self.heartbeat_addrs():
                 nursery.start_soon(one, addr)
 
     async def unregister_all(self, timeout: float = 1.0) -> None:
         async def one(addr, fields):
             req = RemotingCommand.create_request(RequestCode.UNREGISTER_CLIENT, {"clientID": self.client_id, **fields})
-            with trio.move_on_after(timeout):
+            with anyio.move_on_after(timeout):
                 try:
                     await self.invoke(addr, req, timeout)
                 except ClientError as e:
                     log.debug("unregister from %s failed: %s", addr, e)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for addr in self.heartbeat_addrs():
                 for g in self.producer_groups:
                     nursery.start_soon(one, addr, {"producerGroup": g})
@@ -325,29 +343,31 @@ class ClientInstance:
 
     # --- timers ---------------------------------------------------------------------
 
-    async def run_timers(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_timers(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Periodic route refresh and heartbeats (timers, not polls)."""
         async def routes():
             while True:
-                await trio.sleep(self.route_interval)
+                await anyio.sleep(self.route_interval)
                 for topic in self.topics():
                     await self.refresh_route(topic)
 
         async def heartbeats():
             while True:
-                await trio.sleep(self.heartbeat_interval)
+                await anyio.sleep(self.heartbeat_interval)
                 await self.heartbeat_all()
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(routes)
             nursery.start_soon(heartbeats)
             task_status.started()
 
 
 @asynccontextmanager
-async def open_client_instance(namesrv_addr, **kw) -> AsyncIterator[tuple[ClientInstance, trio.Nursery]]:
+async def open_client_instance(namesrv_addr, **kw) -> AsyncIterator[tuple[ClientInstance, anyio.abc.TaskGroup]]:
     """A ClientInstance with its timers running, and a nursery for the
-    client's own tasks (cancelled first on exit); unregisters on exit."""
+    client's own tasks (cancelled first on exit); unregisters on exit.
+    `credentials` (client_credentials) signs every request for a broker
+    with ACL on; `tls` (client_tls) dials with TLS."""
     holder: dict = {}
 
     async def handler(conn, cmd):
@@ -373,19 +393,50 @@ def _single(error: BaseException) -> BaseException | None:
     return error
 
 
+def client_credentials(credentials) -> Credentials | None:
+    """`credentials=`: None, Credentials or (accessKey, secretKey)."""
+    if credentials is None or isinstance(credentials, Credentials):
+        return credentials
+    try:
+        access_key, secret_key = credentials
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("credentials must be Credentials(access_key, secret_key) or a pair") from None
+    return Credentials(str(access_key), str(secret_key))
+
+
+def client_tls(tls) -> ClientTls | None:
+    """`tls=`: None/False (plaintext), True (TLS, the system's CAs), a CA
+    bundle path, an ssl.SSLContext or a ClientTls."""
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return ClientTls.create()
+    if isinstance(tls, str):
+        return ClientTls.create(tls)
+    if isinstance(tls, ssl.SSLContext):
+        return ClientTls.from_context(tls)
+    if isinstance(tls, ClientTls):
+        return tls
+    raise InvalidArgumentError(f"tls must be True, a CA file, an ssl.SSLContext or a ClientTls, not {tls!r}")
+
+
 @asynccontextmanager
 async def _instance(namesrv_addr, handler, holder, kw):
-    async with open_remoting_client(handler=handler) as remoting:
+    # Every request of the instance (name servers and brokers) is signed
+    # with the credentials and travels over TLS when asked.
+    rpc_hook = client_credentials(kw.pop("credentials", None))
+    tls = client_tls(kw.pop("tls", None))
+    async with open_remoting_client(handler=handler, rpc_hook=rpc_hook, tls=tls) as remoting:
         instance = ClientInstance(remoting, namesrv_addr, **kw)
         holder["instance"] = instance
-        async with trio.open_nursery() as outer:
+        async with anyio.create_task_group() as outer:
             await outer.start(instance.run_timers)
             try:
-                async with trio.open_nursery() as tasks:
+                async with anyio.create_task_group() as tasks:
                     yield instance, tasks
                     tasks.cancel_scope.cancel()
             finally:
-                with trio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):
                     await instance.unregister_all()
                 instance.closed = True
                 outer.cancel_scope.cancel()

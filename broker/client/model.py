@@ -13,7 +13,7 @@ import attrs
 
 from broker.client.errors import InvalidArgumentError, InvalidMessageError
 from broker.common.msgid import offset_msg_id
-from broker.common.subscription import Subscription, SubscriptionError, parse_subscription
+from broker.common.subscription import SQL92, TAG, Subscription, SubscriptionError, parse_subscription
 from broker.common.values import InvalidMetadataError, check_topic_name
 from consumequeue import record as M
 
@@ -237,11 +237,34 @@ class PullResult:
     suggest_broker_id: int = 0
 
 
-def subscription(expression: str | None) -> Subscription:
+@attrs.frozen
+class MessageSelector:
+    """What a consumer subscribes with (Java's MessageSelector): a tag
+    expression, or a SQL92 expression over the message's properties, which
+    the broker evaluates (it needs enablePropertyFilter=true)."""
+
+    expression_type: str
+    expression: str
+
+    @classmethod
+    def by_tag(cls, expression: str = "*") -> "MessageSelector":
+        return cls(TAG, expression)
+
+    @classmethod
+    def by_sql(cls, expression: str) -> "MessageSelector":
+        return cls(SQL92, expression)
+
+
+def subscription(expression: "str | MessageSelector | None") -> Subscription:
     """`TagA || TagB` / `*` parsed as the broker parses it (the same
-    String.hashCode tag codes); InvalidMessageError for what it refuses."""
+    String.hashCode tag codes), or a MessageSelector (by_sql is compiled
+    here too, so a typo fails before anything is sent); InvalidArgumentError
+    for what it refuses."""
+    etype = TAG
+    if isinstance(expression, MessageSelector):
+        etype, expression = expression.expression_type, expression.expression
     try:
-        return parse_subscription(expression)
+        return parse_subscription(expression, expression_type=etype)
     except SubscriptionError as e:
         raise InvalidArgumentError(f"subscription {expression!r}: {e.remark}") from None
 
@@ -249,7 +272,8 @@ def subscription(expression: str | None) -> Subscription:
 def filter_by_tags(messages: list[MessageExt], sub: Subscription) -> list[MessageExt]:
     """The broker filters by tag hash code; equal hashes of different tags
     pass it, so the client keeps only messages whose tag is subscribed
-    (PullAPIWrapper.processPullResult)."""
-    if sub.is_all:
+    (PullAPIWrapper.processPullResult).  SQL92 was evaluated on the broker
+    over the whole properties: nothing is left to check."""
+    if sub.is_all or sub.is_sql:
         return messages
     return [m for m in messages if m.tags is not None and m.tags in sub.tags]

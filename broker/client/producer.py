@@ -1,6 +1,8 @@
 # Owns the producer (Java's DefaultMQProducer): send (the awaited, "sync"
 # send), send_async (fire and get a callback), send_oneway, send_batch
-# (SEND_BATCH_MESSAGE, body per spec §1.10), queue selection, and retries.
+# (SEND_BATCH_MESSAGE, body per spec §1.10), send_orderly (a sharding key
+# hashed to a queue), queue selection, and retries.  Transactional sends
+# build on it in transaction.py.
 #
 #   async with open_producer("pg", namesrv_addr=ns) as producer:
 #       result = await producer.send(Message("T", b"body", tags="A"))
@@ -14,15 +16,19 @@
 # (the new leader registers as soon as it takes writes), bounded by the
 # send's deadline.  That is what makes failover take about a second instead
 # of Java's 30 s route poll.  A retried send keeps its UNIQ_KEY, so a
-# duplicate caused by a lost response is recognisable downstream.
+# duplicate caused by a lost response is recognisable downstream.  With
+# several broker groups, latency fault tolerance (latency.py, on by default)
+# keeps sends away from a group that just failed or answered slowly.
 import itertools
 import logging
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.errors import (
     BrokerBusyError,
@@ -35,12 +41,14 @@ from broker.client.errors import (
     SendFailedError,
     check_response,
 )
-from broker.client.instance import ClientInstance, TopicRoute, open_client_instance
+from broker.client.instance import ROUTE_INTERVAL, ClientInstance, TopicRoute, open_client_instance
+from broker.client.latency import LatencyFaultTolerance
 from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
 from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
+from native.hashing import java_hash_str
 
 log = logging.getLogger("ledgermq.client.producer")
 
@@ -60,13 +68,13 @@ _SENT_CODES = tuple(_STATUS)
 
 
 class Producer:
-    """Use open_producer(); every method is a trio coroutine except
+    """Use open_producer(); every method is a coroutine (asyncio or trio) except
     send_async, which starts the send in the producer's nursery."""
 
-    def __init__(self, instance: ClientInstance, nursery: trio.Nursery, group: str, *,
+    def __init__(self, instance: ClientInstance, nursery: anyio.abc.TaskGroup, group: str, *,
                  send_timeout: float = DEFAULT_SEND_TIMEOUT, retries: int = DEFAULT_RETRIES,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, compress_over: int | None = COMPRESS_OVER,
-                 default_topic_queue_nums: int = 4) -> None:
+                 default_topic_queue_nums: int = 4, latency_fault_enable: bool = True) -> None:
         self.instance = instance
         self.group = group
         self.send_timeout = send_timeout
@@ -78,7 +86,8 @@ class Producer:
         self._uniq = UniqKeyGenerator()
         self._counter = itertools.count()
         self._pending_async = 0
-        self._async_done = trio.Event()
+        self._async_done = anyio.Event()
+        self.faults = LatencyFaultTolerance(latency_fault_enable)
         self.closed = False
 
     # --- public API -----------------------------------------------------------------
@@ -90,6 +99,13 @@ class Producer:
         uniq, req = self._request(msg)
         return await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
                                 lambda resp, mq: self._result(resp, mq, uniq)[0], selector, timeout)
+
+    async def send_orderly(self, msg: Message, sharding_key, *, timeout: float | None = None) -> SendResult:
+        """Send to the queue `sharding_key` hashes to (SelectMessageQueueByHash:
+        Java's hashCode of the key's text, modulo the write queues), so the
+        messages of one key keep their order in one queue.  A failed send is
+        retried on the same queue, never another one."""
+        return await self.send(msg, selector=hash_selector(sharding_key), timeout=timeout)
 
     async def send_oneway(self, msg: Message, *, selector: Selector | None = None,
                           timeout: float | None = None) -> None:
@@ -127,7 +143,7 @@ class Producer:
     def send_async(self, msg: Message, callback: SendCallback | None = None, *,
                    selector: Selector | None = None, timeout: float | None = None) -> None:
         """Start sending `msg` and return at once; `callback(result, error)`
-        runs in the producer's trio thread when the send ends.  Many async
+        runs in the producer's event loop when the send ends.  Many async
         sends share one pipelined connection per broker."""
         if self.closed:
             raise ClientClosedError("the producer is closed")
@@ -157,16 +173,18 @@ class Producer:
             self._pending_async -= 1
             if not self._pending_async:
                 self._async_done.set()
-                self._async_done = trio.Event()
+                self._async_done = anyio.Event()
 
-    def _request(self, msg: Message) -> tuple[str, RemotingCommand]:
-        """The V2 request without its queue, built once per message."""
+    def _request(self, msg: Message, extra_properties: dict | None = None,
+                 sysflag: int = 0) -> tuple[str, RemotingCommand]:
+        """The V2 request without its queue, built once per message
+        (`extra_properties` and `sysflag`: what a transactional send adds)."""
         msg.check(self.max_message_size)
         uniq = self._uniq.next()
-        body, sysflag = msg.body, 0
+        body = msg.body
         if self.compress_over is not None and len(body) > self.compress_over:
-            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), M.COMPRESSED_FLAG
-        props = M.properties_to_string(msg.wire_properties(uniq))
+            body, sysflag = zlib.compress(body, COMPRESS_LEVEL), sysflag | M.COMPRESSED_FLAG
+        props = M.properties_to_string({**msg.wire_properties(uniq), **(extra_properties or {})})
         return uniq, self._header_request(msg.topic, body, sysflag, msg.flag, props, batch=False)
 
     def _header_request(self, topic: str, body: bytes, sysflag: int, flag: int, props: str,
@@ -182,7 +200,9 @@ class Producer:
         fields = dict(req.ext_fields)
         fields["e"] = str(mq.queue_id)
         fields["n"] = mq.broker_name
-        return RemotingCommand(code, language=req.language, ext_fields=fields, body=req.body)
+        # req's fields are converted already, and these two are text: skip the converters.
+        return RemotingCommand.trusted(int(code), req.language, req.version, 0, 0, None, fields, req.body,
+                                       req.serialize_type)
 
     def _result(self, resp: RemotingCommand, mq: MessageQueue, *uniqs: str) -> list[SendResult]:
         f = resp.ext_fields
@@ -195,7 +215,8 @@ class Producer:
 
     def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
                 last_broker: str | None) -> MessageQueue:
-        queues = [q for q in route.write_queues if route.master(q.broker_name) not in bad]
+        queues = self.faults.choose([q for q in route.write_queues if route.master(q.broker_name) not in bad],
+                                    anyio.current_time(), route.master)
         if selector is not None:
             chosen = selector(list(route.write_queues), msg)
             if not isinstance(chosen, MessageQueue):
@@ -214,7 +235,7 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         inst = self.instance
         inst.auto_create_topics.add(topic)
-        deadline = trio.current_time() + (self.send_timeout if timeout is None else timeout)
+        deadline = anyio.current_time() + (self.send_timeout if timeout is None else timeout)
         errors: list[ClientError] = []
         bad: set[str] = set()  # addresses that failed this send in a way that says the route is stale
         route: TopicRoute | None = None
@@ -229,16 +250,20 @@ class Producer:
                     raise NoRouteError(topic, f"no master for {mq.broker_name} in the route")
                 request = build(mq)
                 await inst.ensure_heartbeat(addr)
-                remaining = max(0.0, deadline - trio.current_time())
+                started = anyio.current_time()
+                remaining = max(0.0, deadline - started)
                 if parse is None:
                     await inst.invoke_oneway(addr, request, remaining)
                     return None
                 resp = await inst.invoke(addr, request, remaining, ok=None)
                 check_response(resp, addr, request.code, _SENT_CODES)
+                self.faults.record(mq.broker_name, anyio.current_time() - started, False, anyio.current_time(), addr)
                 return parse(resp, mq)
             except ClientError as e:
+                if mq is not None and isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
+                    self.faults.record(mq.broker_name, 0.0, True, anyio.current_time(), route.master(mq.broker_name))
                 errors.append(e)
-                if not e.retriable or len(errors) > self.retries or trio.current_time() >= deadline:
+                if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
                     raise SendFailedError(topic, errors) from e
                 log.debug("send to %s failed (attempt %d), retrying: %s", topic, len(errors), e)
                 if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
@@ -247,11 +272,28 @@ class Producer:
                     await inst.refresh_route(topic, route.version if route is not None else None)
 
 
+def hash_selector(sharding_key) -> Selector:
+    """SelectMessageQueueByHash with Java's String.hashCode of the key's text
+    (Math.abs of the signed remainder), so a Java producer with the same key
+    picks the same queue."""
+    code = java_hash_str(str(sharding_key))
+
+    def select(queues: list[MessageQueue], _msg: Message) -> MessageQueue:
+        if not queues:
+            raise NoRouteError(_msg.topic, "no write queue to select from")
+        return queues[abs(int(math.fmod(code, len(queues))))]
+    return select
+
+
 @asynccontextmanager
-async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, **options) -> AsyncIterator[Producer]:
+async def open_producer(group: str, *, namesrv_addr, timeout: float = 3.0, route_interval: float = ROUTE_INTERVAL,
+                        credentials=None, tls=None, **options) -> AsyncIterator[Producer]:
     """A started producer; on exit it waits for its send_async calls, then
-    unregisters from the brokers.  `options` are Producer's keywords."""
-    async with open_client_instance(namesrv_addr, timeout=timeout) as (instance, nursery):
+    unregisters from the brokers.  `route_interval` is Java's
+    pollNameServerInterval (how soon a drained group is noticed); `options`
+    are Producer's keywords."""
+    async with open_client_instance(namesrv_addr, timeout=timeout, route_interval=route_interval,
+                                    credentials=credentials, tls=tls) as (instance, nursery):
         producer = Producer(instance, nursery, group, **options)
         instance.producer_groups.add(group)
         instance.default_topic_queue_nums = producer.default_topic_queue_nums

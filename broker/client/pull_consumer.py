@@ -82,8 +82,10 @@ class PullConsumer:
 
 
 @asynccontextmanager
-async def open_pull_consumer(group: str, *, namesrv_addr, timeout: float = 3.0) -> AsyncIterator[PullConsumer]:
-    async with open_client_instance(namesrv_addr, timeout=timeout) as (instance, _nursery):
+async def open_pull_consumer(group: str, *, namesrv_addr, timeout: float = 3.0, credentials=None,
+                             tls=None) -> AsyncIterator[PullConsumer]:
+    async with open_client_instance(namesrv_addr, timeout=timeout, credentials=credentials,
+                                    tls=tls) as (instance, _nursery):
         consumer = PullConsumer(instance, group)
         instance.consumers[group] = consumer.consumer_data
         try:

@@ -1,12 +1,14 @@
 # Owns the pure parts of the push consumer's bookkeeping: queue allocation
 # (AllocateMessageQueueAveragely) and ProcessQueue, the per-queue record of
 # messages pulled but not yet consumed, which decides the offset that is
-# safe to commit.  No IO here.
+# safe to commit, and for orderly consumption the queue's broker lock and
+# its one consume task's state.  No IO here.
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import attrs
-import trio
+import anyio
+import anyio.abc
 
 from broker.client.model import MessageExt, MessageQueue
 
@@ -42,9 +44,17 @@ class ProcessQueue:
     broker_id: int = 0  # the node the broker suggested for the next pull
     committed: int = -1  # the last offset committed to the broker
     dropped: bool = False
-    cancel_scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    cancel_scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
     _msgs: OrderedDict = attrs.Factory(OrderedDict)  # queue offset -> MessageExt, ascending
-    _space: trio.Event | None = None
+    _space: anyio.Event | None = None
+    # Orderly consumption: the broker lock (held since lock_time, by the
+    # client's clock) and the queue's one consume task.
+    locked: bool = False
+    lock_time: float = -1e18
+    consuming: bool = False
+    _lock_changed: anyio.Event = attrs.Factory(anyio.Event)
+    _arrived: anyio.Event = attrs.Factory(anyio.Event)
+    _idle: anyio.Event = attrs.Factory(anyio.Event)
 
     @property
     def in_flight(self) -> int:
@@ -57,6 +67,52 @@ class ProcessQueue:
     def add(self, msgs: Sequence[MessageExt]) -> None:
         for m in msgs:
             self._msgs[m.queue_offset] = m
+        self._arrived.set()
+
+    # --- orderly consumption ------------------------------------------------------
+
+    def head(self, n: int) -> list[MessageExt]:
+        """The n oldest messages in flight (offset order)."""
+        out = []
+        for m in self._msgs.values():
+            if len(out) == n:
+                break
+            out.append(m)
+        return out
+
+    async def wait_messages(self) -> None:
+        while not self._msgs and not self.dropped:
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+
+    def set_locked(self, locked: bool, now: float) -> None:
+        if locked:
+            self.lock_time = now
+        if locked != self.locked:
+            self.locked = locked
+            self._lock_changed.set()
+            self._lock_changed = anyio.Event()
+
+    def lock_valid(self, now: float, max_live: float) -> bool:
+        """Held and renewed within max_live seconds (the client's bound is
+        half the broker's, so the broker never frees a queue we still use)."""
+        return self.locked and now - self.lock_time <= max_live
+
+    async def wait_locked(self) -> None:
+        while not self.locked and not self.dropped:
+            await self._lock_changed.wait()
+
+    def begin_consume(self) -> None:
+        self.consuming = True
+        self._idle = anyio.Event()
+
+    def end_consume(self) -> None:
+        self.consuming = False
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        if self.consuming:
+            await self._idle.wait()
 
     def remove(self, msgs: Sequence[MessageExt]) -> None:
         for m in msgs:
@@ -69,7 +125,7 @@ class ProcessQueue:
         """Flow control: park until fewer than `limit` messages are in flight."""
         while len(self._msgs) >= limit and not self.dropped:
             if self._space is None:
-                self._space = trio.Event()
+                self._space = anyio.Event()
             await self._space.wait()
 
     def drop(self) -> None:
@@ -78,3 +134,5 @@ class ProcessQueue:
         if self._space is not None:
             self._space.set()
             self._space = None
+        self._arrived.set()
+        self._lock_changed.set()

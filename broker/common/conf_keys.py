@@ -7,7 +7,7 @@
 #                    accepted silently, so the sample configs RocketMQ ships
 #                    load without noise
 #   NOT_IMPLEMENTED  features an operator may rely on that ledgermq does
-#                    not have (ACL, message traces, transactions' check
+#                    not have (message traces, transactions' check
 #                    loop, POP, timer wheel, controller mode, ...): accepted
 #                    with a warning that names the key
 #
@@ -29,7 +29,7 @@ NO_EFFECT = frozenset({
     "osPageCacheBusyTimeOutMills",
     # Netty
     "serverWorkerThreads", "serverCallbackExecutorThreads", "serverSelectorThreads",
-    "serverOnewaySemaphoreValue", "serverAsyncSemaphoreValue", "serverChannelMaxIdleTimeSeconds",
+    "serverOnewaySemaphoreValue", "serverAsyncSemaphoreValue",
     "serverSocketSndBufSize", "serverSocketRcvBufSize", "serverPooledByteBufAllocatorEnable",
     "useEpollNativeSelector", "clientWorkerThreads", "clientCallbackExecutorThreads",
     "clientCloseSocketIfTimeout", "serverSocketBacklog",
@@ -49,12 +49,12 @@ NO_EFFECT = frozenset({
     "haListenPort", "haMasterAddress", "haSendHeartbeatInterval", "haHousekeepingInterval",
     "haTransferBatchSize", "haSlaveFallbehindMax", "brokerIP2", "enableDLegerCommitLog",
     # process environment
-    "rocketmqHome", "fetchNamesrvAddrByAddressServer", "namesrvAddrAddressServerUrl", "kvConfigPath",
+    "fetchNamesrvAddrByAddressServer", "namesrvAddrAddressServerUrl", "kvConfigPath",
     "configStorePath", "productEnvName", "clusterTest", "storePathEpochFile",
 })
 
 NOT_IMPLEMENTED = frozenset({
-    "aclEnable", "traceTopicEnable", "msgTraceTopicName", "traceOn",
+    "traceTopicEnable", "msgTraceTopicName", "traceOn",
     "enablePropertyFilter", "filterSupportRetry", "enableCalcFilterBitMap", "filterServerNums",
     "slaveReadEnable", "longPollingEnable", "shortPollingTimeMills", "notifyConsumerIdsChangedEnable",
     "rejectTransactionMessage", "transactionTimeOut", "transactionCheckMax", "transactionCheckInterval",

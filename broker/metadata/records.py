@@ -24,6 +24,10 @@
 #   {"v":1,"op":"offset.delete","offsetKeys":["T@G"]}
 #   {"v":1,"op":"delay.offset","offsetTable":{"3":17}}    (delay level -> next offset; only grows)
 #   {"v":1,"op":"broker.announce","selfId":"n1","brokerAddr":"127.0.0.1:10911"}   (a new leader)
+#   {"v":1,"op":"mq.lock","group":"G","clientId":"C","mqs":[["T",0]],"maxLiveMs":60000}
+#   {"v":1,"op":"mq.unlock","group":"G","clientId":"C","mqs":[["T",0]]}
+#       (orderly consumption's queue locks, on the consumer offset topic: who
+#       gets a contested queue is decided when the record is applied)
 #
 # An op that does not decode (unknown op or version, wrong topic, bad field)
 # raises MetadataRecordError.  The applier stops on it rather than skip it:
@@ -302,8 +306,73 @@ class BrokerAnnounce:
         state.broker_addrs[self.self_id] = self.broker_addr
 
 
+def _mqs(value) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidMetadataError(f"mqs must be a list, got {value!r}")
+    out = []
+    for item in value:
+        if not isinstance(item, (list, tuple)) or len(item) != 2 or isinstance(item[1], bool) \
+                or not isinstance(item[1], int) or not 0 <= item[1] < 1 << 31:
+            raise InvalidMetadataError(f"bad queue {item!r} (expected [topic, queueId])")
+        out.append((check_topic_name(item[0]), item[1]))
+    return tuple(out)
+
+
+@attrs.frozen
+class QueueLockBatch:
+    """LOCK_BATCH_MQ: `client_id` asks for `mqs` of `group`."""
+
+    group: str = attrs.field(validator=lambda i, a, v: check_group_name(v))
+    client_id: str = attrs.field(validator=_nonempty_str)
+    mqs: tuple = attrs.field(converter=_mqs)
+    max_live_ms: int = 60000
+    OP = "mq.lock"
+    TOPIC = CONSUMER_OFFSET_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.group
+
+    def body(self) -> dict:
+        return {"group": self.group, "clientId": self.client_id, "mqs": [list(m) for m in self.mqs],
+                "maxLiveMs": self.max_live_ms}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "QueueLockBatch":
+        live = obj.get("maxLiveMs", 60000)
+        if isinstance(live, bool) or not isinstance(live, int) or live <= 0:
+            raise InvalidMetadataError(f"bad maxLiveMs {live!r}")
+        return cls(obj.get("group"), obj.get("clientId"), obj.get("mqs"), live)
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.locks.try_lock(self.group, self.client_id, self.mqs, ts, self.max_live_ms)
+
+
+@attrs.frozen
+class QueueUnlockBatch:
+    group: str = attrs.field(validator=lambda i, a, v: check_group_name(v))
+    client_id: str = attrs.field(validator=_nonempty_str)
+    mqs: tuple = attrs.field(converter=_mqs)
+    OP = "mq.unlock"
+    TOPIC = CONSUMER_OFFSET_TOPIC
+
+    @property
+    def subject(self) -> str:
+        return self.group
+
+    def body(self) -> dict:
+        return {"group": self.group, "clientId": self.client_id, "mqs": [list(m) for m in self.mqs]}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "QueueUnlockBatch":
+        return cls(obj.get("group"), obj.get("clientId"), obj.get("mqs"))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.locks.unlock(self.group, self.client_id, self.mqs)
+
+
 OPS = {cls.OP: cls for cls in (TopicUpsert, TopicDelete, GroupUpsert, GroupDelete, OffsetCommit, OffsetReset,
-                                OffsetDelete, DelayOffsetCommit, BrokerAnnounce)}
+                                OffsetDelete, DelayOffsetCommit, BrokerAnnounce, QueueLockBatch, QueueUnlockBatch)}
 
 
 def encode_op(op, *, timestamp_ms: int, host: HostAddr = LOCALHOST) -> bytes:

@@ -47,6 +47,8 @@ from broker.metadata.records import (
     OffsetCommit,
     OffsetDelete,
     OffsetReset,
+    QueueLockBatch,
+    QueueUnlockBatch,
     TopicDelete,
     TopicUpsert,
     encode_op,
@@ -101,6 +103,8 @@ class MetadataService:
     config: MetadataConfig = attrs.Factory(MetadataConfig)
     persisted_index: int = -1  # index of the last durable snapshot
     write_gate: object | None = None  # RoleGate-like: check_writable() before every write
+    # Store timestamps of the records written here (queue locks expire by them).
+    clock_ms: object = lambda: int(time.time() * 1000)
     _staged: _Flush = attrs.Factory(_Flush)
     # Flushes being appended: their offsets are acknowledged but not yet
     # applied, so queries must still see them (else a committed offset reads
@@ -196,7 +200,7 @@ class MetadataService:
     def encode(self, op) -> bytes:
         """The record carrying `op` (for callers that append it together
         with their own records, e.g. the schedule service)."""
-        return encode_op(op, timestamp_ms=int(time.time() * 1000), host=self.config.store_host)
+        return encode_op(op, timestamp_ms=self.clock_ms(), host=self.config.store_host)
 
     def delay_offset_record(self, table: dict[int, int]) -> bytes:
         return self.encode(DelayOffsetCommit(table))
@@ -225,6 +229,19 @@ class MetadataService:
         last = placed[-1][0]
         await self.applier.wait_applied(last)
         return last
+
+    async def lock_queues(self, group: str, client_id: str, mqs, max_live_ms: int) -> set[tuple[str, int]]:
+        """LOCK_BATCH_MQ: append the request and return the (topic, queueId)
+        of `mqs` that `client_id` holds once it is applied (the applier,
+        on every replica alike, decides who gets a contested queue)."""
+        index = await self._append([QueueLockBatch(group, client_id, mqs, max_live_ms)])
+        del index
+        locks = self.state.locks
+        return {(t, q) for t, q in mqs if (lk := locks.locks.get((group, t, q))) is not None
+                and lk.client_id == client_id}
+
+    async def unlock_queues(self, group: str, client_id: str, mqs) -> int:
+        return await self._append([QueueUnlockBatch(group, client_id, mqs)])
 
     async def update_topic(self, cfg: TopicConfig) -> int:
         """Create or replace a topic config; returns its log index."""

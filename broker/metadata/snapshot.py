@@ -8,7 +8,9 @@
 #   delayOffset.json        {"dataVersion":{..},"offsetTable":{"3":17},"ledgermqAppliedIndex":N}
 #
 # topics.json also carries "ledgermqBrokerAddrs" ({selfId: brokerAddr}, the
-# leaders' announcements).  delayOffset.json came later than the other
+# leaders' announcements), consumerOffset.json "ledgermqQueueLocks" (the
+# orderly consumers' queue locks: [[group, topic, queueId, clientId,
+# timestamp, maxLiveMs], ...]).  delayOffset.json came later than the other
 # three: when it is missing it counts as an empty table that does not pull
 # the snapshot's index down (a snapshot written before it existed stays
 # usable); when present it takes part in the oldest-index rule like the rest.
@@ -42,6 +44,7 @@ from broker.metadata.tables import (
     ConsumerOffsetTable,
     DelayOffsetTable,
     MetadataState,
+    QueueLockTable,
     SubscriptionGroupConfig,
     SubscriptionGroupTable,
     TopicConfigTable,
@@ -58,6 +61,7 @@ FILES = (TOPICS_FILE, GROUPS_FILE, OFFSETS_FILE, DELAY_FILE)
 _OPTIONAL = frozenset({DELAY_FILE})
 APPLIED_FIELD = "ledgermqAppliedIndex"
 BROKER_ADDRS_FIELD = "ledgermqBrokerAddrs"
+LOCKS_FIELD = "ledgermqQueueLocks"
 
 
 @attrs.frozen
@@ -84,7 +88,7 @@ def render(state: MetadataState) -> dict[str, bytes]:
               APPLIED_FIELD: idx}
     offsets = {"dataVersion": state.offsets.data_version.to_json(),
                "offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in state.offsets.offsets.items()},
-               APPLIED_FIELD: idx}
+               LOCKS_FIELD: state.locks.to_json(), APPLIED_FIELD: idx}
     delays = {"dataVersion": state.delay_offsets.data_version.to_json(),
               "offsetTable": {str(k): v for k, v in sorted(state.delay_offsets.offsets.items())},
               APPLIED_FIELD: idx}
@@ -202,6 +206,8 @@ def load_snapshot(root: str) -> LoadedSnapshot:
                 if not isinstance(addrs, dict):
                     raise ValueError(f"{BROKER_ADDRS_FIELD} is not an object")
                 state.broker_addrs = {str(k): str(v) for k, v in addrs.items()}
+            if name == OFFSETS_FILE:
+                state.locks = QueueLockTable.from_json(obj.get(LOCKS_FIELD) or [])
         except (ValueError, TypeError, AttributeError, InvalidMetadataError, UnicodeDecodeError) as exc:
             problems.append(f"{path}: {exc}")
             bad.add(name)

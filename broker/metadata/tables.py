@@ -186,6 +186,56 @@ class DelayOffsetTable:
         self.data_version = DataVersion(index, 0, timestamp)
 
 
+@attrs.frozen
+class QueueLock:
+    client_id: str
+    timestamp: int  # ms, the store timestamp of the record that took or renewed it
+    max_live_ms: int  # rebalanceLockMaxLiveTime as the taking leader had it
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms - self.timestamp > self.max_live_ms
+
+
+@attrs.define
+class QueueLockTable:
+    """RebalanceLockManager's table, replicated: (group, topic, queueId) ->
+    the client holding the queue for orderly consumption.  Changed only by
+    lock/unlock records; every decision uses the record's store timestamp,
+    never a local clock, so each replica reaches the same table (and a new
+    master honours a lock the old one granted until it expires)."""
+
+    locks: dict[tuple[str, str, int], QueueLock] = attrs.Factory(dict)
+
+    def holder(self, group: str, topic: str, queue_id: int, now_ms: int) -> str | None:
+        lock = self.locks.get((group, topic, queue_id))
+        return None if lock is None or lock.expired(now_ms) else lock.client_id
+
+    def try_lock(self, group: str, client_id: str, queues, timestamp: int, max_live_ms: int) -> None:
+        """tryLockBatch: free, expired or our own -> ours from `timestamp`."""
+        for topic, queue_id in queues:
+            key = (group, topic, queue_id)
+            lock = self.locks.get(key)
+            if lock is None or lock.client_id == client_id or lock.expired(timestamp):
+                self.locks[key] = QueueLock(client_id, timestamp, max_live_ms)
+
+    def unlock(self, group: str, client_id: str, queues) -> None:
+        for topic, queue_id in queues:
+            key = (group, topic, queue_id)
+            lock = self.locks.get(key)
+            if lock is not None and lock.client_id == client_id:
+                del self.locks[key]
+
+    def to_json(self) -> list:
+        return [[g, t, q, lk.client_id, lk.timestamp, lk.max_live_ms]
+                for (g, t, q), lk in sorted(self.locks.items())]
+
+    @classmethod
+    def from_json(cls, rows) -> "QueueLockTable":
+        if not isinstance(rows, list):
+            raise ValueError("queue locks are not a list")
+        return cls({(str(g), str(t), int(q)): QueueLock(str(c), int(ts), int(live)) for g, t, q, c, ts, live in rows})
+
+
 @attrs.define
 class MetadataState:
     """The tables and the log index they include everything up to.
@@ -200,6 +250,7 @@ class MetadataState:
     applied_index: int = -1
     delay_offsets: DelayOffsetTable = attrs.Factory(DelayOffsetTable)
     broker_addrs: dict[str, str] = attrs.Factory(dict)
+    locks: QueueLockTable = attrs.Factory(QueueLockTable)
 
     def apply(self, op, index: int, timestamp: int) -> None:
         """Apply one decoded op (broker.metadata.records) committed at

@@ -10,6 +10,7 @@ import sys
 import click
 import trio
 
+from broker.acl.plain import AclConfigError
 from broker.namesrv.service import NamesrvConfig, load_namesrv_config, serve_namesrv
 from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.config import ConfigError
@@ -62,6 +63,8 @@ def main(config_file: str | None, listen_port: int | None, log_level: str, log_f
         leaves = list(_leaves(e))
         if all(isinstance(x, KeyboardInterrupt) for x in leaves):
             pass  # Ctrl-C before the signal receiver was installed
+        elif (aclerr := next((x for x in leaves if isinstance(x, AclConfigError)), None)) is not None:
+            raise click.ClickException(f"aclEnable=true but {aclerr}") from None
         elif (oserr := next((x for x in leaves if isinstance(x, OSError)), None)) is not None:
             raise click.ClickException(  # e.g. the port is taken
                 f"cannot listen on port {cfg.listen_port} (or metrics port {cfg.metrics.prom_port}): "

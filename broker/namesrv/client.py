@@ -11,6 +11,7 @@
 import logging
 from collections.abc import Callable, Sequence
 
+import anyio
 import attrs
 import trio
 
@@ -53,9 +54,9 @@ class NamesrvClient:
                 return
             results[addr] = resp if resp.code == ResponseCode.SUCCESS else ResponseError(addr, resp.code, resp.remark)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as tasks:  # anyio: the client library calls it under asyncio too
             for addr in self.addrs:
-                nursery.start_soon(one, addr)
+                tasks.start_soon(one, addr)
         return {addr: results[addr] for addr in self.addrs}
 
     async def _first(self, request: RemotingCommand, accept=(ResponseCode.SUCCESS,)) -> tuple[str, RemotingCommand]:

@@ -21,11 +21,22 @@
 # Removal (unregister, expiry, connection close) is by address, never by id,
 # so removing a deposed master never removes its successor.
 # Only the master's registration carries topic queue data.
+#
+# Draining (WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER): upstream
+# clears PERM_WRITE in the broker's queue data and sets read+write back; a
+# master's next registration with a new dataVersion (a topic change, a
+# failover) quietly undoes a wipe there.  Here the wipe is sticky: the
+# broker name stays in `write_wiped` and every registration's queue data is
+# masked until addWritePerm, so a group being drained stays drained across
+# failovers of its master.  The mark lives in this name server's memory:
+# send both requests to every name server (mqadmin does), and again after
+# restarting one.
 import logging
 from collections.abc import Mapping
 
 import attrs
 
+from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.values import DataVersion, TopicConfig
 
 log = logging.getLogger(__name__)
@@ -182,6 +193,7 @@ class RouteInfoManager:
         self.topic_queue_table: dict[str, dict[str, QueueData]] = {}
         self.broker_live_table: dict[tuple[str, str], BrokerLiveInfo] = {}
         self.filter_server_table: dict[tuple[str, str], list[str]] = {}
+        self.write_wiped: set[str] = set()  # broker names drained by wipeWritePerm
         self.version = 0  # bumped by every change; lets waiters re-check
 
     # --- registration -----------------------------------------------------------
@@ -231,8 +243,9 @@ class RouteInfoManager:
         return RegisterResult(True)
 
     def _apply_topics(self, broker_name: str, configs: Mapping[str, TopicConfig]) -> None:
+        mask = ~PERM_WRITE if broker_name in self.write_wiped else -1
         for topic, tc in configs.items():
-            qd = QueueData(broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)
+            qd = QueueData(broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm & mask, tc.topic_sys_flag)
             per_broker = self.topic_queue_table.setdefault(topic, {})
             if per_broker.get(broker_name) != qd:
                 if broker_name in per_broker:
@@ -241,6 +254,25 @@ class RouteInfoManager:
         if self.delete_topic_with_broker_registration:
             for topic in [t for t, pb in self.topic_queue_table.items() if broker_name in pb and t not in configs]:
                 self._drop_queue_data(topic, {broker_name})
+
+    def set_write_perm(self, broker_name: str, writable: bool) -> int:
+        """wipeWritePerm (False) / addWritePerm (True) of a broker group;
+        the number of topics whose queue data changed hands (upstream's
+        wipeTopicCount / addTopicCount: every topic the broker serves)."""
+        if writable:
+            self.write_wiped.discard(broker_name)
+        else:
+            self.write_wiped.add(broker_name)
+        count = 0
+        for per_broker in self.topic_queue_table.values():
+            qd = per_broker.get(broker_name)
+            if qd is None:
+                continue
+            perm = PERM_READ | PERM_WRITE if writable else qd.perm & ~PERM_WRITE
+            per_broker[broker_name] = attrs.evolve(qd, perm=perm)
+            count += 1
+        self.version += 1
+        return count
 
     # --- removal -------------------------------------------------------------------
 

@@ -16,15 +16,27 @@
 # metricsExporterType=PROM serves Prometheus metrics (broker/namesrv/metrics.py).
 # namesrv.conf: unknown keys are warnings with "did you mean"; logDir writes
 # namesrv.log there.
+#
+# Security (README "Security"): with aclEnable=true every write to the route
+# tables (REGISTER_BROKER, UNREGISTER_BROKER, DELETE_TOPIC_IN_NAMESRV, ...)
+# must be signed by the cluster's broker credentials (brokerAccessKey /
+# brokerSecretKey, the same pair the brokers sign with) or by an admin
+# account of plain_acl.yml (aclFile, or $ROCKETMQ_HOME/conf/plain_acl.yml
+# when present); reads stay open.  TLS (tls.server.*) and the limits against
+# hostile clients (streams.py keys) apply as on the broker.
 import collections
 import functools
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 
 import attrs
 import trio
 
+from broker.acl.plain import Account
+from broker.acl.service import AclService, default_acl_path
+from broker.acl.validator import NAMESRV_POLICY
 from broker.common.conf_keys import unknown_key_warning
 from broker.namesrv.metrics import namesrv_registry
 from broker.namesrv.protocol import parse_registration
@@ -33,8 +45,12 @@ from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import Connection
+from broker.remoting.guard import GuardedDispatcher, InFlightLimiter
 from broker.remoting.header import HeaderReader, encode_json
 from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remoting
+from broker.remoting.streams import LIMIT_KEYS, ServerLimits, limits_from_props
+from broker.remoting.tls import KNOWN_KEYS as TLS_KEYS
+from broker.remoting.tls import ServerTls
 from broker.telemetry.exporter import METRICS_KEYS, MetricsConfig, MetricsConfigError, serve_metrics
 from commitlog.config import ConfigError, load_properties
 
@@ -53,6 +69,13 @@ class NamesrvConfig:
     enable_all_topic_list: bool = True
     metrics: MetricsConfig = attrs.Factory(MetricsConfig)
     log_dir: str | None = None
+    acl_enable: bool = False
+    rocketmq_home: str | None = None
+    acl_file: str | None = None
+    broker_access_key: str | None = attrs.field(default=None, repr=False)
+    broker_secret_key: str | None = attrs.field(default=None, repr=False)
+    tls: ServerTls = ServerTls()
+    limits: ServerLimits = ServerLimits()
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> "tuple[NamesrvConfig, list[str]]":
@@ -60,19 +83,50 @@ class NamesrvConfig:
         values: dict[str, object] = {}
         warnings: list[str] = []
         metrics: dict[str, str] = {}
+        remoting: dict[str, object] = {}
         for key, raw in props.items():
             if key in _KEYS:
                 field, parse = _KEYS[key]
                 values[field] = parse(key, raw.strip())
+            elif key in LIMIT_KEYS or key in TLS_KEYS:
+                remoting[key] = raw
             elif key in METRICS_KEYS:
                 metrics[key] = raw
             elif key not in _UPSTREAM_IGNORED:
-                warnings.append(unknown_key_warning(key, set(_KEYS) | set(METRICS_KEYS) | _UPSTREAM_IGNORED))
+                warnings.append(unknown_key_warning(key, set(_KEYS) | set(METRICS_KEYS) | set(LIMIT_KEYS) | TLS_KEYS
+                                                    | _UPSTREAM_IGNORED))
         try:
             values["metrics"], more = MetricsConfig.from_props(metrics)
         except MetricsConfigError as e:
             raise ConfigError(e.key, e.value, e.reason) from None
-        return cls(**values), warnings + more
+        values["limits"] = limits_from_props(remoting)
+        values["tls"] = ServerTls.from_props(remoting)
+        cfg = cls(**values)
+        if (cfg.broker_access_key is None) != (cfg.broker_secret_key is None):
+            raise ConfigError("brokerAccessKey/brokerSecretKey", None, "set both or neither")
+        if cfg.acl_enable and cfg.broker_access_key is None and cfg.acl_path is None:
+            raise ConfigError("aclEnable", "true", "the name server needs brokerAccessKey/brokerSecretKey "
+                                                   "or a plain_acl.yml with an admin account (aclFile)")
+        return cfg, warnings + more
+
+    @property
+    def acl_path(self) -> str | None:
+        """aclFile, else $ROCKETMQ_HOME/conf/plain_acl.yml if it exists (the
+        name server needs no file when brokerAccessKey is set)."""
+        if self.acl_file:
+            return self.acl_file
+        path = default_acl_path(self.rocketmq_home)
+        return path if path is not None and os.path.exists(path) else None
+
+    def acl_service(self) -> AclService | None:
+        """The route-write check, or None when ACL is off (AclConfigError
+        for a bad file)."""
+        if not self.acl_enable:
+            return None
+        extra = ()
+        if self.broker_access_key is not None:
+            extra = (Account(self.broker_access_key, self.broker_secret_key, admin=True),)
+        return AclService.load(self.acl_path, NAMESRV_POLICY, extra=extra)
 
 
 def _int(lo: int, hi: int) -> Callable[[str, str], int]:
@@ -101,18 +155,23 @@ _KEYS = {
     "deleteTopicWithBrokerRegistration": ("delete_topic_with_broker_registration", _bool),
     "enableAllTopicList": ("enable_all_topic_list", _bool),
     "logDir": ("log_dir", lambda key, text: text or None),
+    "aclEnable": ("acl_enable", _bool),
+    "rocketmqHome": ("rocketmq_home", lambda key, text: text or None),
+    "aclFile": ("acl_file", lambda key, text: text or None),
+    "brokerAccessKey": ("broker_access_key", lambda key, text: text or None),
+    "brokerSecretKey": ("broker_secret_key", lambda key, text: text or None),
 }
 # NamesrvConfig / NettyServerConfig keys of a stock namesrv.conf that do not
 # apply here: accepted silently so a stock file loads without noise.
 _UPSTREAM_IGNORED = frozenset({
-    "rocketmqHome", "kvConfigPath", "configStorePath", "productEnvName", "clusterTest",
+    "kvConfigPath", "configStorePath", "productEnvName", "clusterTest",
     "orderMessageEnable", "returnOrderTopicConfigToBroker", "clientRequestThreadPoolNums",
     "defaultThreadPoolNums", "clientRequestThreadPoolQueueCapacity", "defaultThreadPoolQueueCapacity",
     "scanNotActiveBrokerInterval", "unRegisterBrokerQueueCapa", "supportActingMaster",
     "enableTopicList", "notifyMinBrokerIdChanged", "enableControllerInNamesrv", "needWaitForService",
     "waitSecondsForService", "serverWorkerThreads", "serverCallbackExecutorThreads",
     "serverSelectorThreads", "serverOnewaySemaphoreValue", "serverAsyncSemaphoreValue",
-    "serverChannelMaxIdleTimeSeconds", "serverSocketSndBufSize", "serverSocketRcvBufSize",
+    "serverSocketSndBufSize", "serverSocketRcvBufSize",
     "serverSocketBacklog", "serverPooledByteBufAllocatorEnable", "useEpollNativeSelector",
 })
 
@@ -130,6 +189,7 @@ class NameServer:
 
     def __init__(self, cfg: NamesrvConfig) -> None:
         self.cfg = cfg
+        self.acl = cfg.acl_service()
         self.routes = RouteInfoManager(cfg.broker_timeout, cfg.delete_topic_with_broker_registration)
         self.server: RemotingServer | None = None
         self._changed = trio.Event()
@@ -144,9 +204,14 @@ class NameServer:
         d.register(RequestCode.GET_BROKER_CLUSTER_INFO, self._get_cluster_info)
         d.register(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._get_topic_list)
         d.register(RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic)
+        d.register(RequestCode.WIPE_WRITE_PERM_OF_BROKER, self._wipe_write_perm)
+        d.register(RequestCode.ADD_WRITE_PERM_OF_BROKER, self._add_write_perm)
         d.register(RequestCode.GET_TOPICS_BY_CLUSTER, self._get_topics_by_cluster)
         d.register(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS, self._get_system_topics)
         self.metrics_server = None  # MetricsServer with metricsExporterType=PROM
+        # Admission in front of dispatch: the route-write ACL, the in-flight cap.
+        self.guard = GuardedDispatcher(d, checks=[self.acl.check] if self.acl is not None else [],
+                                       limiter=InFlightLimiter(cfg.limits.max_in_flight))
 
     @property
     def address(self) -> str:
@@ -172,7 +237,7 @@ class NameServer:
     async def handle(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         """The server's request handler: counts, then dispatches."""
         self.request_counts[cmd.code, cmd.language.name] += 1
-        return await self.dispatcher(conn, cmd)
+        return await self.guard(conn, cmd)
 
     # --- background ------------------------------------------------------------
 
@@ -186,6 +251,7 @@ class NameServer:
                 self._notify()
 
     def connection_closed(self, conn: Connection) -> None:
+        self.guard.forget(conn)
         if self.routes.connection_closed(conn):
             self._notify()
 
@@ -224,6 +290,20 @@ class NameServer:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "disable")
         return cmd.make_response(body=encode_json({"topicList": self.routes.topic_list()}))
 
+    async def _wipe_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return self._set_write_perm(cmd, False, "wipeTopicCount")
+
+    async def _add_write_perm(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return self._set_write_perm(cmd, True, "addTopicCount")
+
+    def _set_write_perm(self, cmd: RemotingCommand, writable: bool, count_field: str) -> RemotingCommand:
+        # RocketMQ 4.x's Wipe/AddWritePermOfBrokerRequest/ResponseHeader.
+        name = HeaderReader(cmd.ext_fields).str("brokerName")
+        count = self.routes.set_write_perm(name, writable)
+        log.info("write permission of broker %s %s (%d topics)", name, "restored" if writable else "wiped", count)
+        self._notify()
+        return cmd.make_response(ext_fields={count_field: count})
+
     async def _get_topics_by_cluster(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         cluster = HeaderReader(cmd.ext_fields).str("cluster")
         names = self.routes.cluster_addr_table.get(cluster, set())
@@ -255,9 +335,12 @@ async def serve_namesrv(cfg: NamesrvConfig, *, task_status=trio.TASK_STATUS_IGNO
     ns = NameServer(cfg)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ns.expire_brokers)
+        if ns.acl is not None:
+            await nursery.start(ns.acl.run)  # reloads plain_acl.yml when it changes
         ns.server = await nursery.start(functools.partial(
             serve_remoting, ns.handle, cfg.bind_address, cfg.listen_port,
-            max_frame_size=cfg.max_frame_size, on_close=ns.connection_closed))
+            max_frame_size=cfg.max_frame_size, on_close=ns.connection_closed, tls=cfg.tls, limits=cfg.limits,
+            max_in_flight=cfg.limits.max_in_flight_per_connection))
         log.info("name server listening on %s", ns.address)
         if cfg.metrics.enabled:
             ns.metrics_server = await nursery.start(serve_metrics, namesrv_registry(ns),

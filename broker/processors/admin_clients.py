@@ -88,13 +88,18 @@ def _delay_text(levels_ms) -> str:
 
 # Keys whose text is not the generic rendering of their parsed value.
 _RENDER = {"messageDelayLevel": _delay_text}
+# Never in an answer or a printout: GET_BROKER_CONFIG goes to any client the
+# ACL lets in (or anyone, with ACL off).
+SECRET_KEYS = frozenset({"brokerSecretKey", "dLegerPeerSecret", "dLegerPeerSecretFile"})
 
 
 def broker_config_properties(cfg) -> dict[str, str]:
-    """The effective broker.conf keys of a BrokerConfig, as text."""
-    out = {key: _RENDER.get(key, _text)(getattr(cfg, field)) for key, (field, _) in BROKER_KEYS.items()}
+    """The effective broker.conf keys of a BrokerConfig, as text (secrets
+    left out)."""
+    out = {key: _RENDER.get(key, _text)(getattr(cfg, field)) for key, (field, _) in BROKER_KEYS.items()
+           if key not in SECRET_KEYS}
     rc = cfg.replication
-    values = {key: getattr(rc, field) for key, (field, _) in REPLICATION_KEYS.items()}
+    values = {key: getattr(rc, field) for key, (field, _) in REPLICATION_KEYS.items() if key not in SECRET_KEYS}
     out.update({key: _text(value) for key, value in values.items() if value is not None})
     out["enableDLegerCommitLog"] = "true"
     m = cfg.metrics

@@ -18,7 +18,21 @@
 #   LEDGERMQ_CHAIN_CRC 9102            header index (<= committed); answer
 #                                      fields chainCrc, committedIndex,
 #                                      ledgerBeginIndex
+#   LEDGERMQ_CHANGE_MEMBERSHIP 9103    header change (addLearner | promote |
+#                                      remove), peerId, peerAddr (the new
+#                                      peer's DLedger host:port, addLearner
+#                                      only), timeoutMillis; on the leader:
+#                                      one single-server change, answered once
+#                                      committed (a promotion first waits for
+#                                      the learner to catch up); fields
+#                                      configIndex, voters, learners.
+#                                      Elsewhere SERVICE_NOT_AVAILABLE naming
+#                                      the leader; a refused change
+#                                      SYSTEM_ERROR with the reason
+#                                      (commitlog/raft/membership.py)
 #
+# dledgerStatus also shows each node's voters, learners and configuration
+# index (from its log: a learner's own view, a removed node's last one).
 # The chain CRC of entry i covers the whole history up to i (README, "Entry
 # CRCs"), so two replicas agree up to i iff their chainCrc at i is equal --
 # which is what makes compareReplicas a binary search over these answers.
@@ -36,11 +50,13 @@ from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
 from broker.store.broker_store import BrokerStore
 from commitlog.errors import IndexBelowBeginError, IndexBeyondEndError, LeadershipTransferError
+from commitlog.raft.membership import ChangeKind, ConfChange, MembershipChangeError
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.admin.dledger")
 
 TRANSFER_TIMEOUT_S = 5.0
+CHANGE_TIMEOUT_S = 30.0
 
 
 @attrs.define(eq=False)
@@ -49,7 +65,7 @@ class DLedgerAdminProcessor(RequestProcessor):
     store: BrokerStore
 
     CODES = (RequestCode.LEDGERMQ_DLEDGER_STATUS, RequestCode.LEDGERMQ_TRANSFER_LEADERSHIP,
-             RequestCode.LEDGERMQ_CHAIN_CRC)
+             RequestCode.LEDGERMQ_CHAIN_CRC, RequestCode.LEDGERMQ_CHANGE_MEMBERSHIP)
     commitlog_error_code = ResponseCode.SYSTEM_ERROR  # e.g. an index this node does not hold
 
     @property
@@ -61,6 +77,7 @@ class DLedgerAdminProcessor(RequestProcessor):
             RequestCode.LEDGERMQ_DLEDGER_STATUS: self.status,
             RequestCode.LEDGERMQ_TRANSFER_LEADERSHIP: self.transfer,
             RequestCode.LEDGERMQ_CHAIN_CRC: self.chain_crc,
+            RequestCode.LEDGERMQ_CHANGE_MEMBERSHIP: self.change_membership,
         }
 
     def status_dict(self) -> dict:
@@ -90,10 +107,11 @@ class DLedgerAdminProcessor(RequestProcessor):
             if replica.is_leader:
                 return request.make_response(ResponseCode.SUCCESS, f"{target} is already the leader")
             raise replica.leader_error()
-        if target not in replica.peer_addresses and target not in self.config.current.replication.peer_ids:
+        voters = replica.core.voters
+        if target not in voters:
             raise RequestError(ResponseCode.INVALID_PARAMETER,
-                               f"{target!r} is not a peer of group {self.config.current.replication.group} "
-                               f"(peers: {', '.join(self.config.current.replication.peer_ids)})")
+                               f"{target!r} is not a voter of group {self.config.current.replication.group} "
+                               f"(voters: {', '.join(voters)})")
         try:
             await replica.transfer_leadership(target, timeout=TRANSFER_TIMEOUT_S)
         except LeadershipTransferError as e:
@@ -105,6 +123,26 @@ class DLedgerAdminProcessor(RequestProcessor):
         st = replica.status()
         log.info("leadership transferred from %s to %s (term %d)", replica.node_id, target, st["term"])
         return request.make_response(ResponseCode.SUCCESS, None, {"term": st["term"], "leader": st["leader"] or ""})
+
+    async def change_membership(self, request: RemotingCommand) -> RemotingCommand:
+        h = HeaderReader(request.ext_fields)
+        kind_text = h.str("change").strip()
+        try:
+            kind = ChangeKind(kind_text)
+        except ValueError:
+            raise RequestError(ResponseCode.INVALID_PARAMETER,
+                               f"change={kind_text!r}: one of {', '.join(k.value for k in ChangeKind)}") from None
+        change = ConfChange(kind, h.str("peerId").strip(), (h.str("peerAddr", "") or "").strip() or None)
+        timeout = (h.long("timeoutMillis", 0) or 0) / 1000 or CHANGE_TIMEOUT_S
+        try:
+            entry = await self.replica.change_membership(change, timeout=timeout)
+        except MembershipChangeError as e:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, str(e)) from None
+        m = entry.membership
+        log.info("%s of group %s: %s committed at %d (%s)", self.replica.node_id, self.config.current.replication.group,
+                 change.describe(), entry.index, m.describe())
+        return request.make_response(ResponseCode.SUCCESS, None, {
+            "configIndex": entry.index, "voters": ",".join(m.voters), "learners": ",".join(m.learners)})
 
     async def chain_crc(self, request: RemotingCommand) -> RemotingCommand:
         index = HeaderReader(request.ext_fields).long("index")

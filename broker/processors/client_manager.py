@@ -72,6 +72,8 @@ class SubscriptionData:
 
     def subscription(self) -> Subscription:
         """The filter pulls without the SUBSCRIPTION flag use."""
+        if self.expression_type.strip().upper() not in ("", "TAG"):  # SQL92: compiled (cached) there
+            return parse_subscription(self.sub_string, self.sub_version, self.expression_type)
         if self.sub_string.strip() in ("", "*"):
             return Subscription("*", sub_version=self.sub_version)
         if self.codes:
@@ -147,6 +149,12 @@ class ClientManager:
     def producer_ids(self, group: str) -> list[str]:
         now = self.clock_ms()
         return [cid for cid, ch in self.producers.get(group, {}).items() if self._alive(ch, now)]
+
+    def producer_channels(self, group: str) -> list[ClientChannel]:
+        """The live connections of a producer group (transaction check-backs
+        go to one of them, ProducerManager.getAvailableChannel)."""
+        now = self.clock_ms()
+        return [ch for ch in self.producers.get(group, {}).values() if self._alive(ch, now)]
 
     # --- changes ---------------------------------------------------------------
 

@@ -9,10 +9,16 @@
 #                                  replicated metadata: processors.retry)
 #   UNREGISTER_CLIENT 35
 #   GET_CONSUMER_LIST_BY_GROUP 38  {"consumerIdList":[...]}
+#   CHECK_CLIENT_CONFIG 46         a Java consumer's check of each SQL92
+#                                  subscription at start (checkClientInBroker):
+#                                  SYSTEM_ERROR without enablePropertyFilter,
+#                                  SUBSCRIPTION_PARSE_FAILED if it does not parse
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
 
+from broker.common.subscription import SubscriptionError, parse_subscription
 from broker.processors.base import RequestProcessor
 from broker.processors.client_manager import ClientManager
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -31,14 +37,18 @@ class ConsumerGroupHook(Protocol):
 class ClientProcessor(RequestProcessor):
     clients: ClientManager
     groups: ConsumerGroupHook | None = None  # None: a registry only (no metadata to create groups in)
+    # enablePropertyFilter as it is now (the composition root reads LiveConfig)
+    property_filter: Callable[[], bool] = lambda: False
 
-    CODES = (RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP)
+    CODES = (RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+             RequestCode.CHECK_CLIENT_CONFIG)
 
     def handlers(self) -> dict:
         return {
             RequestCode.HEART_BEAT: self.heart_beat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list_by_group,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
         }
 
     async def handle(self, conn, request: RemotingCommand) -> RemotingCommand:
@@ -68,3 +78,25 @@ class ClientProcessor(RequestProcessor):
         if not ids:
             return request.make_response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json({"consumerIdList": ids}))
+
+    async def check_client_config(self, conn, request: RemotingCommand) -> RemotingCommand:
+        """CheckClientRequestBody {clientId, group, subscriptionData}: a Java
+        push consumer refuses to start unless this answers SUCCESS, so a bad
+        expression is reported at start, not at its first pull.  Checked in
+        Java's order: tag subscriptions pass, then enablePropertyFilter, then
+        the expression must compile (an unknown type does not either)."""
+        body = decode_json(request.body, "CheckClientRequestBody") if request.body else None
+        sub = body.get("subscriptionData") if isinstance(body, dict) else None
+        if not isinstance(sub, dict):
+            return request.make_response(ResponseCode.SUCCESS)
+        etype = str(sub.get("expressionType") or "TAG").strip().upper() or "TAG"
+        if etype == "TAG":
+            return request.make_response(ResponseCode.SUCCESS)
+        if not self.property_filter():
+            return request.make_response(ResponseCode.SYSTEM_ERROR,
+                                         f"The broker does not support consumer to filter message by {etype}")
+        try:
+            parse_subscription(sub.get("subString"), 0, etype)
+        except SubscriptionError as e:
+            return request.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, e.remark)
+        return request.make_response(ResponseCode.SUCCESS)

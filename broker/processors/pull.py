@@ -7,10 +7,14 @@
 #   3. the subscription: with PullSysFlag SUBSCRIPTION the header's
 #      expression (`TagA || TagB`, `*`), else the one the group registered by
 #      HEART_BEAT (broker.processors.clients) -- turned into Java String.hashCode tag
-#      codes; SQL92 / class filters are refused (NO_PERMISSION, as a broker
-#      without enablePropertyFilter answers);
+#      codes; class filters are refused (NO_PERMISSION), SQL92 expressions
+#      unless enablePropertyFilter=true (SYSTEM_ERROR, as in Java; an
+#      expression that does not parse: SUBSCRIPTION_PARSE_FAILED first);
 #   4. consumequeue.reader.read_messages, bounded by the dispatch position
 #      (dispatched implies committed: uncommitted entries are never sent);
+#      tags by the consume queue's tags code, SQL92 by the stored record's
+#      properties (ExpressionMessageFilter.isMatchedByCommitLog: the units
+#      all pass, each record is decoded and its properties evaluated);
 #   5. GetMessageStatus -> response code (reader.pull_response_code), header
 #      nextBeginOffset/minOffset/maxOffset/suggestWhichBrokerId, remark = the
 #      status name, body = the stored records concatenated, unchanged;
@@ -68,6 +72,7 @@ from broker.store.broker_store import BrokerStore
 from commitlog.errors import CommitLogError
 from commitlog.raft.state import Role
 from consumequeue.reader import DEFAULT_MAX_BYTES, PullResult, pull_response_code, read_messages
+from consumequeue.record import MessageFormatError, decode
 
 log = logging.getLogger("ledgermq.pull")
 
@@ -214,7 +219,7 @@ class PullProcessor:
         if h.sys_flag & FLAG_CLASS_FILTER:
             raise PullError(ResponseCode.NO_PERMISSION, "The broker does not support class filter")
         if h.has_subscription:
-            return parse_subscription(h.subscription, h.sub_version, h.expression_type)
+            return self._allowed(parse_subscription(h.subscription, h.sub_version, h.expression_type))
         # The subscription the group registered by heartbeat.
         manager = self.clients
         group = manager.group(h.consumer_group)
@@ -227,14 +232,21 @@ class PullProcessor:
                             f"the consumer's subscription not exist: {h.topic}@{h.consumer_group}")
         if data.sub_version < h.sub_version:
             raise PullError(ResponseCode.SUBSCRIPTION_NOT_LATEST, "the consumer's subscription not latest")
-        return data.subscription()
+        return self._allowed(data.subscription())
+
+    def _allowed(self, sub: Subscription) -> Subscription:
+        if sub.is_sql and not self.config.current.enable_property_filter:
+            raise PullError(ResponseCode.SYSTEM_ERROR,  # as Java's PullMessageProcessor answers
+                            f"The broker does not support consumer to filter message by {sub.expression_type}")
+        return sub
 
     def _read(self, h: PullHeader, sub: Subscription, leader: bool) -> PullResult:
         max_bytes = self.max_transfer_bytes
         if h.max_msg_bytes is not None and h.max_msg_bytes > 0:
             max_bytes = min(max_bytes, h.max_msg_bytes)
         return read_messages(self.store.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
-                             None if sub.is_all else set(sub.codes), correct_offsets=leader)
+                             None if sub.codes is None else set(sub.codes), correct_offsets=leader,
+                             accept=_sql_accept(sub.sql) if sub.is_sql else None)
 
     @staticmethod
     def _code(result: PullResult, offset: int, leader: bool) -> int:
@@ -287,3 +299,16 @@ class PullProcessor:
                   "maxOffset": result.max_offset, "suggestWhichBrokerId": self.suggest_broker_id(result)}
         body = result.records if code == ResponseCode.SUCCESS else b""
         return request.make_response(code, result.status.value, fields, body)
+
+
+def _sql_accept(sql):
+    """The reader's record predicate for a SQL92 subscription: the record's
+    properties (TAGS, KEYS and the user's) against the expression.  A record
+    that does not decode is passed on: the client reports it, we do not hide it."""
+    def accept(record) -> bool:
+        try:
+            props = decode(record).properties
+        except MessageFormatError:
+            return True
+        return sql.matches(props)
+    return accept

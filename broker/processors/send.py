@@ -41,7 +41,10 @@
 # the one the producer asked for, its queueOffset the schedule queue's, as
 # Java answers); batches with DELAY are refused.  CONSUMER_SEND_MSG_BACK
 # (retry/DLQ) lives in broker/processors/retry.py and reuses _failure.
-# Not handled here: transactions (PREPARED is refused), ACL.
+# Transactional half messages (PREPARED) are rewritten by
+# broker/store/transaction.py (_half_record) and reach the log like any
+# send; END_TRANSACTION lives in broker/processors/end_transaction.py.
+# Not handled here: ACL.
 import functools
 import logging
 import random
@@ -65,6 +68,7 @@ from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
 from broker.store.gate import NotWritableError, RoleGate, describe_leader
 from broker.store.schedule import DelayPropertyError, to_schedule
+from broker.store.transaction import to_half
 from commitlog.errors import (
     CommitLogError,
     DiskFullError,
@@ -463,8 +467,8 @@ class SendProcessor:
             raise SendError(ResponseCode.MESSAGE_ILLEGAL,
                             f"message body size {len(body)} exceeds maxMessageSize {max_size}")
         sysflag = header.sys_flag
-        if sysflag & M.TRANSACTION_MASK == M.TRANSACTION_PREPARED_TYPE:
-            raise SendError(ResponseCode.NO_PERMISSION, "transaction messages are not supported by this broker")
+        if sysflag & M.TRANSACTION_MASK == M.TRANSACTION_PREPARED_TYPE and not header.batch:
+            return self._half_record(header, sysflag, queue_id, body, born_host)
         if cfg.topic_filter_type == "MULTI_TAG":
             sysflag |= M.MULTI_TAGS_FLAG
         store_timestamp = self.clock_ms()
@@ -504,6 +508,18 @@ class SendProcessor:
                 sysflag=batch_sysflag, born_timestamp=born_ts, born_host=born_host,
                 store_timestamp=store_timestamp, store_host=store_host, reconsume_times=reconsume)))
         return records, header.properties.get(M.PROPERTY_UNIQ_KEY)
+
+    def _half_record(self, header: SendHeader, sysflag: int, queue_id: int, body: bytes,
+                     born_host: M.HostAddr) -> tuple[list[bytes], str]:
+        """A transactional half message (PREPARED): stored on
+        RMQ_SYS_TRANS_HALF_TOPIC, never on its topic, until END_TRANSACTION
+        commits it (broker/store/transaction.py owns the rewrite)."""
+        props, uniq = self._properties(header.properties)
+        rec = M.MessageRecord(
+            topic=header.topic, body=body, properties=props, queue_id=queue_id, flag=header.flag, sysflag=sysflag,
+            born_timestamp=header.born_timestamp, born_host=born_host, store_timestamp=self.clock_ms(),
+            store_host=self.cfg.store_host, reconsume_times=header.reconsume_times)
+        return [M.encode(to_half(rec))], uniq
 
     # --- replies --------------------------------------------------------------------
 

@@ -37,8 +37,9 @@ class NativeRun:
     opaques: array = attrs.Factory(lambda: array("i"))
     oneway: list[bool] = attrs.Factory(list)
     missing_uniq: int = 0
-    # the topic of the last message taken, and take()'s checks for it
-    key: bytes | None = None
+    # the topic of the last message taken (its first request in the scan,
+    # the scanner's topic_first), and take()'s checks for it
+    topic_first: int = -1
     verdict: tuple | None = None
     cluster_props: int = 0  # properties bytes every record gets (CLUSTER)
     uniq_props: int = 0  # and a record gets when its UNIQ_KEY is made here
@@ -63,12 +64,12 @@ class NativeSends:
         r = raw.scan.reqs[raw.index]
         if r.status != sendpath.SEND_OK:  # pragma: no cover - the decoder hands out only these
             return False
-        key = ffi.buffer(raw.scan.scratch + r.topic_off, r.topic_len)[:]
-        if key != run.key:  # a run is usually one topic: its checks are looked up once
-            verdict = self._verdict(proc, key, born_v6)
+        first = r.topic_first  # the scanner's: equal means the same topic bytes
+        if first != run.topic_first:  # a run is usually one topic: its checks are looked up once
+            verdict = self._verdict(proc, ffi.buffer(raw.scan.scratch + r.topic_off, r.topic_len)[:], born_v6)
             if verdict is None:
                 return False
-            run.key, run.verdict = key, verdict
+            run.topic_first, run.verdict = first, verdict
         write_queues, read_queues, max_size, set_flags = run.verdict
         queue_id = r.queue_id
         if queue_id >= write_queues and queue_id >= read_queues:

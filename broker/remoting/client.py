@@ -12,8 +12,14 @@
 # request cannot be encoded).  Requests the server pushes on a client
 # connection (NOTIFY_CONSUMER_IDS_CHANGED...) go to `handler`; without one
 # they are answered REQUEST_CODE_NOT_SUPPORTED.
+#
+# Two optional layers, as RocketMQ's NettyRemotingClient has them:
+# `rpc_hook` rewrites every request just before it is sent (the ACL signer,
+# broker/acl/signing.py: a signature covers the final ext fields and body),
+# and `tls` (tls.ClientTls) dials with TLS, its handshake part of the dial,
+# so a server certificate the client does not trust fails the dial.
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -24,6 +30,7 @@ from broker.remoting.codes import SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import Connection, RequestHandler
 from broker.remoting.errors import RemotingConnectError, RemotingTimeoutError
+from broker.remoting.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +72,12 @@ class RemotingClient:
     def __init__(self, nursery: trio.Nursery, *, handler: RequestHandler | None = None,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  serialize_type: SerializeType | None = None,
-                 default_timeout: float = DEFAULT_TIMEOUT) -> None:
+                 default_timeout: float = DEFAULT_TIMEOUT,
+                 rpc_hook: Callable[[RemotingCommand], RemotingCommand] | None = None,
+                 tls: ClientTls | None = None) -> None:
         self._nursery = nursery
+        self.rpc_hook = rpc_hook
+        self.tls = tls if tls is not None and tls.enabled else None
         self._handler = handler
         self.max_frame_size = max_frame_size
         # None: send each command in its own serialize_type; else override.
@@ -110,6 +121,15 @@ class RemotingClient:
                 stream = await trio.open_tcp_stream(host, port)
             except OSError as e:
                 raise RemotingConnectError(addr, os_error_text(e)) from None
+            if self.tls is not None:
+                try:
+                    stream = await self.tls.wrap(stream, host)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    await trio.aclose_forcefully(stream)
+                    raise RemotingConnectError(addr, f"TLS handshake failed: {e.__cause__ or e}") from None
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
             self.dials += 1
             conn = Connection(stream, self._handler, max_frame_size=self.max_frame_size)
             self._conns[addr] = conn
@@ -137,9 +157,9 @@ class RemotingClient:
     # --- calls -------------------------------------------------------------------
 
     def _outgoing(self, cmd: RemotingCommand) -> RemotingCommand:
-        if self.serialize_type is None or cmd.serialize_type == self.serialize_type:
-            return cmd
-        return attrs.evolve(cmd, serialize_type=self.serialize_type)
+        if self.serialize_type is not None and cmd.serialize_type != self.serialize_type:
+            cmd = attrs.evolve(cmd, serialize_type=self.serialize_type)
+        return cmd if self.rpc_hook is None else self.rpc_hook(cmd)
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
         """Send a request and wait for its response; `timeout` (seconds)

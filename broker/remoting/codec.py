@@ -176,12 +176,15 @@ def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) 
     return value
 
 
+_LANGUAGES = {m.name: m for m in LanguageCode}  # (Enum's own name lookup costs more than a frame's header)
+
+
 def _json_language(value: object) -> LanguageCode:
     # Unknown languages are not an error: Java decodes them to null and
     # nothing depends on the value.
     try:
         if isinstance(value, str):
-            return LanguageCode[value]
+            return _LANGUAGES[value]
         if isinstance(value, int) and not isinstance(value, bool):
             return LanguageCode(value)
     except (KeyError, ValueError):

@@ -72,6 +72,7 @@ class RequestCode(enum.IntEnum):
     UNLOCK_BATCH_MQ = 42
     GET_ALL_CONSUMER_OFFSET = 43
     GET_ALL_DELAY_OFFSET = 45
+    CHECK_CLIENT_CONFIG = 46
     PUT_KV_CONFIG = 100
     GET_KV_CONFIG = 101
     DELETE_KV_CONFIG = 102
@@ -131,6 +132,10 @@ class RequestCode(enum.IntEnum):
     LEDGERMQ_DLEDGER_STATUS = 9100
     LEDGERMQ_TRANSFER_LEADERSHIP = 9101
     LEDGERMQ_CHAIN_CRC = 9102
+    #   LEDGERMQ_CHANGE_MEMBERSHIP   header change (addLearner|promote|remove), peerId, peerAddr
+    #                                (addLearner), timeoutMillis; sent to the leader; answer fields
+    #                                configIndex, voters, learners (comma-separated)
+    LEDGERMQ_CHANGE_MEMBERSHIP = 9103
     # The POP codes are left out on purpose: their values differ between
     # RocketMQ 5.x releases (3442.. vs 200050..), see spec §8.5.
 

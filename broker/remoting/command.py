@@ -117,7 +117,10 @@ class RemotingCommand:
 
     def as_request(self, opaque: int, oneway: bool = False) -> "RemotingCommand":
         flag = self.flag & ~(RPC_TYPE_RESPONSE | RPC_ONEWAY)
-        return attrs.evolve(self, opaque=opaque, flag=flag | (RPC_ONEWAY if oneway else 0))
+        # Every field of self is converted already: no converters again (every request pays this).
+        return RemotingCommand.trusted(self.code, self.language, self.version, opaque,
+                                       flag | (RPC_ONEWAY if oneway else 0), self.remark, self.ext_fields,
+                                       self.body, self.serialize_type)
 
     def as_response_to(self, request: "RemotingCommand") -> "RemotingCommand":
         """This command fixed up to answer `request` (whatever a handler

@@ -112,6 +112,7 @@ class Connection:
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  raw_sends: bool = False,
+                 max_in_flight_bytes: int | None = None,
                  eof_grace: float = 1.0, linger: float = 1.0) -> None:
         self.stream = stream
         self.remote_address = peer_address(stream)
@@ -137,7 +138,22 @@ class Connection:
         self._reading = True
         self._pending: dict[int, _Waiter] = {}
         self._opaques = itertools.count(1)
-        self._in_flight = trio.Semaphore(max_in_flight)
+        # Requests handed over and not yet answered; the reader stops
+        # reading at max_in_flight and waits on _room (set when answers
+        # bring the count back under).  A counter, not a Semaphore: a read
+        # is admitted with one addition, not one acquire per request.
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._room: trio.Event | None = None
+        # Byte budget (servers): the bytes read are billed to the requests
+        # dispatched from them and held until the last of those is answered;
+        # past the budget reading stops, so a client that sends big requests
+        # and never reads the answers holds at most about the budget (plus
+        # one read and one frame), not max_in_flight frames.
+        self._max_held = max_in_flight_bytes
+        self._held = 0  # bytes billed and not yet answered
+        self._unbilled = 0  # bytes read since the last dispatch
+        self._held_dropped = trio.Event()
         self._scope = trio.CancelScope()
         self._closed = trio.Event()
 
@@ -299,6 +315,7 @@ class Connection:
                     self.close_reason = f"receive failed: {e!r}"
                     return self.close_reason
                 self._decoder.receive_data(data)
+                self._unbilled += len(data)
                 continue
             if cmd is CLOSED:
                 await self._dispatch(tasks, requests)
@@ -310,19 +327,35 @@ class Connection:
             requests.append(cmd)
 
     async def _dispatch(self, tasks: trio.Nursery, requests: list[RemotingCommand]) -> None:
-        """Hand over the requests of one read: bursts first (in order), then
-        a task each for the rest."""
-        if not requests:
-            return
-        # Backpressure: stop reading when full.  Not `await acquire()` every
-        # time: that is a checkpoint, and yielding after each command hands
-        # the handlers one request per scheduler pass, so a pipelined burst
-        # never reaches the log's group commit together.
-        for _ in requests:
-            try:
-                self._in_flight.acquire_nowait()
-            except trio.WouldBlock:
-                await self._in_flight.acquire()
+        """Hand over the requests of one read: as many as max_in_flight
+        admits at once, bursts first (in order), then a task each for the
+        rest; then wait for room for the next ones (backpressure: the
+        reader stops reading while the connection is full).  Admitting a
+        read whole, not one awaited acquire per request, keeps a pipelined
+        burst together until the log's group commit; admitting it in
+        pieces keeps a read of more requests than the limit from waiting
+        for answers to requests it has not handed over."""
+        start = 0
+        while start < len(requests):
+            room = self.max_in_flight - self._in_flight
+            if room <= 0:
+                self._room = trio.Event()
+                await self._room.wait()
+                continue
+            part = requests if start == 0 and room >= len(requests) else requests[start:start + room]
+            start += len(part)
+            self._in_flight += len(part)
+            self._hand_over(tasks, part)
+        while self._max_held is not None and self._held > self._max_held:
+            self._held_dropped = trio.Event()
+            await self._held_dropped.wait()
+
+    def _hand_over(self, tasks: trio.Nursery, requests: list) -> None:
+        bill = None
+        if self._max_held is not None:
+            bill = [len(requests), self._unbilled]  # requests not yet answered, bytes
+            self._held += self._unbilled
+            self._unbilled = 0
         singles = requests
         if self._bursts is not None:
             try:
@@ -331,9 +364,23 @@ class Connection:
                 log.exception("%s: burst handler failed", self.remote_address)
                 singles, bursts = requests, []
             for cmds, finish in bursts:
-                tasks.start_soon(self._serve_burst, cmds, finish)
+                tasks.start_soon(self._serve_burst, cmds, finish, bill)
         for cmd in singles:
-            tasks.start_soon(self._serve, cmd)
+            tasks.start_soon(self._serve, cmd, bill)
+
+    def _settle(self, bill: list | None, n: int) -> None:
+        """`n` requests of `bill` are answered (or dropped)."""
+        if bill is not None:
+            bill[0] -= n
+            if bill[0] == 0:
+                self._held -= bill[1]
+                self._held_dropped.set()
+
+    def _answered(self, n: int) -> None:
+        self._in_flight -= n
+        if self._room is not None and self._in_flight < self.max_in_flight:
+            self._room.set()
+            self._room = None
 
     def _deliver(self, response: RemotingCommand) -> None:
         waiter = self._pending.get(response.opaque)
@@ -353,7 +400,7 @@ class Connection:
                                                            self.close_reason or "connection closed")
                 waiter.event.set()
 
-    async def _serve(self, cmd: RemotingCommand) -> None:
+    async def _serve(self, cmd: RemotingCommand, bill: list | None = None) -> None:
         try:
             try:
                 response = await self._handler(self, cmd)
@@ -367,9 +414,11 @@ class Connection:
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
         finally:
-            self._in_flight.release()
+            self._answered(1)
+            self._settle(bill, 1)
 
-    async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish) -> None:
+    async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish,
+                           bill: list | None = None) -> None:
         try:
             try:
                 responses = await finish()
@@ -391,8 +440,8 @@ class Connection:
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
         finally:
-            for _ in cmds:
-                self._in_flight.release()
+            self._answered(len(cmds))
+            self._settle(bill, len(cmds))
 
     async def _reject(self, error: RemoteProtocolError) -> None:
         log.warning("%s: %s; closing the connection", self.remote_address, error)

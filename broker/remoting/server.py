@@ -30,7 +30,10 @@ from broker.remoting.connection import (
     Connection,
     RequestHandler,
     not_supported,
+    peer_address,
 )
+from broker.remoting.streams import ConnectionGate, ServerLimits, accepted
+from broker.remoting.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,7 @@ class RemotingServer:
         self.listeners = listeners
         self.connections: set[Connection] = set()
         self.accepted = 0
+        self.gate: ConnectionGate | None = None  # the connection caps, when limits are set
 
     @property
     def sockname(self) -> tuple[str, int]:
@@ -113,16 +117,30 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
                          on_close: Callable[[Connection], None] | None = None,
                          bursts: BurstHandler | None = None,
                          raw_sends: bool = False,
+                         tls: ServerTls | None = None,
+                         limits: ServerLimits | None = None,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port (port 0 picks one; host None means every
     interface) and serve until cancelled.  raw_sends: plain SEND_MESSAGE_V2
-    requests reach `bursts` as codec.RawSend (its send processor takes them)."""
+    requests reach `bursts` as codec.RawSend (its send processor takes them).
+    `tls` and `limits` (streams.py: connection caps, idle/frame/write
+    timeouts) apply to every accepted socket before it becomes a Connection;
+    without them a socket is served as it comes."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     server = RemotingServer(listeners)
+    gate = ConnectionGate(limits) if limits is not None else None
+    server.gate = gate
 
     async def serve_one(stream: trio.SocketStream) -> None:
+        address = peer_address(stream).rpartition(":")[0]
+        async with accepted(stream, address, gate, limits, tls) as admitted:
+            if admitted is not None:
+                await serve_connection(admitted)
+
+    async def serve_connection(stream) -> None:
         conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
-                          max_in_flight=max_in_flight, raw_sends=raw_sends)
+                          max_in_flight=max_in_flight, raw_sends=raw_sends,
+                          max_in_flight_bytes=limits.max_in_flight_bytes_per_connection if limits else None)
         server.connections.add(conn)
         server.accepted += 1
         log.debug("accepted %r", conn)

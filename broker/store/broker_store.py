@@ -160,7 +160,7 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
             store, transport, rc.self_id, rc.peer_ids, raft_config or raft_config_for(rc),
             rng=rng or random.Random(),
             peer_addresses=peer_addresses if peer_addresses is not None else {p.peer_id: p.address for p in rc.peers},
-            max_pending=rc.max_pending_requests, max_wait_ack_ms=rc.max_wait_ack_time_ms)
+            max_pending=rc.max_pending_requests, max_wait_ack_ms=rc.max_wait_ack_time_ms, joining=rc.join)
         cq = ConsumeQueueService(store, engine, replica.committed)
         if checkpoint_interval is not None:
             cq.dispatcher.checkpoint_interval = checkpoint_interval
@@ -214,7 +214,7 @@ async def serve_broker_store(cfg: BrokerConfig, *, listeners=None, seed: int | N
     async with trio.open_nursery() as nursery:
         transport = await nursery.start(lambda task_status: serve_peer_transport(
             rc.transport_config(), rc.self_id, rc.peer_addrs, group=rc.group, listeners=listeners,
-            rng=random.Random(seed), identity=identity, task_status=task_status))
+            rng=random.Random(seed), identity=identity, auth=rc.peer_auth(), task_status=task_status))
         bs = await nursery.start(lambda task_status: run_broker_store(
             cfg, transport, rng=random.Random(seed), task_status=task_status))
         task_status.started(bs)

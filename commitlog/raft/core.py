@@ -1,16 +1,26 @@
 # Owns RaftCore, the pure Raft state machine of one replica: term/vote/leader,
 # the commit index, the election timer, the vote rules, the Ready/advance
 # bookkeeping, and the swap of role logic (roles/follower.py, candidate.py,
-# leader.py) on every role change.  No trio, no clock, no sockets, no module
-# random: time is tick(), randomness an injected random.Random, I/O the Ready.
+# leader.py) on every role change, and the group's membership (the
+# configuration history of its log, membership.py: who votes, who only
+# learns, whom the leader replicates to).  No trio, no clock, no sockets, no
+# module random: time is tick(), randomness an injected random.Random, I/O
+# the Ready.
 import random
 from typing import Sequence
 
 import attrs
 
-from commitlog.entry import MAGIC_NOOP, EntryBatch
-from commitlog.errors import IndexBelowBeginError, NotLeaderError, RaftContractError
+from commitlog.entry import HEADER_SIZE, MAGIC_CONFIG_CHANGE, MAGIC_NOOP, EntryBatch
+from commitlog.errors import IndexBelowBeginError, NotLeaderError, RaftContractError, RaftSafetyError
 from commitlog.raft.logapi import RaftLog
+from commitlog.raft.membership import (
+    ConfChange,
+    ConfigEntry,
+    Membership,
+    MembershipLog,
+    is_config_entry,
+)
 from commitlog.raft.messages import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -42,6 +52,8 @@ class RaftCore:
               propose(bodies)        leader only: append these bodies (one entry
                                      each); returns the first index assigned
               transfer_leadership(peer_id)
+              propose_conf_change(change)   leader only: one single-server
+                                     membership change (membership.py)
     Outputs:  has_ready() / ready()  a Ready: writes + messages (state.Ready)
               advance(ready)         "the Ready was carried out"
 
@@ -64,12 +76,16 @@ class RaftCore:
     """
 
     node_id: str
+    # The bootstrap voters (dLegerPeers); once `membership` is given (the
+    # configuration history recovered with the log), it decides, and this
+    # becomes the latest configuration's voters.
     voters: tuple[str, ...] = attrs.field(converter=tuple)
     log: RaftLog
     rng: random.Random
     config: RaftConfig = attrs.Factory(RaftConfig)
     hard_state: HardState = attrs.Factory(HardState)
     committed_index: int = -1
+    membership: MembershipLog | None = None
 
     # --- replica state (read-only for the outside) ------------------------
     term: int = attrs.field(init=False, default=0)
@@ -79,7 +95,13 @@ class RaftCore:
     now: int = attrs.field(init=False, default=0)
     election_elapsed: int = attrs.field(init=False, default=0)
     election_timeout: int = attrs.field(init=False, default=0)
+    # From the latest configuration: `peers` are whom a leader replicates
+    # to (voters, learners, and a removed member until its removal commits),
+    # `voter_peers` whom a candidate asks; quorum counts voters only.
     peers: tuple[str, ...] = attrs.field(init=False, default=())
+    voter_peers: tuple[str, ...] = attrs.field(init=False, default=())
+    learners: tuple[str, ...] = attrs.field(init=False, default=())
+    is_voter: bool = attrs.field(init=False, default=False)
     quorum: int = attrs.field(init=False, default=1)
     _role: RoleLogic = attrs.field(init=False, default=None)
 
@@ -93,18 +115,21 @@ class RaftCore:
     _reported_soft: SoftState = attrs.field(init=False, default=None)
     _reported_commit: int = attrs.field(init=False, default=-1)
     _outstanding: Ready | None = attrs.field(init=False, default=None)
+    _membership_changed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.node_id not in self.voters or len(set(self.voters)) != len(self.voters):
-            raise ValueError(f"voters {self.voters} must list {self.node_id} once")
-        self.peers = tuple(v for v in self.voters if v != self.node_id)
-        self.quorum = majority(len(self.voters))
+        if self.membership is None:
+            if self.node_id not in self.voters or len(set(self.voters)) != len(self.voters):
+                raise ValueError(f"voters {self.voters} must list {self.node_id} once")
+            self.membership = MembershipLog.bootstrap(self.voters)
         self.term = self.hard_state.term
         self.voted_for = self.hard_state.voted_for
         log = self.log
         self.commit_index = max(min(self.committed_index, log.end_index), log.begin_index - 1)
         self._reported_hard = HardState(self.term, self.voted_for)
         self._reported_commit = self.commit_index
+        self._update_members()
+        self._membership_changed = False
         self._role = FollowerRole(self)
         self._reported_soft = self.soft_state()
         self.reset_election_timer()
@@ -125,8 +150,11 @@ class RaftCore:
         if isinstance(msg, VoteRequest):
             self._on_vote_request(msg)
             return
-        if msg.src not in self.peers:
-            return  # not a member: ignore (DLedger answers UNKNOWN_MEMBER)
+        # Raft processes RPCs whatever its configuration says: a follower
+        # must follow a leader its log does not yet list (a promoted learner
+        # that won), and a joining node knows nobody.  Votes are where
+        # membership is checked (vote_decision), responses are matched
+        # against the leader's replicators.
         if msg.term > self.term:
             if isinstance(msg, VoteResponse) and msg.pre_vote and msg.granted:
                 pass  # a granted pre-vote carries the proposed term, not the voter's
@@ -191,6 +219,17 @@ class RaftCore:
             raise NotLeaderError(self.leader_id)
         self._role.transfer_leadership(target)
 
+    def propose_conf_change(self, change: ConfChange) -> int:
+        """Leader only: append the configuration after `change` (one
+        server added as learner, promoted, or removed) as a CONFIG_CHANGE
+        entry; it takes effect at once (membership.py has the rules).
+        Returns the entry's index; it is done once that index is committed
+        with this term.  Raises NotLeaderError or MembershipChangeError."""
+        self._check_input()
+        if self._role.role is not Role.LEADER:
+            raise NotLeaderError(self.leader_id)
+        return self._role.propose_conf_change(change)
+
     def campaign(self) -> None:
         """Start an election now (tests, admin `elect`): pre-vote first if
         enabled, as when the election timer fires."""
@@ -207,6 +246,7 @@ class RaftCore:
             return False
         return bool(self._msgs or self._reset is not None or self._truncate is not None
                     or self._leader_append is not None or self._follower_append is not None
+                    or self._membership_changed
                     or self.commit_index != self._reported_commit
                     or self.term != self._reported_hard.term or self.voted_for != self._reported_hard.voted_for
                     or self._role.role is not self._reported_soft.role
@@ -227,7 +267,9 @@ class RaftCore:
             follower_append=self._follower_append,
             committed_index=self.commit_index if self.commit_index != self._reported_commit else None,
             messages=tuple(self._msgs),
+            membership=self.membership.snapshot() if self._membership_changed else None,
         )
+        self._membership_changed = False
         self._reported_hard, self._reported_soft, self._reported_commit = hard, soft, self.commit_index
         self._msgs = []
         self._reset = self._truncate = self._leader_append = self._follower_append = None
@@ -265,7 +307,8 @@ class RaftCore:
         log = self.log
         base = dict(node_id=self.node_id, role=self._role.role, term=self.term, voted_for=self.voted_for,
                     leader_id=self.leader_id, commit_index=self.commit_index,
-                    begin_index=log.begin_index, end_index=log.end_index, tick=self.now)
+                    begin_index=log.begin_index, end_index=log.end_index, tick=self.now,
+                    voters=self.voters, learners=self.learners, config_index=self.membership.latest_index)
         if isinstance(self._role, LeaderRole):
             base.update(self._role.status_fields())
         return RaftStatus(**base)
@@ -307,10 +350,22 @@ class RaftCore:
     def write_truncate(self, index: int) -> None:
         assert self._truncate is None and self._follower_append is None and self._leader_append is None
         self._truncate = index
+        if self.membership.truncate(index):
+            self._membership_updated()     # back to the configuration before the dropped entry
 
     def write_follower_append(self, batch: EntryBatch) -> None:
         assert self._follower_append is None and self._leader_append is None
         self._follower_append = batch
+        # Configuration entries travel in batches of their own (the leader's
+        # replicator cuts batches there; the store refuses one inside a
+        # larger batch), so a look at the first header finds every one.
+        if batch.count == 1 and is_config_entry(batch.raw):
+            try:
+                m = Membership.decode(memoryview(batch.raw)[HEADER_SIZE:])
+            except ValueError as e:
+                raise RaftSafetyError(f"{self.node_id}: configuration entry {batch.first_index}: {e}") from None
+            self.membership.put(batch.first_index, batch.last_term, m)
+            self._membership_updated()
 
     def write_leader_append(self, bodies: Sequence[bytes], magic: int) -> int:
         assert self._leader_append is None and self._follower_append is None
@@ -318,9 +373,46 @@ class RaftCore:
         self._leader_append = LeaderAppend(self.term, bodies, magic, first)
         return first
 
+    def write_config_entry(self, membership: Membership) -> int:
+        """Leader: append `membership` as a CONFIG_CHANGE entry; in force now."""
+        index = self.write_leader_append((membership.encode(),), MAGIC_CONFIG_CHANGE)
+        self.membership.append(index, self.term, membership)
+        self._membership_updated()
+        return index
+
+    def reset_membership(self, entry: ConfigEntry) -> None:
+        """A retention reset: the configuration in force below the new log
+        start comes with it (the entry itself was deleted by the leader)."""
+        self.membership.reset(entry)
+        self._membership_updated()
+
     def set_commit(self, index: int) -> None:
         if index > self.commit_index:
-            self.commit_index = index
+            old, self.commit_index = self.commit_index, index
+            if old < self.membership.latest_index <= index:
+                self._membership_updated()   # a removed member's replication ends on commit
+
+    def _membership_updated(self) -> None:
+        self.membership.compact(min(max(self.log.begin_index, 0), self.commit_index + 1))
+        self._membership_changed = True
+        self._update_members()
+        self._role.members_changed()
+
+    def _update_members(self) -> None:
+        m = self.membership.latest
+        me = self.node_id
+        self.voters, self.learners = m.voters, m.learners
+        self.is_voter = me in m.voters
+        self.voter_peers = tuple(v for v in m.voters if v != me)
+        self.peers = tuple(sorted(self.membership.members_since(self.commit_index) - {me}))
+        self.quorum = majority(len(m.voters)) if m.voters else 1
+
+    def member_addresses(self) -> dict[str, str]:
+        """Peer addresses the configurations name (the newest wins)."""
+        out: dict[str, str] = {}
+        for e in self.membership.entries:
+            out.update((k, v) for k, v in e.membership.addresses if v)
+        return out
 
     def reset_election_timer(self) -> None:
         self.election_elapsed = 0
@@ -344,6 +436,11 @@ class RaftCore:
         self.reset_election_timer()
 
     def start_election(self, *, transfer: bool) -> None:
+        if not self.is_voter:
+            # A learner (or a node that knows it was removed, or one joining
+            # that knows no configuration yet) never campaigns.
+            self.reset_election_timer()
+            return
         if self.config.pre_vote and not transfer:
             self.leader_id = None
             self._swap(CandidateRole(self, pre_vote=True, transfer=False))
@@ -372,7 +469,8 @@ class RaftCore:
         if self._outstanding is not None:
             raise RaftContractError("input before advance() of the outstanding Ready")
         if (self._reset is not None or self._truncate is not None or self._leader_append is not None
-                or self._follower_append is not None or self.term != self._reported_hard.term
+                or self._follower_append is not None or self._membership_changed
+                or self.term != self._reported_hard.term
                 or self.voted_for != self._reported_hard.voted_for):
             raise RaftContractError("input while log/hard-state writes wait to be taken with ready()")
 
@@ -384,7 +482,12 @@ class RaftCore:
         """Why this node would refuse `m` (or ACCEPT), checked in this order:
         membership, term, lease, ledger vs term, vote already cast,
         up-to-date log (Raft §5.4.1).  Pure: no state change."""
-        if m.src not in self.voters:
+        # A candidate must be a member of our latest configuration (a
+        # removed node cannot disrupt).  Our own role does not matter: a
+        # learner must answer, since it may have been promoted without
+        # knowing yet (etcd makes the same call).  Candidates count only
+        # their voters' grants.
+        if not self.membership.latest.is_member(m.src):
             return VoteResult.REJECT_UNKNOWN_LEADER
         if m.src == self.node_id:
             return VoteResult.REJECT_UNEXPECTED_LEADER

@@ -18,6 +18,7 @@ from typing import Sequence
 from commitlog.entry import (
     HEADER,
     HEADER_SIZE,
+    MAGIC_CONFIG_CHANGE,
     OFF_CHAIN_CRC,
     OFF_POS,
     EntryBatch,
@@ -162,6 +163,8 @@ class MemLog:
                                           f"{index - 1}@{pos} term {last_term}")
             if h.term != batch.term_at(index):
                 raise AppendRejectedError(f"entry {index} term {h.term} disagrees with the term runs")
+            if h.magic == MAGIC_CONFIG_CHANGE and batch.count > 1:
+                raise AppendRejectedError(f"configuration entry {index} inside a larger batch (they travel alone)")
             reason, crc_mode = verify_crc(h, raw[off + HEADER_SIZE:off + h.size], prev, crc_mode)
             if reason:
                 raise AppendRejectedError(f"entry {index}: {reason}")

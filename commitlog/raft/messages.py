@@ -130,7 +130,11 @@ class PushRequest:
     stale (pre-reprobe) responses from current ones when the network reorders
     or duplicates.  `prev_*` describe the entry just before `batch` (APPEND,
     reset TRUNCATE) or the entry being compared / kept (COMPARE, TRUNCATE);
-    prev_term may be UNKNOWN_TERM (see above)."""
+    prev_term may be UNKNOWN_TERM (see above).  A reset TRUNCATE also
+    carries the configuration in force at prev_index (`config`, the body of
+    its CONFIG_CHANGE entry at config_index/config_term; index -1 for the
+    bootstrap one): the follower cannot read it from entries the leader no
+    longer has."""
 
     src: str
     dst: str
@@ -142,6 +146,9 @@ class PushRequest:
     prev_term: int = -1
     prev_chain_crc: int = 0
     batch: EntryBatch | None = None
+    config_index: int = -1
+    config_term: int = 0
+    config: bytes = b""
 
 
 @attrs.frozen

@@ -46,6 +46,9 @@ class RaftConfig:
     # leadershipTransferWaitTimeout = 1000 ms).
     max_transfer_lag: int = 1000
     transfer_timeout_ticks: int = 100
+    # A learner is promoted to voter only within this many entries of the
+    # leader's end (membership.py).
+    max_promote_lag: int = 1000
     # Optional preferred leader; the leader hands over to it once it is
     # caught up (checked every preferred_check_ticks, DLedger: 1 s).
     preferred_leader: str | None = None
@@ -108,6 +111,13 @@ class Ready:
     """One batch of work for the shell.  Carry it out IN THIS ORDER:
 
       1. hard_state       -> persist (term, vote)            [if not None]
+         membership       -> persist the configuration history [if not None]
+                             (before the log changes: the history may name
+                             an entry not written yet, which recovery drops,
+                             never miss one the log holds -- except that a
+                             truncation may leave one behind in the
+                             uncommitted tail, which recovery re-reads;
+                             commitlog/members.py)
       2. reset_to         -> log.reset_to(...)               [if not None]
       3. truncate_from    -> log.truncate_from(i)            [if not None]
       4. leader_append    -> log.append_leader(...)          [if not None]
@@ -126,6 +136,8 @@ class Ready:
 
     soft_state is informational (role/leader changed: fail pending appends
     with NotLeaderError / TermChangedError, switch broker role).
+    membership also changes whom the shell's transport talks to (the
+    core's `peers` and member_addresses()).
     """
 
     hard_state: HardState | None = None
@@ -136,11 +148,15 @@ class Ready:
     follower_append: EntryBatch | None = None
     committed_index: int | None = None
     messages: tuple[Message, ...] = ()
+    # The configuration history (membership.ConfigEntry, oldest first), when
+    # it or the set of peers to replicate to changed.
+    membership: tuple | None = None
 
     @property
     def must_persist(self) -> bool:
         return (self.hard_state is not None or self.reset_to is not None or self.truncate_from is not None
-                or self.leader_append is not None or self.follower_append is not None)
+                or self.leader_append is not None or self.follower_append is not None
+                or self.membership is not None)
 
 
 @attrs.frozen
@@ -172,3 +188,8 @@ class RaftStatus:
     peers: tuple[PeerStatus, ...] = ()
     uncommitted: int = 0
     transferring_to: str | None = None
+    # The latest configuration in the log and the index of its entry (-1:
+    # the bootstrap configuration of dLegerPeers).
+    voters: tuple[str, ...] = ()
+    learners: tuple[str, ...] = ()
+    config_index: int = -1

@@ -10,9 +10,10 @@
 #   3 HeartbeatRequest i64 commit_index
 #   4 HeartbeatResponse u16 code
 #   5 PushRequest      u8 push type, i64 seq, i64 commit, i64 prev_index,
-#                      i64 prev_term, u32 prev_chain_crc, u8 has_batch
+#                      i64 prev_term, u32 prev_chain_crc, u8 flags (1 batch, 2 config)
 #                      [i64 first_index, u32 count, u32 runs, runs x (i64 index, i64 term),
 #                       u32 raw length, raw bytes as-is]
+#                      [i64 config_index, i64 config_term, u32 length, config body]
 #   6 PushResponse     u8 push type, i64 seq, u16 code, i64 match, i64 begin,
 #                      i64 end, i64 conflict_term, i64 conflict_index
 #   7 TimeoutNow       -
@@ -48,6 +49,7 @@ _BATCH = struct.Struct(">qII")
 _RUN = struct.Struct(">qq")
 _U32 = struct.Struct(">I")
 _PUSH_RESP = struct.Struct(">BqHqqqqq")
+_CONFIG = struct.Struct(">qqI")
 
 _TYPE_OF = {VoteRequest: 1, VoteResponse: 2, HeartbeatRequest: 3, HeartbeatResponse: 4,
             PushRequest: 5, PushResponse: 6, TimeoutNow: 7}
@@ -74,13 +76,17 @@ def _encode(t: int, msg: Message) -> bytes:
     parts = [_HEAD.pack(VERSION, t), _id(msg.src), _id(msg.dst), _TERM.pack(msg.term)]
     if t == 5:
         b = msg.batch
+        cfg = msg.config
         parts.append(_PUSH.pack(msg.type, msg.seq, msg.commit_index, msg.prev_index, msg.prev_term,
-                                msg.prev_chain_crc, b is not None))
+                                msg.prev_chain_crc, (b is not None) | (bool(cfg) << 1)))
         if b is not None:
             parts.append(_BATCH.pack(b.first_index, b.count, len(b.term_runs)))
             parts.extend(_RUN.pack(i, term) for i, term in b.term_runs)
             parts.append(_U32.pack(len(b.raw)))
             parts.append(b.raw)
+        if cfg:
+            parts.append(_CONFIG.pack(msg.config_index, msg.config_term, len(cfg)))
+            parts.append(cfg)
     elif t == 6:
         parts.append(_PUSH_RESP.pack(msg.type, msg.seq, msg.code, msg.match_index, msg.begin_index,
                                      msg.end_index, msg.conflict_term, msg.conflict_index))
@@ -168,12 +174,17 @@ def decode(data) -> Message:
     src, dst = r.ident("src"), r.ident("dst")
     (term,) = r.take(_TERM, "term")
     if t == 5:
-        ptype, seq, commit, prev_index, prev_term, prev_crc, has_batch = r.take(_PUSH, "push")
-        if has_batch > 1:
-            raise WireError(f"bad has_batch {has_batch}")
-        batch = _batch(r) if has_batch else None
+        ptype, seq, commit, prev_index, prev_term, prev_crc, flags = r.take(_PUSH, "push")
+        _flags(flags, 3, "push")
+        batch = _batch(r) if flags & 1 else None
+        cindex, cterm, cfg = -1, 0, b""
+        if flags & 2:
+            cindex, cterm, n = r.take(_CONFIG, "push configuration")
+            cfg = r.bytes(n, "push configuration")
+            if not cfg:
+                raise WireError("push carries an empty configuration")
         msg = PushRequest(src, dst, term, _enum(PushType, ptype, "push type"), seq, commit, prev_index,
-                          prev_term, prev_crc, batch)
+                          prev_term, prev_crc, batch, cindex, cterm, cfg)
     elif t == 6:
         ptype, seq, code, match, begin, end, cterm, cindex = r.take(_PUSH_RESP, "push response")
         msg = PushResponse(src, dst, term, _enum(PushType, ptype, "push type"), seq,

@@ -10,9 +10,10 @@
 #   HELLO_OK (2) acceptor -> dialer, handshake accepted (acceptor's own Hello).
 #   REJECT   (3) either way, UTF-8 reason, sent best-effort just before close.
 #   DATA     (4) an opaque message (a Raft message encoded by raft/wire.py).
+#   AUTH     (5) dialer -> acceptor, the dialer's proof (peer authentication).
 #
 # Hello payload: u16-length-prefixed UTF-8 strings: group, src, dst, and
-# optionally identity.  Carrying dst lets the acceptor detect a dialer whose
+# optionally identity, nonce and proof (see "peer authentication" below).  Carrying dst lets the acceptor detect a dialer whose
 # peer table maps the address to a different node (misconfiguration, or a
 # TCP self-connect).  identity is "key=value;key=value" (sorted keys): what
 # the replicas of one group must agree on for log positions to mean the same
@@ -23,6 +24,9 @@
 # `length` is checked against max_frame_size as soon as the header is in, so
 # a corrupt or hostile length never makes the decoder buffer gigabytes.
 import enum
+import hashlib
+import hmac
+import os
 import struct
 from typing import Literal
 
@@ -43,6 +47,7 @@ class FrameKind(enum.IntEnum):
     HELLO_OK = 2
     REJECT = 3
     DATA = 4
+    AUTH = 5
 
 
 _KINDS = frozenset(int(k) for k in FrameKind)
@@ -200,10 +205,15 @@ class Hello:
     src: str
     dst: str
     identity: str = ""
+    nonce: str = ""  # peer authentication: this side's challenge
+    proof: str = ""  # peer authentication: the acceptor's answer to the dialer's nonce
 
     def encode(self) -> bytes:
         out = bytearray()
-        for field in (self.group, self.src, self.dst) + ((self.identity,) if self.identity else ()):
+        fields = [self.group, self.src, self.dst, self.identity, self.nonce, self.proof]
+        while len(fields) > 3 and not fields[-1]:
+            fields.pop()  # trailing empty fields are left out (older peers send three or four)
+        for field in fields:
             raw = field.encode("utf-8")
             if len(raw) > 0xFFFF:
                 raise FrameError(f"hello field of {len(raw)} bytes is too long")
@@ -214,9 +224,9 @@ class Hello:
 def decode_hello(payload: bytes) -> Hello:
     fields = []
     off = 0
-    for name in ("group", "src", "dst", "identity"):
-        if name == "identity" and off == len(payload):
-            break  # a peer that sends no identity
+    for name in ("group", "src", "dst", "identity", "nonce", "proof"):
+        if name not in ("group", "src", "dst") and off == len(payload):
+            break  # a peer that sends no identity (or no authentication)
         if off + 2 > len(payload):
             raise FrameError(f"hello payload truncated before {name}")
         (n,) = _U16.unpack_from(payload, off)
@@ -236,3 +246,57 @@ def decode_hello(payload: bytes) -> Hello:
 def decode_reject(payload: bytes) -> str:
     # Reasons are informational; never fail on them.
     return payload.decode("utf-8", errors="replace")
+
+
+# --- peer authentication ----------------------------------------------------------
+#
+# With a group secret configured (dLegerPeerSecret), a connection carries no
+# DATA until both ends proved they hold it, by HMAC challenge-response keyed
+# per group (the same secret in two groups gives two keys):
+#
+#   dialer   -> HELLO(..., nonce=Nd)
+#   acceptor -> HELLO_OK(..., nonce=Na, proof=P("acceptor"))   or REJECT
+#   dialer      checks P("acceptor"), else closes (the acceptor is no member)
+#   dialer   -> AUTH(P("dialer"))
+#   acceptor    checks P("dialer") before it reads anything else, else REJECT
+#
+#   P(role) = hex HMAC-SHA256(key, role|group|dialer|acceptor|Nd|Na)
+#   key     = HMAC-SHA256(secret, "ledgermq-peer-auth|" + group)
+#
+# Fresh 128-bit nonces on both sides make a recorded handshake useless, the
+# role in the proof keeps one side's answer from serving as the other's, and
+# the ids in it bind the proof to this pair.  It authenticates; it does not
+# encrypt the Raft traffic that follows.
+
+NONCE_BYTES = 16
+
+
+class PeerAuth:
+    """The group's key, and the proofs of one handshake.  repr hides it."""
+
+    def __init__(self, secret: str | bytes, group: str) -> None:
+        raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+        if not raw:
+            raise ValueError("the peer secret must not be empty")
+        self._key = hmac.new(raw, b"ledgermq-peer-auth|" + group.encode("utf-8"), hashlib.sha256).digest()
+        self.group = group
+
+    def __repr__(self) -> str:
+        return f"PeerAuth(group={self.group!r})"
+
+    @staticmethod
+    def new_nonce() -> str:
+        # os.urandom, never the node's seeded Random: a guessable nonce
+        # would let a recorded handshake be replayed.
+        return os.urandom(NONCE_BYTES).hex()
+
+    def proof(self, role: str, dialer: str, acceptor: str, dialer_nonce: str, acceptor_nonce: str) -> str:
+        text = "|".join((role, self.group, dialer, acceptor, dialer_nonce, acceptor_nonce))
+        return hmac.new(self._key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def verify(self, given: str, role: str, dialer: str, acceptor: str, dialer_nonce: str,
+               acceptor_nonce: str) -> bool:
+        if len(dialer_nonce) != 2 * NONCE_BYTES or len(acceptor_nonce) != 2 * NONCE_BYTES:
+            return False
+        expected = self.proof(role, dialer, acceptor, dialer_nonce, acceptor_nonce)
+        return hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace"))

@@ -177,6 +177,8 @@ class MemoryTransport:
         self.identity: dict[str, str] = {}  # no handshake in memory: nothing is compared
         self._nursery = nursery
         self._closed = False
+        self._incarnation = incarnation
+        self._removed: set[str] = set()
         peers = [p for p in peer_ids if p != self_id]
         self._links = {p: _Link(self_id, p, random.Random(
             f"{network.seed}/{self_id}->{p}/{incarnation}")) for p in peers}
@@ -189,11 +191,31 @@ class MemoryTransport:
     def peer_ids(self) -> tuple[str, ...]:
         return tuple(self._links)
 
+    def set_peers(self, peer_ids) -> None:
+        """Replace the peer set (a mapping's keys, or ids), as the TCP
+        transport's set_peers: messages from a peer that is not (or no
+        longer) known are dropped on delivery, like a refused handshake."""
+        wanted = [p for p in peer_ids if p != self.self_id]
+        for gone in [p for p in self._links if p not in wanted]:
+            link = self._links.pop(gone)
+            link.fifo.clear()
+            self._removed.add(gone)
+        for new in wanted:
+            if new not in self._links:
+                self._removed.discard(new)
+                link = self._links[new] = _Link(self.self_id, new, random.Random(
+                    f"{self.network.seed}/{self.self_id}->{new}/{self._incarnation}/+"))
+                self._counters.setdefault(new, Counters())
+                self._nursery.start_soon(self._pump, link)
+        self.network._notify()
+
     # --- sending -------------------------------------------------------------
 
     def send(self, peer_id: str, payload: bytes) -> bool:
         link = self._links.get(peer_id)
         if link is None:
+            if peer_id in self._removed:
+                return False
             raise UnknownPeerError(peer_id, tuple(self._links))
         payload = bytes(payload)
         if len(payload) > self.network.max_frame_size:
@@ -333,4 +355,4 @@ class MemoryTransport:
         return TransportStats(self.self_id, {
             p: c.snapshot(p, connected=p in self.connected_peers(),
                           queued_messages=self._links[p].in_flight)
-            for p, c in self._counters.items()})
+            for p, c in self._counters.items() if p in self._links})

@@ -19,9 +19,27 @@
 # the dialer keeps retrying with backoff, so the pair connects once an
 # operator fixed the store and restarted the node.
 #
+# Peer authentication: with a group secret (`auth`, framing.PeerAuth) the
+# handshake is a challenge-response in both directions (HELLO with a nonce,
+# HELLO_OK with the acceptor's nonce and proof, AUTH with the dialer's
+# proof), and the acceptor reads nothing past it -- no vote, no append, no
+# truncate -- until the dialer's proof verified.  A side without the secret
+# fails the other's check, so a half-configured group shows up as a logged
+# refusal on both ends rather than as an open door.
+#
 # Failure handling: a bad frame, a reset, EOF or a write error ends that one
 # connection with a logged reason; the peer's queue survives for the next
 # connection.  Nothing a remote sends can end the transport's own tasks.
+#
+# Membership changes: set_peers() replaces the peer set while running (the
+# replica shell calls it with the members of its configuration, addresses
+# from the configuration entries).  A new peer is dialled if its id sorts
+# higher, and accepted once known; a removed one is disconnected, its dialer
+# stopped and its queue dropped, and send() to it returns False (messages
+# the Raft core queued before the change) instead of raising.  A node
+# joining a group therefore needs nothing from the others up front: the
+# leader learns its address from the CONFIG_CHANGE entry that adds it, and
+# the joiner accepts the leader because its own dLegerPeers lists it.
 import collections
 import functools
 import logging
@@ -42,6 +60,7 @@ from commitlog.transport.framing import (
     FrameDecoder,
     FrameKind,
     Hello,
+    PeerAuth,
     decode_hello,
     decode_identity,
     decode_reject,
@@ -66,6 +85,11 @@ class _IdentityMismatch(HandshakeError):
     """The peer's log identity differs from ours (logged as an error)."""
 
 
+class _AuthFailed(HandshakeError):
+    """The other end did not prove it holds the group's secret (logged as
+    an error: a stranger, or a member configured without the secret)."""
+
+
 @attrs.define(eq=False)
 class _Conn:
     stream: trio.SocketStream
@@ -84,6 +108,7 @@ class _Peer:
     wakeup: trio.Event = attrs.field(factory=trio.Event)
     conn: _Conn | None = None
     counters: Counters = attrs.field(factory=Counters)
+    dialer: trio.CancelScope | None = None  # the dial loop, while it runs
 
 
 def _set_nodelay(stream: trio.SocketStream) -> None:
@@ -121,8 +146,9 @@ class PeerTransport:
 
     def __init__(self, cfg: TransportConfig, self_id: str, group: str,
                  peers: Mapping[str, tuple[str, int]], rng: random.Random,
-                 identity: Mapping[str, str] | None = None) -> None:
+                 identity: Mapping[str, str] | None = None, auth: PeerAuth | None = None) -> None:
         self.cfg = cfg
+        self.auth = auth
         self.self_id = self_id
         self.group = group
         self.identity = dict(identity or {})
@@ -134,6 +160,8 @@ class PeerTransport:
         self._sink = None  # set_sink(): readers hand messages over directly
         self._changed = trio.Event()
         self._closed = False
+        self._removed: set[str] = set()
+        self._nursery: trio.Nursery | None = None  # where dial loops run (serve_peer_transport)
         self.rejected_connections = 0
         self.listen_addresses: list[tuple[str, int]] = []
 
@@ -147,7 +175,43 @@ class PeerTransport:
     def listen_port(self) -> int:
         return self.listen_addresses[0][1]
 
+    def set_peers(self, peers: Mapping[str, tuple[str, int] | None]) -> None:
+        """Make `peers` (id -> (host, port); this node's own entry ignored)
+        the peer set: new ones are dialled or accepted, removed ones are
+        disconnected and forgotten, a changed address is used from the
+        next dial on."""
+        wanted = {pid: tuple(addr) if addr is not None else None
+                  for pid, addr in peers.items() if pid != self.self_id}
+        for pid in [p for p in self._peers if p not in wanted]:
+            peer = self._peers.pop(pid)
+            self._removed.add(pid)
+            if peer.dialer is not None:
+                peer.dialer.cancel()
+            if peer.conn is not None:
+                peer.conn.scope.cancel()
+            peer.queue.clear()
+            log.info("%s: %s is no longer a peer", self.self_id, pid)
+        for pid, addr in wanted.items():
+            peer = self._peers.get(pid)
+            if addr is None:           # address unknown here: keep what we have
+                if peer is not None:
+                    continue
+                addr = ("0.0.0.0", 0)   # accepted when it dials us; dialling it fails until known
+            if peer is not None:
+                if peer.addr != addr:
+                    log.info("%s: %s moves from %s:%d to %s:%d", self.self_id, pid, *peer.addr, *addr)
+                    peer.addr = addr
+                continue
+            self._removed.discard(pid)
+            peer = self._peers[pid] = _Peer(pid, addr, self.self_id < pid)
+            log.info("%s: %s at %s:%d is a peer now", self.self_id, pid, *addr)
+            if peer.dials and self._nursery is not None:
+                self._nursery.start_soon(self._run_dialer, peer)
+        self._notify()
+
     def send(self, peer_id: str, payload: bytes) -> bool:
+        if peer_id in self._removed:
+            return False  # a peer that left the configuration; the core's last words to it
         peer = self._peer(peer_id)
         payload = bytes(payload)
         n = len(payload)
@@ -344,6 +408,11 @@ class PeerTransport:
 
     # --- dialing -----------------------------------------------------------
 
+    async def _run_dialer(self, peer: _Peer) -> None:
+        with trio.CancelScope() as scope:
+            peer.dialer = scope
+            await self._dial_loop(peer)
+
     async def _dial_loop(self, peer: _Peer) -> None:
         attempt = 0
         while True:
@@ -354,7 +423,7 @@ class PeerTransport:
                 # Log the first failure of a streak; a peer that is down
                 # would otherwise log every backoff step.
                 if peer.counters.last_error != reason:
-                    level = logging.ERROR if isinstance(exc, _IdentityMismatch) else logging.INFO
+                    level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.INFO
                     log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.self_id,
                             peer.peer_id, *peer.addr, reason)
                 peer.counters.last_error = reason
@@ -375,7 +444,8 @@ class PeerTransport:
             _set_nodelay(stream)
             remote = _peername(stream)
             decoder = FrameDecoder(self.cfg.max_frame_size)
-            hello = Hello(self.group, self.self_id, peer.peer_id, self._identity_text)
+            nonce = PeerAuth.new_nonce() if self.auth is not None else ""
+            hello = Hello(self.group, self.self_id, peer.peer_id, self._identity_text, nonce=nonce)
             await stream.send_all(encode_frame(hello.encode(), FrameKind.HELLO))
             with trio.fail_after(self.cfg.handshake_timeout):
                 frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
@@ -383,14 +453,25 @@ class PeerTransport:
                 raise HandshakeError(f"{peer.peer_id} closed the connection during the handshake")
             if frame.kind == FrameKind.REJECT:
                 reason = decode_reject(frame.payload)
-                error = _IdentityMismatch if reason.startswith("log identity differs") else HandshakeError
+                error = (_IdentityMismatch if reason.startswith("log identity differs") else
+                         _AuthFailed if reason.startswith("peer authentication") else HandshakeError)
                 raise error(f"rejected by {peer.peer_id}: {reason}")
             if frame.kind != FrameKind.HELLO_OK:
                 raise HandshakeError(f"expected HELLO_OK from {peer.peer_id}, got {frame.kind.name}")
             reply = decode_hello(frame.payload)
             expected = Hello(self.group, peer.peer_id, self.self_id)
-            if attrs.evolve(reply, identity="") != expected:
+            if attrs.evolve(reply, identity="", nonce="", proof="") != expected:
                 raise HandshakeError(f"{host}:{port} answered as {reply}, expected {expected}")
+            if self.auth is not None:
+                # The acceptor proves itself first; only a member gets our proof.
+                if not reply.proof:
+                    raise _AuthFailed(f"peer authentication: {peer.peer_id} sent no proof "
+                                      f"(is dLegerPeerSecret set on it?)")
+                if not self.auth.verify(reply.proof, "acceptor", self.self_id, peer.peer_id, nonce, reply.nonce):
+                    raise _AuthFailed(f"peer authentication failed: {peer.peer_id} at {host}:{port} does not "
+                                      f"hold this group's dLegerPeerSecret")
+                proof = self.auth.proof("dialer", self.self_id, peer.peer_id, nonce, reply.nonce)
+                await stream.send_all(encode_frame(proof.encode(), FrameKind.AUTH))
             mismatch = identity_mismatch(self.self_id, self.identity, peer.peer_id, decode_identity(reply.identity))
             if mismatch is not None:
                 raise _IdentityMismatch(mismatch)
@@ -401,7 +482,7 @@ class PeerTransport:
 
     # --- accepting -----------------------------------------------------------
 
-    def _check_hello(self, hello: Hello) -> str | None:
+    def _check_hello(self, hello: Hello, identity: bool = True) -> str | None:
         if hello.group != self.group:
             return f"wrong group {hello.group!r} (this node is in group {self.group!r})"
         if hello.dst != self.self_id:
@@ -411,7 +492,30 @@ class PeerTransport:
         if self._peers[hello.src].dials:  # we are the lower id: we dial it, not it us
             return (f"{hello.src!r} must not dial {self.self_id!r}: "
                     f"the peer with the lower id dials")
+        if not identity:
+            return None
         return identity_mismatch(self.self_id, self.identity, hello.src, decode_identity(hello.identity))
+
+    async def _authenticate(self, stream, decoder: FrameDecoder, hello: Hello) -> None:
+        """The acceptor's half of the challenge-response (HandshakeError,
+        _AuthFailed); runs inside the handshake timeout."""
+        if not hello.nonce:
+            raise _AuthFailed(f"peer authentication required: {hello.src!r} sent no proof "
+                              f"(is dLegerPeerSecret set on it?)")
+        nonce = PeerAuth.new_nonce()
+        proof = self.auth.proof("acceptor", hello.src, self.self_id, hello.nonce, nonce)
+        reply = Hello(self.group, self.self_id, hello.src, self._identity_text, nonce=nonce, proof=proof)
+        await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
+        frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+        if frame is CLOSED:
+            raise HandshakeError("closed during peer authentication")
+        if frame.kind != FrameKind.AUTH:
+            raise _AuthFailed(f"peer authentication required: expected AUTH from {hello.src!r}, "
+                              f"got {frame.kind.name}")
+        given = frame.payload.decode("utf-8", "replace")
+        if not self.auth.verify(given, "dialer", hello.src, self.self_id, hello.nonce, nonce):
+            raise _AuthFailed(f"peer authentication failed: the dialer claiming to be {hello.src!r} does not "
+                              f"hold this group's dLegerPeerSecret")
 
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         remote = _peername(stream)
@@ -426,14 +530,20 @@ class PeerTransport:
                     if frame.kind != FrameKind.HELLO:
                         raise HandshakeError(f"expected HELLO, got {frame.kind.name}")
                     hello = decode_hello(frame.payload)
-                    reason = self._check_hello(hello)
+                    # With a secret, nothing the dialer claims (its log
+                    # identity included) is believed before it proved itself.
+                    reason = self._check_hello(hello, identity=self.auth is None)
+                    if reason is None and self.auth is not None:
+                        await self._authenticate(stream, decoder, hello)
+                        reason = self._check_hello(hello)
                     if reason is not None:
                         if reason.startswith("log identity differs"):
                             self._peers[hello.src].counters.last_error = reason
                             raise _IdentityMismatch(reason)
                         raise HandshakeError(reason)
-                    reply = Hello(self.group, self.self_id, hello.src, self._identity_text)
-                    await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
+                    if self.auth is None:
+                        reply = Hello(self.group, self.self_id, hello.src, self._identity_text)
+                        await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
             except _CONN_ERRORS as exc:
                 self.rejected_connections += 1
                 if isinstance(exc, FrameError):
@@ -442,12 +552,14 @@ class PeerTransport:
                     reason = f"no handshake within {self.cfg.handshake_timeout} s"
                 else:
                     reason = str(exc) or type(exc).__name__
-                level = logging.ERROR if isinstance(exc, _IdentityMismatch) else logging.WARNING
+                level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.WARNING
                 log.log(level, "%s: rejected inbound connection from %s: %s", self.self_id,
                         remote, reason)
                 await _send_reject(stream, reason)
                 return
-            await self._run_connection(self._peers[hello.src], stream, decoder, remote)
+            peer = self._peers.get(hello.src)
+            if peer is not None:  # (unless removed during the handshake)
+                await self._run_connection(peer, stream, decoder, remote)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -457,13 +569,15 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
                                listeners: list[trio.SocketListener] | None = None,
                                rng: random.Random | None = None,
                                identity: Mapping[str, str] | None = None,
+                               auth: PeerAuth | None = None,
                                task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the transport until cancelled.  `peers` maps every member id
     (dLegerPeers) to (host, port); this node listens on its own entry's
     address unless pre-bound `listeners` are given (tests bind port 0 first,
     then tell every node the real ports).  `identity` is compared in the
-    handshake (see the module comment).  task_status.started() hands back
-    the PeerTransport once it is listening and dialing."""
+    handshake (see the module comment); `auth` makes every connection prove
+    the group's secret first.  task_status.started() hands back the
+    PeerTransport once it is listening and dialing."""
     if not self_id:
         raise ValueError("self_id must not be empty")
     if listeners is None:
@@ -471,14 +585,15 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
             raise UnknownPeerError(self_id, tuple(peers))
         host, port = peers[self_id]
         listeners = await trio.open_tcp_listeners(port, host=host)
-    transport = PeerTransport(cfg, self_id, group, peers, rng or random.Random(), identity)
+    transport = PeerTransport(cfg, self_id, group, peers, rng or random.Random(), identity, auth)
     transport.listen_addresses = [tuple(l.socket.getsockname()[:2]) for l in listeners]
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, transport._handle_inbound, listeners)
+            transport._nursery = nursery
             for peer in transport._peers.values():
                 if peer.dials:
-                    nursery.start_soon(transport._dial_loop, peer)
+                    nursery.start_soon(transport._run_dialer, peer)
             task_status.started(transport)
             await trio.sleep(math.inf)
     finally:
@@ -493,13 +608,13 @@ async def open_peer_transport(cfg: TransportConfig, self_id: str,
                               peers: Mapping[str, tuple[str, int]], *, group: str,
                               listeners: list[trio.SocketListener] | None = None,
                               rng: random.Random | None = None,
-                              identity: Mapping[str, str] | None = None):
+                              identity: Mapping[str, str] | None = None, auth: PeerAuth | None = None):
     """`async with open_peer_transport(...) as transport:` -- the transport
     runs for the duration of the block and is torn down at its end."""
     async with trio.open_nursery() as nursery:
         transport = await nursery.start(functools.partial(
             serve_peer_transport, cfg, self_id, peers, group=group, listeners=listeners, rng=rng,
-            identity=identity))
+            identity=identity, auth=auth))
         try:
             yield transport
         finally:

@@ -22,6 +22,7 @@
 #define MAGIC_V1 ((int32_t)0xDAA320A7)
 #define MAGIC_V2 ((int32_t)0xDAA320AB)
 #define MAX_PROPS 32767
+#define TOPICS_PER_SCAN 8 /* distinct topics remembered per scan (topic_first) */
 
 /* --- a small, strict JSON reader ------------------------------------------ */
 
@@ -402,6 +403,8 @@ static const char SEND_V2_PREFIX[] = "{\"code\":310,";
 int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, int64_t max_n,
                           lmq_send_req *out, uint8_t *scratch, int64_t scratch_cap) {
     int64_t pos = 0, used = 0, n = 0;
+    int32_t topics[TOPICS_PER_SCAN];
+    int n_topics = 0;
     while (n < max_n && len - pos >= 8) {
         /* the decoder's checks; a frame failing one ends the scan (the
          * general decoder reports it) */
@@ -431,6 +434,21 @@ int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, in
                 r->status = parse_one(buf + r->header_off, header_len, r, scratch, scratch_cap, &used);
                 if (r->status != LMQ_SEND_OK) used = mark; /* nothing of a declined header is kept */
             }
+        }
+        r->topic_first = (int32_t)(n - 1);
+        if (r->status == LMQ_SEND_OK) {
+            /* A scan is usually one or a few topics: the send path checks
+             * each topic once, keyed by its first request. */
+            int k = 0;
+            for (; k < n_topics; k++) {
+                const lmq_send_req *t = &out[topics[k]];
+                if (t->topic_len == r->topic_len &&
+                    memcmp(scratch + t->topic_off, scratch + r->topic_off, r->topic_len) == 0) {
+                    r->topic_first = topics[k];
+                    break;
+                }
+            }
+            if (k == n_topics && n_topics < TOPICS_PER_SCAN) topics[n_topics++] = (int32_t)(n - 1);
         }
         pos += 4 + length;
     }

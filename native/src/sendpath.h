@@ -32,6 +32,8 @@ typedef struct {
     uint32_t topic_off, topic_len;  /* unescaped, in the scratch buffer */
     uint32_t props_off, props_len;  /* likewise */
     uint32_t uniq_off, uniq_len;    /* the UNIQ_KEY value inside the properties (len 0: none) */
+    int32_t topic_first;            /* the first request of the scan with these exact topic bytes
+                                       (itself when none before it has them) */
 } lmq_send_req;
 
 typedef struct {

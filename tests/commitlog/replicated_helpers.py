@@ -31,10 +31,11 @@ def body(tag: str, i: int, size: int = 1000) -> bytes:
 class Member:
     """One node's directory, and the node while it runs."""
 
-    def __init__(self, cluster: "Cluster", node_id: str, seed: int) -> None:
+    def __init__(self, cluster: "Cluster", node_id: str, seed: int, join: bool = False) -> None:
         self.cluster = cluster
         self.node_id = node_id
         self.seed = seed
+        self.join = join          # a node joining the group (dLegerJoin): dLegerPeers = IDS + itself
         self.root = os.path.join(cluster.root, node_id)
         self.store: SegmentedStore | None = None
         self.node = None
@@ -69,14 +70,16 @@ class Member:
             try:
                 self.recovered = (store.begin_index, store.end_index, store.committed_index,
                                   metafiles.read_currterm(store.store_dir))
-                async with c.net.open_transport(self.node_id, IDS) as transport:
+                ids = IDS if self.node_id in IDS else IDS + (self.node_id,)
+                async with c.net.open_transport(self.node_id, ids) as transport:
                     if c.wrap_transport is not None:
                         transport = c.wrap_transport(self, transport)
                     self.transport = transport
                     self.node = replica_on_store(
-                        store, transport, self.node_id, IDS, c.raft_config,
+                        store, transport, self.node_id, ids, c.raft_config,
                         rng=random.Random(f"{self.seed}/{self.starts}"),
-                        peer_addresses={i: f"addr-{i}" for i in IDS}, max_wait_ack_ms=c.max_wait_ack_ms)
+                        peer_addresses={i: f"addr-{i}" for i in ids}, max_wait_ack_ms=c.max_wait_ack_ms,
+                        joining=self.join)
                     async with trio.open_nursery() as nursery:
                         await nursery.start(self.node.run)
                         task_status.started(self)
@@ -110,8 +113,13 @@ class Cluster:
     def __getitem__(self, node_id: str) -> Member:
         return self.members[node_id]
 
+    def add_member(self, node_id: str) -> Member:
+        """A fresh node that joins the group (not started)."""
+        m = self.members[node_id] = Member(self, node_id, 97 + len(self.members), join=True)
+        return m
+
     async def start(self, *node_ids: str) -> None:
-        for nid in node_ids or IDS:
+        for nid in node_ids or self.members:
             await self.nursery.start(self.members[nid].run)
 
     def running(self) -> list[Member]:

@@ -20,6 +20,7 @@ from commitlog import metafiles
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.watermark import Watermark
 from consumequeue import record as M
+from consumequeue import dispatcher as dispatcher_mod
 from consumequeue import service
 from consumequeue.checkpoint import DispatchState, StoreCheckpoint
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine
@@ -27,6 +28,7 @@ from consumequeue.queue_offsets import QueueOffsetTable
 from consumequeue.service import ConsumeQueueService
 from native import dispatch as D
 from tests.helpers import REPO_ROOT
+from tests.helpers.resident import resident_kib
 from tests.native.test_dispatch import messages
 
 REPO = str(REPO_ROOT)
@@ -574,3 +576,29 @@ def test_index_file_creation_is_synced_by_the_checkpoint_not_inline(tmp_path, mo
     assert engine.index.dir in synced and engine.index.dirty_dirs == set()
     engine.close()
     store.close()
+
+
+def test_dispatch_does_not_keep_what_it_read_resident(tmp_path, monkeypatch):
+    """The source's maps release pages half a RELEASE_STEP behind the
+    dispatch position: RSS stays bounded however much log goes by."""
+    monkeypatch.setattr(dispatcher_mod, "RELEASE_STEP", 1 << 20)
+    store = open_store(tmp_path / "log", seg=1 << 20)
+    table = QueueOffsetTable()
+    store.add_append_hook(table.append_hook)
+    big = [M.encode(M.MessageRecord(topic="T", queue_id=i % 4, body=bytes([i % 251]) * 4000)) for i in range(1100)]
+    for a in range(0, len(big), 50):
+        store.append_leader(big[a:a + 50], term=1)
+    store.set_committed(store.end_index)
+    with store:
+        engine = DispatchEngine(str(tmp_path / "cq"), service.source_for(store), config=SMALL)
+        p = service.positions(store)
+        engine.open(p.begin_pos, p.committed_pos, p.committed_index)
+        engine.dispatch_to(p.committed_pos)
+        assert p.committed_pos > 4 << 20
+        assert resident_kib(os.path.join(store.store_dir, "data")) <= 1024
+        units = all_units(engine)
+        assert sum(len(v) for v in units.values()) == 1100
+        # what was released still reads back (faulted in from the page cache)
+        u = units["T", 0][0]
+        assert M.decode(engine.source.read(u[1], u[2])).body == bytes([0]) * 4000
+        engine.close()

@@ -129,12 +129,12 @@ async def test_version_on_every_command():
 
 async def test_mqbroker_check_config_and_config_errors(tmp_path):
     conf = tmp_path / "broker.conf"
-    conf.write_text(CONF.format(root=tmp_path / "store") + "brokerNmae=x\naclEnable=true\nsendMessageThreadPoolNums=4\n"
+    conf.write_text(CONF.format(root=tmp_path / "store") + "brokerNmae=x\ntraceTopicEnable=true\nsendMessageThreadPoolNums=4\n"
                     "metricsExporterType=PROM\nmetricsPromExporterPort=9100\n")
     out, err = await run([*MQBROKER, "--check-config", "-c", str(conf)], expect=0)
     assert err.splitlines() == [
         f"mqbroker: warning: {conf}: unknown key 'brokerNmae' ignored (did you mean 'brokerName'?)",
-        f"mqbroker: warning: {conf}: aclEnable is a RocketMQ key ledgermq does not implement; ignored"]
+        f"mqbroker: warning: {conf}: traceTopicEnable is a RocketMQ key ledgermq does not implement; ignored"]
     assert out.splitlines()[0] == f"# {conf}: OK (3 warning(s)); the effective settings:"
     settings = dict(line.split("=", 1) for line in out.splitlines()[1:])
     assert settings["brokerName"] == "broker-a" and settings["metricsExporterType"] == "PROM"

@@ -82,5 +82,7 @@ def test_readme_request_code_table_is_generated():
                  "| 201 | GET_ALL_SUBSCRIPTIONGROUP_CONFIG | answered |",
                  "| 224 | GET_TOPICS_BY_CLUSTER | refused | answered |",
                  "| 307 | GET_CONSUMER_RUNNING_INFO | answered | refused | answered |",
-                 "| 37 | END_TRANSACTION | refused | refused | - |"):
+                 "| 37 | END_TRANSACTION | answered | refused | - |", "| 41 | LOCK_BATCH_MQ | answered | refused | - |",
+                 "| 46 | CHECK_CLIENT_CONFIG | answered | refused | - |",
+                 "| 39 | CHECK_TRANSACTION_STATE | refused | refused | answered |"):
         assert line in table, line

@@ -210,9 +210,10 @@ class Phases:
             out[q] = int(resp.ext_fields["offset"])
         return out
 
-    async def pull_all(self, node: str) -> dict:
+    async def pull_all(self, node: str, batch: int = 32) -> dict:
         """One puller per queue from offset 0 until it reaches the queue's
-        max offset; messages/s over everything pulled."""
+        max offset, `batch` messages asked per pull (maxMsgNums); messages/s
+        over everything pulled."""
         addr = self.cluster.addr(node)
         targets = await self.max_offsets()
         got = [0]
@@ -220,7 +221,7 @@ class Phases:
         async def puller(q: int) -> None:
             offset = 0
             while offset < targets[q]:
-                resp = await self.rc.invoke(addr, pull_request(q, offset), timeout=10)
+                resp = await self.rc.invoke(addr, pull_request(q, offset, batch), timeout=10)
                 if resp.code != ResponseCode.SUCCESS:
                     self._error(f"pull {ResponseCode(resp.code).name}")
                     if resp.code != ResponseCode.PULL_NOT_FOUND:

@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "tools.mqadmin.consumer_cmds",
     "tools.mqadmin.message_cmds",
     "tools.mqadmin.dledger_cmds",
+    "tools.mqadmin.member_cmds",
+    "tools.mqadmin.namesrv_cmds",
     "tools.mqadmin.pipeline_cmds",
 ]
 

@@ -275,6 +275,34 @@ class MQAdmin:
         resp = await self.call(addr, RequestCode.LEDGERMQ_CHAIN_CRC, {"index": index})
         return int(resp.ext_fields["chainCrc"])
 
+    async def change_membership(self, addr: str, change: str, peer_id: str, peer_addr: str | None = None,
+                                timeout: float = 60.0) -> dict:
+        """One single-server change on the group's leader (`addr`); answered
+        once committed: {configIndex, voters, learners}."""
+        fields = {"change": change, "peerId": peer_id, "timeoutMillis": int(timeout * 1000)}
+        if peer_addr:
+            fields["peerAddr"] = peer_addr
+        resp = await self.call(addr, RequestCode.LEDGERMQ_CHANGE_MEMBERSHIP, fields, timeout=timeout + 5)
+        f = resp.ext_fields
+        return {"configIndex": int(f.get("configIndex", -1)),
+                "voters": [v for v in str(f.get("voters", "")).split(",") if v],
+                "learners": [v for v in str(f.get("learners", "")).split(",") if v]}
+
+    # --- name servers, one by one (what the stock tools send to each) ---------------
+
+    async def namesrv_write_perm(self, namesrv: str, broker_name: str, wipe: bool) -> int:
+        """WIPE_WRITE_PERM_OF_BROKER (205) / ADD_WRITE_PERM_OF_BROKER (327) to
+        one name server; the number of topics changed."""
+        code = RequestCode.WIPE_WRITE_PERM_OF_BROKER if wipe else RequestCode.ADD_WRITE_PERM_OF_BROKER
+        request = RemotingCommand.create_request(code, {"brokerName": broker_name})
+        try:
+            resp = await self.remoting.invoke(namesrv, request, self.timeout)
+        except RemotingError as e:
+            raise UnreachableError(f"name server {namesrv}: {e}") from None
+        if resp.code != ResponseCode.SUCCESS:
+            raise RequestFailedError(namesrv, resp.code, resp.remark)
+        return int(resp.ext_fields.get("wipeTopicCount" if wipe else "addTopicCount", 0))
+
     # --- topics ----------------------------------------------------------------------
 
     async def create_topic(self, addr: str, topic: str, read: int, write: int, perm: int, order: bool,

@@ -61,13 +61,19 @@ async def consumer_progress(admin: MQAdmin, out: Output, group, topic, cluster):
                             f"(unknown group, or it never committed an offset)")
     rows.sort(key=lambda r: (r["topic"], r["brokerName"], r["queueId"]))
     total = sum(r["diff"] for r in rows)
+    # Per broker group: a drained group (wipeWritePerm) reads 0 here.
+    by_broker: dict[str, int] = {}
+    for r in rows:
+        by_broker[r["brokerName"]] = by_broker.get(r["brokerName"], 0) + r["diff"]
     if out.as_json:
-        out.json({"group": group, "queues": rows, "diffTotal": total})
+        out.json({"group": group, "queues": rows, "diffTotal": total, "diffByBroker": by_broker})
         return
     out.table(["#Topic", "#BrokerName", "#QID", "#BrokerOffset", "#ConsumerOffset", "#Diff", "#LastTime"],
               [[r["topic"], r["brokerName"], r["queueId"], r["brokerOffset"], r["consumerOffset"], r["diff"],
                 fmt_ms(r["lastTimestamp"])] for r in rows])
     out.line()
+    if len(by_broker) > 1:
+        out.line("Diff by broker: " + ", ".join(f"{b} {d}" for b, d in sorted(by_broker.items())))
     out.line(f"Diff Total: {total}")
 
 

@@ -63,7 +63,19 @@ def _node_json(addr: str, st: dict) -> dict:
             "uncommitted": st.get("uncommitted"), "writable": st.get("writable"),
             "transferringTo": st.get("transferringTo"), "peers": st.get("peers") or {},
             "identity": st.get("identity") or {}, "links": st.get("links") or {},
+            "voters": st.get("voters") or [], "learners": st.get("learners") or [],
+            "configIndex": st.get("configIndex", -1), "configCommitted": st.get("configCommitted", True),
             "refusedLeader": st.get("refusedLeader"), "problem": _problem(st)}
+
+
+def _role(n: dict) -> str:
+    """The Raft role, and whether the node's own configuration makes it a
+    learner or no member at all (a removed node, a join not yet known)."""
+    if n["selfId"] in n["learners"]:
+        return f"{n['role']} (learner)"
+    if n["voters"] and n["selfId"] not in n["voters"]:
+        return f"{n['role']} (not a member)"
+    return n["role"]
 
 
 def _problem(st: dict) -> str | None:
@@ -90,6 +102,8 @@ def identity_mismatches(live: dict[str, dict]) -> list[str]:
 
 
 @click.command("dledgerStatus", epilog="""\b
+Voters and learners are each node's own view (the latest configuration in
+its log); the leader's is the group's.
 Examples:
   mqadmin dledgerStatus                      # every node of every cluster
   mqadmin dledgerStatus -b broker-a          # the nodes of one group
@@ -98,8 +112,8 @@ Examples:
 @click.option("-c", "--clusterName", "cluster", metavar="CLUSTER", help="every node of the cluster")
 @online
 async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
-    """Per node: role, term, leader, ledger begin/end, committed index and
-    log origin; per peer (from the leader): match index, lag and last
+    """Per node: role, term, leader, ledger begin/end, committed index,
+    voters and learners, and log origin; per peer (from the leader): match index, lag and last
     heartbeat ack; and why a node does not replicate (refused entries, a
     peer whose log identity differs)."""
     if target and cluster:
@@ -111,10 +125,10 @@ async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
         out.json({"nodes": nodes, "unreachable": failed})
     else:
         out.table(["#Group", "#SelfId", "#Addr", "#BID", "#Role", "#Term", "#Leader", "#Begin", "#End",
-                   "#Committed", "#Uncommitted", "#Origin"],
-                  [[n["group"], n["selfId"], n["brokerAddr"], n["brokerId"], n["role"], n["term"], n["leader"],
+                   "#Committed", "#Uncommitted", "#Voters", "#Learners", "#Origin"],
+                  [[n["group"], n["selfId"], n["brokerAddr"], n["brokerId"], _role(n), n["term"], n["leader"],
                     n["ledgerBeginIndex"], n["ledgerEndIndex"], n["committedIndex"], n["uncommitted"],
-                    n["identity"].get("origin")]
+                    ",".join(n["voters"]), ",".join(n["learners"]) or "-", n["identity"].get("origin")]
                    for n in nodes])
         for n in nodes:
             if n["problem"]:

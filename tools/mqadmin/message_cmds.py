@@ -228,7 +228,8 @@ async def send_message(admin: MQAdmin, out: Output, topic, body, keys, tags, bro
         if not any(wanted(q) for q in writable):
             raise NotFoundError(f"topic {topic} has no write queue {broker_name or '*'}/"
                                 f"{'*' if queue_id is None else queue_id}")
-    async with open_producer(TOOLS_PRODUCER, namesrv_addr=admin.namesrv_addr, timeout=admin.timeout) as producer:
+    async with open_producer(TOOLS_PRODUCER, namesrv_addr=admin.namesrv_addr, timeout=admin.timeout,
+                             credentials=admin.remoting.rpc_hook, tls=admin.remoting.tls) as producer:
         r = await producer.send(Message(topic, body.encode("utf-8"), tags=tags, keys=tuple((keys or "").split())),
                                 selector=selector)
     result = {"brokerName": r.queue.broker_name, "queueId": r.queue.queue_id, "queueOffset": r.queue_offset,
@@ -260,7 +261,8 @@ async def consume_message(admin: MQAdmin, out: Output, topic, group, count, brok
     """Consume messages of a topic as a consumer group (a pull consumer)."""
     await admin.route(topic)  # NotFoundError for an unknown topic, before any client starts
     messages, commits = [], []
-    async with open_pull_consumer(group, namesrv_addr=admin.namesrv_addr, timeout=admin.timeout) as consumer:
+    async with open_pull_consumer(group, namesrv_addr=admin.namesrv_addr, timeout=admin.timeout,
+                                  credentials=admin.remoting.rpc_hook, tls=admin.remoting.tls) as consumer:
         queues = [q for q in await consumer.fetch_queues(topic) if _queue_filter(broker_name, queue_id)(q)]
         if not queues:
             raise NotFoundError(f"topic {topic} has no such queue")

@@ -1,5 +1,6 @@
 # Owns the shell of mqadmin's online commands: the shared options
-# (-n/--namesrvAddr from NAMESRV_ADDR, --json, --timeout), running the
+# (-n/--namesrvAddr from NAMESRV_ADDR, --json, --timeout, and for secured
+# clusters --accessKey/--secretKey and --tls/--tlsTrustCertPath), running the
 # command's coroutine under trio with one MQAdmin, and the command-side
 # translation of AdminError into one line on stderr and exit status 3.
 #
@@ -14,7 +15,10 @@ from datetime import datetime
 import click
 import trio
 
+from broker.acl.signing import credentials_or_none, load_tools_credentials
 from broker.remoting.client import open_remoting_client
+from broker.remoting.tls import ClientTls
+from commitlog.config import ConfigError
 from tools.mqadmin import EXIT_ERROR
 from tools.mqadmin.adminapi import AdminError, MQAdmin, from_client_error
 from tools.mqadmin.render import Output
@@ -37,13 +41,23 @@ def online(fn):
     callback with -n/--namesrvAddr, --json and --timeout."""
 
     @functools.wraps(fn)
-    def run(namesrv_addr, as_json, timeout, **params):
+    def run(namesrv_addr, as_json, timeout, access_key, secret_key, tls, tls_trust, **params):
         if not namesrv_addr:
             raise click.UsageError("no name server: give -n HOST:9876 or set NAMESRV_ADDR")
         out = Output(as_json)
+        try:
+            # RocketMQ's mqadmin reads $ROCKETMQ_HOME/conf/tools.yml; flags
+            # and the environment come first here.
+            credentials = credentials_or_none(access_key, secret_key) or load_tools_credentials()
+        except ValueError as e:
+            raise click.UsageError(f"--accessKey/--secretKey: {e}") from None
+        try:
+            client_tls = ClientTls.create(tls_trust) if (tls or tls_trust) else None
+        except ConfigError as e:
+            raise click.UsageError(f"--tlsTrustCertPath: {e}") from None
 
         async def main():
-            async with open_remoting_client() as rc:
+            async with open_remoting_client(rpc_hook=credentials, tls=client_tls) as rc:
                 return await fn(MQAdmin(rc, namesrv_addr, timeout=timeout), out, **params)
 
         try:
@@ -64,6 +78,16 @@ def online(fn):
 
     run = click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
                        metavar="SECONDS", help="per request")(run)
+    run = click.option("--tlsTrustCertPath", "tls_trust", envvar="ROCKETMQ_TLS_TRUST_CERT_PATH", metavar="PEM",
+                       type=click.Path(exists=True, dir_okay=False),
+                       help="CA bundle the servers' certificates must chain to (implies --tls)")(run)
+    run = click.option("--tls", "tls", is_flag=True, envvar="ROCKETMQ_TLS_ENABLE",
+                       help="connect with TLS, verifying the server certificate ($ROCKETMQ_TLS_ENABLE)")(run)
+    run = click.option("--secretKey", "secret_key", envvar="ROCKETMQ_SECRET_KEY", metavar="SK",
+                       help="ACL secret key ($ROCKETMQ_SECRET_KEY)")(run)
+    run = click.option("--accessKey", "access_key", envvar="ROCKETMQ_ACCESS_KEY", metavar="AK",
+                       help="ACL access key: sign every request ($ROCKETMQ_ACCESS_KEY; else "
+                            "$ROCKETMQ_HOME/conf/tools.yml)")(run)
     run = click.option("--json", "as_json", is_flag=True, help="print one JSON document (for scripts)")(run)
     run = click.option("-n", "--namesrvAddr", "namesrv_addr", envvar="NAMESRV_ADDR", metavar="ADDR",
                        help="name server(s), host:9876[;host2:9876] (default: $NAMESRV_ADDR)")(run)

@@ -54,8 +54,14 @@ class RoleLogic:
     def after_persist(self, rd: Ready) -> None:
         """The shell persisted the writes of `rd` (called from advance())."""
 
+    def members_changed(self) -> None:
+        """The configuration (or whom to replicate to) changed."""
+
     def propose(self, bodies: Sequence[bytes]) -> int:
         raise AssertionError("only the leader proposes")
 
     def transfer_leadership(self, target: str) -> None:
         raise AssertionError("only the leader transfers leadership")
+
+    def propose_conf_change(self, change) -> int:
+        raise AssertionError("only the leader changes the membership")

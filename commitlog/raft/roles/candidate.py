@@ -30,7 +30,7 @@ class CandidateRole(RoleLogic):
         log = core.log
         last_index, last_term = log.end_index, log.end_term
         term = self.request_term
-        for peer in core.peers:
+        for peer in core.voter_peers:
             core.send(VoteRequest(core.node_id, peer, term, last_index, last_term,
                                   pre_vote=self.pre_vote, transfer=self.transfer))
 
@@ -39,6 +39,8 @@ class CandidateRole(RoleLogic):
         # term (<= ours, or the core would have made us follow it).
         if m.pre_vote != self.pre_vote or (m.granted and m.term != self.request_term):
             return  # an answer to an earlier round
+        if m.src not in self.core.voters:
+            return  # only voters count (a learner may answer all the same)
         (self.granted if m.granted else self.rejected).add(m.src)
         self._decide()
 

@@ -11,6 +11,7 @@ import struct
 
 from commitlog.entry import OFF_SIZE, POS_OFFSET, EntryBatch
 from commitlog.errors import RaftSafetyError
+from commitlog.raft.membership import ConfigEntry, Membership
 from commitlog.raft.messages import (
     UNKNOWN_TERM,
     HeartbeatRequest,
@@ -234,6 +235,12 @@ class FollowerRole(RoleLogic):
             raise RaftSafetyError(f"{core.node_id}: reset to {prev + 1} would drop acknowledged or "
                                   f"committed entries (commit {core.commit_index}, matched {self.matched})")
         core.write_reset(LogReset(batch.first_index, first_pos(batch), m.prev_term, m.prev_chain_crc))
+        if m.config:
+            try:
+                membership = Membership.decode(m.config)
+            except ValueError as e:
+                raise RaftSafetyError(f"{core.node_id}: reset from {m.src} carries a bad configuration: {e}") from None
+            core.reset_membership(ConfigEntry(m.config_index, m.config_term, membership))
         core.write_follower_append(batch)
         core.set_commit(prev)        # everything before the leader's begin is committed
         self._matched(batch.last_index, m.commit_index)

@@ -1,6 +1,7 @@
-# Owns the leader: proposals, heartbeats, one Replicator per follower, the
-# quorum-ack (commit) computation, check-quorum, leadership transfer and the
-# preferred-leader hand-back.
+# Owns the leader: proposals, heartbeats, one Replicator per follower and
+# learner, the quorum-ack (commit) computation over voters, check-quorum,
+# leadership transfer, the preferred-leader hand-back, and the checks a
+# membership change must pass before its entry is appended (membership.py).
 #
 # Commit rule (Raft §5.4.2): the commit index moves to the quorum median of
 # the match indexes (the leader's own = its persisted end) only when that
@@ -10,6 +11,7 @@ from typing import Sequence
 
 from commitlog.entry import MAGIC_NOOP, MAGIC_NORMAL
 from commitlog.errors import LeadershipTransferError, LeaderTransferringError
+from commitlog.raft.membership import ChangeKind, ConfChange, MembershipChangeError
 from commitlog.raft.messages import HeartbeatRequest, HeartbeatResponse, PushResponse, TimeoutNow
 from commitlog.raft.quorum import quorum_match_index
 from commitlog.raft.roles.base import RoleLogic
@@ -36,6 +38,17 @@ class LeaderRole(RoleLogic):
         for r in self.replicators.values():
             r.probe(end)       # DLedger: start each follower with COMPARE of our last entry
 
+    def members_changed(self) -> None:
+        core = self.core
+        wanted = set(core.peers)
+        for gone in [p for p in self.replicators if p not in wanted]:
+            del self.replicators[gone]
+            if self.transfer_target == gone:
+                self.transfer_target = None
+        for new in [p for p in core.peers if p not in self.replicators]:
+            r = self.replicators[new] = Replicator(core, new)
+            r.probe(core.log.end_index)
+
     # --- time -------------------------------------------------------------
 
     def tick(self) -> None:
@@ -56,8 +69,9 @@ class LeaderRole(RoleLogic):
             if self.quorum_elapsed >= cfg.election_timeout_min:
                 self.quorum_elapsed = 0
                 active = 1
-                for r in self.replicators.values():
-                    active += r.recent_active
+                voters = core.voters
+                for p, r in self.replicators.items():
+                    active += r.recent_active and p in voters   # learners keep no leader in office
                     r.recent_active = False
                 if active < core.quorum:
                     # Cannot hear a majority: stop accepting appends.  The term
@@ -94,7 +108,8 @@ class LeaderRole(RoleLogic):
     def maybe_commit(self) -> None:
         core = self.core
         log = core.log
-        matches = [r.match_index for r in self.replicators.values()]
+        voters = core.voters
+        matches = [r.match_index for p, r in self.replicators.items() if p in voters]
         matches.append(log.end_index)
         index = quorum_match_index(matches)
         if index > core.commit_index and log.term_at(index) == core.term:
@@ -103,14 +118,18 @@ class LeaderRole(RoleLogic):
     # --- responses --------------------------------------------------------
 
     def on_push_response(self, m: PushResponse) -> None:
-        r = self.replicators[m.src]
+        r = self.replicators.get(m.src)
+        if r is None:
+            return  # no longer replicated to (removed, its removal committed)
         if r.on_response(m):
             self.maybe_commit()
             if m.src == self.transfer_target:
                 self._maybe_timeout_now()
 
     def on_heartbeat_response(self, m: HeartbeatResponse) -> None:
-        r = self.replicators[m.src]
+        r = self.replicators.get(m.src)
+        if r is None:
+            return
         r.recent_active = True
         r.last_ack_tick = self.core.now
 
@@ -120,7 +139,7 @@ class LeaderRole(RoleLogic):
         core = self.core
         if target == core.node_id:
             return
-        if target not in self.replicators:
+        if target not in self.replicators or target not in core.voters:
             raise LeadershipTransferError(target, "UNKNOWN_MEMBER: not a voter of this group")
         if self.transfer_target is not None:
             if self.transfer_target == target:
@@ -146,10 +165,41 @@ class LeaderRole(RoleLogic):
         core = self.core
         preferred = core.config.preferred_leader
         r = self.replicators.get(preferred)
-        if r is None or self.transfer_target is not None:
+        if r is None or self.transfer_target is not None or preferred not in core.voters:
             return
         if r.match_index == core.log.end_index and r.last_ack_tick >= core.now - core.config.election_timeout_min:
             self.transfer_leadership(preferred)
+
+    # --- membership -------------------------------------------------------
+
+    def propose_conf_change(self, change: ConfChange) -> int:
+        core = self.core
+        latest = core.membership.latest_entry
+        if self.transfer_target is not None:
+            raise MembershipChangeError("TRANSFERRING", f"leadership is being transferred to {self.transfer_target}")
+        if core.commit_index < self.noop_index:
+            # The single-server-change bug fix: an uncommitted change of an
+            # earlier leader we cannot see must be settled first.
+            raise MembershipChangeError("NOT_READY", f"the leader has not committed an entry of term {core.term} "
+                                                     f"yet (its NOOP is {self.noop_index})")
+        if latest.index > core.commit_index:
+            raise MembershipChangeError("PENDING", f"the configuration at entry {latest.index} "
+                                                   f"({latest.membership.describe()}) is not committed yet")
+        if change.kind is ChangeKind.REMOVE and change.node_id == core.node_id:
+            raise MembershipChangeError("IS_LEADER", f"{core.node_id} is the leader; transfer leadership first")
+        membership = latest.membership.apply(change)
+        if change.kind is ChangeKind.PROMOTE:
+            # Caught up, and holding the configuration that names it: a
+            # voter that does not know it is one refuses every candidate
+            # (they are not members of its empty configuration).
+            r = self.replicators.get(change.node_id)
+            match = r.match_index if r is not None else -1
+            lag = core.log.end_index - match
+            if match < latest.index or lag > core.config.max_promote_lag:
+                raise MembershipChangeError("FALL_BEHIND", f"{change.node_id} is {lag} entries behind "
+                                                           f"(at most {core.config.max_promote_lag}, and it must "
+                                                           f"hold entry {latest.index})")
+        return core.write_config_entry(membership)
 
     # --- status -----------------------------------------------------------
 

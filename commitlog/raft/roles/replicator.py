@@ -55,15 +55,25 @@ class Replicator:
 
     # --- sending ----------------------------------------------------------
 
-    def _push(self, type_: PushType, prev_index: int, prev_term: int, prev_crc: int = 0, batch=None) -> int:
+    def _push(self, type_: PushType, prev_index: int, prev_term: int, prev_crc: int = 0, batch=None,
+              config=(-1, 0, b"")) -> int:
         core = self.core
         seq = self.next_seq
         self.next_seq = seq + 1
         self.sent_commit = core.commit_index
         self.last_push_tick = core.now
         core.send(PushRequest(core.node_id, self.peer_id, core.term, type_, seq, core.commit_index,
-                              prev_index, prev_term, prev_crc, batch))
+                              prev_index, prev_term, prev_crc, batch, *config))
         return seq
+
+    def _batch_count(self, first: int) -> int:
+        """How many entries a batch from `first` may hold: a configuration
+        entry travels alone, so followers find it without walking batches."""
+        limit = self.core.config.max_batch_count
+        at = self.core.membership.next_index_from(first)
+        if at is None:
+            return limit
+        return 1 if at == first else min(limit, at - first)
 
     def _new_round(self, state: PeerState) -> None:
         self.state = state
@@ -119,9 +129,11 @@ class Replicator:
             return
         if prev_term is None:
             prev_term = log.term_at(prev)
-        batch = log.read_batch(prev + 1, core.config.max_batch_bytes, core.config.max_batch_count)
+        batch = log.read_batch(prev + 1, core.config.max_batch_bytes, self._batch_count(prev + 1))
         self.probe_index = prev
-        self._push(PushType.TRUNCATE, prev, prev_term, core.chain_crc_at(prev), batch)
+        cfg = core.membership.at(prev)
+        self._push(PushType.TRUNCATE, prev, prev_term, core.chain_crc_at(prev), batch,
+                   config=(cfg.index, cfg.term, cfg.membership.encode()))
 
     def replicate(self, next_index: int) -> None:
         self._new_round(PeerState.REPLICATE)
@@ -147,7 +159,7 @@ class Replicator:
                 self.reset()
                 return
             try:
-                batch = log.read_batch(nxt, cfg.max_batch_bytes, cfg.max_batch_count)
+                batch = log.read_batch(nxt, cfg.max_batch_bytes, self._batch_count(nxt))
             except IndexBelowBeginError:
                 self.reset()
                 return
@@ -186,23 +198,39 @@ class Replicator:
                 moved = True
                 self._ack_inflight()
             if m.seq < self.epoch:
+                if moved and self.state is PeerState.REPLICATE:
+                    self.pump()       # it may have emptied the window: nothing else would refill it
                 return moved
             t = m.type
             known = self.match_index
             if t is PushType.COMPARE and self.state is PeerState.PROBE:
-                if m.end_index > known:
-                    self.truncate(known)
-                else:
-                    self.replicate(known + 1)
+                self._after_match(m, known)
             elif t is PushType.TRUNCATE and self.state in (PeerState.TRUNCATE, PeerState.RESET):
                 self.replicate(known + 1)
             elif self.state is PeerState.REPLICATE:
-                self.pump()
+                if known == core.log.end_index and m.end_index > known and not self.inflight:
+                    self.truncate(known)      # caught up; the follower still holds a tail we never had
+                else:
+                    self.pump()
             return moved
         if m.seq < self.epoch or m.type is PushType.COMMIT:
             return moved
         self._reprobe(m)
         return moved
+
+    def _after_match(self, m: PushResponse, known: int) -> None:
+        """`known` matches and the follower may hold more.  Only a tail
+        beyond OUR end is dropped with a TRUNCATE: no leader ever sent it, so
+        nobody acknowledged it.  Entries up to our end may well match ours --
+        and may have been acknowledged to us earlier in this term by a
+        follower that restarted since and forgot it (its `matched` is not
+        persisted) -- so they go through APPEND, which cuts only at a real
+        term conflict (Raft §5.3: a follower holding what the leader sends
+        must not truncate)."""
+        if m.end_index > known and known == self.core.log.end_index:
+            self.truncate(known)
+        else:
+            self.replicate(known + 1)
 
     def _ack_inflight(self) -> None:
         inflight = self.inflight

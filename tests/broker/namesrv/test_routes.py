@@ -165,3 +165,19 @@ def test_route_json_parsing_tolerates_4x_names():
                         "topicSynFlag": 3}]})
     assert route.queue_datas[0].topic_sys_flag == 3
     assert route.broker_datas[0] == BrokerData("c", "b", {0: A, 1: B})
+
+
+def test_wipe_write_perm_drains_a_group_until_add_write_perm_even_across_failover():
+    rm = RouteInfoManager()
+    rm.register_broker(reg(A, 0, name="a"), now=0)
+    rm.register_broker(reg(B, 0, name="b"), now=0)
+    perms = lambda: {q.broker_name: q.perm for q in rm.topic_route("T").queue_datas}  # noqa: E731
+    assert rm.set_write_perm("b", False) == 2                 # wipeTopicCount: T and U
+    assert perms() == {"a": 6, "b": 4}
+    assert {q.broker_name: q.perm for q in rm.topic_route("U").queue_datas} == {"a": 4, "b": 4}
+    rm.register_broker(reg(C, 0, term=2, name="b"), now=1)    # the group's new master registers
+    assert perms() == {"a": 6, "b": 4}                        # still drained
+    assert rm.set_write_perm("b", True) == 2
+    assert perms() == {"a": 6, "b": 6}
+    rm.register_broker(reg(C, 0, term=2, name="b"), now=2)
+    assert {q.broker_name: q.perm for q in rm.topic_route("U").queue_datas} == {"a": 4, "b": 4}  # its own perm

@@ -313,3 +313,31 @@ async def test_notify_over_real_connections():
                 await changed.wait()
                 assert len(got["a"]) == 2 and mgr.consumer_ids("cg") == ["ip@a"]
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(("enabled", "sub", "etype", "code"), [
+    (False, "TagA || TagB", "TAG", ResponseCode.SUCCESS),           # tags never need the filter
+    (False, "a > 5", "SQL92", ResponseCode.SYSTEM_ERROR),           # Java: does not support ... SQL92
+    (False, "a >> 5", "SQL92", ResponseCode.SYSTEM_ERROR),          # the switch is checked before parsing
+    (True, "a > 5 AND color = 'red'", "SQL92", ResponseCode.SUCCESS),
+    (True, "a >> 5", "SQL92", ResponseCode.SUBSCRIPTION_PARSE_FAILED),
+    (True, "a > 5", "FANCY", ResponseCode.SUBSCRIPTION_PARSE_FAILED),  # no filter of that type
+])
+async def test_check_client_config(enabled, sub, etype, code):
+    """CHECK_CLIENT_CONFIG (46), what a Java push consumer asks at start for
+    each subscription (MQClientInstance.checkClientInBroker)."""
+    p = ClientProcessor(ClientManager(), property_filter=lambda: enabled)
+    body = {"clientId": "ip@1", "group": "cg",
+            "subscriptionData": {"topic": TOPIC, "subString": sub, "expressionType": etype, "subVersion": 1}}
+    r = await p(None, req(RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps(body).encode()))
+    assert r.code == code, r.remark
+    if code == ResponseCode.SYSTEM_ERROR:
+        assert r.remark == f"The broker does not support consumer to filter message by {etype}"
+
+
+async def test_check_client_config_without_a_subscription_and_with_bad_json():
+    p = ClientProcessor(ClientManager(), property_filter=lambda: True)
+    assert (await p(None, req(RequestCode.CHECK_CLIENT_CONFIG, {}, b'{"clientId": "ip@1"}'))).code \
+        == ResponseCode.SUCCESS
+    bad = await p(None, req(RequestCode.CHECK_CLIENT_CONFIG, {}, b"{not json"))
+    assert bad.code == ResponseCode.SYSTEM_ERROR and "CheckClientRequestBody" in bad.remark

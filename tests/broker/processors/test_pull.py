@@ -93,12 +93,13 @@ def test_parse_subscription():
     s = parse_subscription(" TagA ||TagB|| ")
     assert s.tags == {"TagA", "TagB"} and s.codes == {java_hash_str("TagA"), java_hash_str("TagB")}
     assert parse_subscription("||").codes == frozenset()  # Java: nothing matches
+    assert parse_subscription("a > 1", expression_type="SQL92").is_sql
     try:
-        parse_subscription("a > 1", expression_type="SQL92")
+        parse_subscription("a > 1", expression_type="CLASS")
     except SubscriptionError as e:
         assert e.code == ResponseCode.NO_PERMISSION
     else:
-        raise AssertionError("SQL92 accepted")
+        raise AssertionError("CLASS accepted")
 
 
 async def test_found_with_tag_filter_on_leader_and_follower(tmp_path, autojump_clock):
@@ -173,7 +174,9 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
         assert (await p.process(pull_req(0, topic="Nope"))).code == ResponseCode.TOPIC_NOT_EXIST
         assert (await p.process(pull_req(0, queue_id=9))).code == ResponseCode.SYSTEM_ERROR
         sql = await p.process(pull_req(0, expressionType="SQL92", sub="a > 1"))
-        assert sql.code == ResponseCode.NO_PERMISSION
+        assert sql.code == ResponseCode.SYSTEM_ERROR and "does not support" in sql.remark  # Java's answer
+        bad_sql = await p.process(pull_req(0, expressionType="SQL92", sub="a >> 1"))
+        assert bad_sql.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED  # parsed first, as in Java
         missing = RemotingCommand.create_request(RequestCode.PULL_MESSAGE, {"topic": TOPIC})
         bad = await p.process(missing)
         assert bad.code == ResponseCode.SYSTEM_ERROR and "<consumerGroup>" in bad.remark
@@ -369,3 +372,43 @@ async def test_long_poll_over_tcp_does_not_block_other_requests(tmp_path):
                 assert [r.body for r in records(got[0].body)] == [b"late"]
                 assert got[0].ext_fields["suggestWhichBrokerId"] == "0"
             nursery.cancel_scope.cancel()
+
+
+async def test_sql92_filter_at_pull_time(tmp_path, autojump_clock):
+    """enablePropertyFilter=true: records whose properties match come back,
+    the others are skipped (nextBeginOffset passes them); a bad expression
+    is SUBSCRIPTION_PARSE_FAILED; tag pulls are unchanged."""
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery, tags=())
+        for i, (a, color) in enumerate([("7", "red"), ("3", "red"), ("9", "blue"), (None, "red")]):
+            props = {"TAGS": "T", "color": color, **({"a": a} if a is not None else {})}
+            resp = await processor(leader).process(v2(TOPIC, f"m{i}".encode(), queue_id=1,
+                                                      props=M.properties_to_string(props)), BORN)
+            assert resp.code == ResponseCode.SUCCESS
+        await g.settle()
+        p = pull_processor(leader)
+        p.config = LiveConfig(attrs.evolve(leader.cfg, enable_property_filter=True))
+        sql = "a > 5 AND color = 'red'"
+        found = await p.process(pull_req(0, expressionType="SQL92", sub=sql))
+        assert found.code == ResponseCode.SUCCESS
+        assert [r.body for r in records(found.body)] == [b"m0"]
+        assert hdr(found)["nextBeginOffset"] == 4
+        later = await p.process(pull_req(1, expressionType="SQL92", sub=sql))
+        assert (later.code, later.remark) == (ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE")
+        assert hdr(later)["nextBeginOffset"] == 4
+        missing = await p.process(pull_req(0, expressionType="SQL92", sub="a IS NULL OR color = 'blue'"))
+        assert [r.body for r in records(missing.body)] == [b"m2", b"m3"]
+        bad = await p.process(pull_req(0, expressionType="SQL92", sub="a >> 5"))
+        assert bad.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "a >> 5" in bad.remark
+        tags = await p.process(pull_req(0, sub="T"))
+        assert len(records(tags.body)) == 4
+
+        # from the heartbeat's subscription (no SUBSCRIPTION flag)
+        mgr = ClientManager()
+        p.clients = mgr
+        hb = {"clientID": "c1", "consumerDataSet": [{"groupName": "cg", "subscriptionDataSet": [
+            {"topic": TOPIC, "subString": "color = 'blue'", "expressionType": "SQL92", "subVersion": 1}]}]}
+        mgr.heartbeat(FakeConn(), RemotingCommand.create_request(RequestCode.HEART_BEAT), hb)
+        by_hb = await p.process(pull_req(0, flag=0))
+        assert [r.body for r in records(by_hb.body)] == [b"m2"]
+        nursery.cancel_scope.cancel()

@@ -134,7 +134,6 @@ async def test_validation_errors(tmp_path, autojump_clock):
         assert await code(v2(props="K\x01" + "v" * 40000 + "\x02")) == ResponseCode.MESSAGE_ILLEGAL
         assert await code(v2(topic="TBW102")) == ResponseCode.NO_PERMISSION
         assert await code(v2(topic="rmq_sys_LEDGERMQ_CONSUMER_OFFSET")) == ResponseCode.NO_PERMISSION
-        assert await code(v2(sys_flag=M.TRANSACTION_PREPARED_TYPE)) == ResponseCode.NO_PERMISSION
         missing = RemotingCommand.create_request(RequestCode.SEND_MESSAGE_V2, {"a": "pg", "b": "TopicA"})
         resp = await send.process(missing, BORN)
         assert resp.code == ResponseCode.SYSTEM_ERROR and "<c>" in resp.remark

@@ -319,6 +319,35 @@ def test_decoder_hands_out_the_same_requests_with_raw_sends(headers, data):
     assert drain(True) == drain(False)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["A", "B", "TopicA", "TopicB", "t%d", "caf\u00e9", "x", "y", "z", "w", "v"]),
+                min_size=1, max_size=40), st.data())
+def test_topic_first_names_the_first_request_with_the_same_topic(names, data):
+    """The scanner's topic_first (the send path checks a topic once per
+    scan by it) points at the first request with exactly the same topic
+    bytes -- whatever JSON spelling each header used -- for the first 8
+    distinct topics, and at the request itself after that."""
+    frames = []
+    for i, name in enumerate(names):
+        fields = {"a": "pg", "b": name, "c": "TBW102", "d": "4", "e": "1", "f": "0", "g": "1", "h": "0",
+                  "i": "TAGS\x01t\x02", "j": "0", "k": "false", "m": "false"}
+        rest = _json(data.draw, {"extFields": fields, "flag": 0, "language": "JAVA", "opaque": i,
+                                 "serializeTypeCurrentRPC": "JSON", "version": 399})
+        frames.append(_frame(('{"code":310,' + rest.lstrip()[1:]).encode(), b"b"))
+    scan = sendpath.scan_requests(bytearray(b"".join(frames)), 0, 1 << 24)
+    assert scan.n == len(names)
+    distinct: list[str] = []
+    for i, name in enumerate(names):
+        r = scan.reqs[i]
+        assert r.status == sendpath.SEND_OK and scan.topic(i) == name.encode()
+        if name not in distinct:
+            distinct.append(name)
+        if distinct.index(name) < 8:
+            assert r.topic_first == names.index(name)
+        else:
+            assert r.topic_first == i
+
+
 def test_scan_stops_before_frames_the_decoder_must_judge():
     good = _frame(b'{"code":310}', b"")
     for bad in (struct.pack(">ii", 2, 0), struct.pack(">ii", 10, 20) + b"x" * 10, struct.pack(">ii", 4, 9 << 24),

@@ -61,8 +61,8 @@ async def test_a_burst_starts_every_handler_before_any_runs_and_answers_in_few_w
     in_flight_when_first_ran: list[int] = []
 
     async def handler(conn, cmd):
-        if not in_flight_when_first_ran:  # handlers started so far (the semaphore counts them)
-            in_flight_when_first_ran.append(64 - conn._in_flight.value)
+        if not in_flight_when_first_ran:  # handlers started so far
+            in_flight_when_first_ran.append(conn._in_flight)
         await release.wait()
         return cmd.make_response(ResponseCode.SUCCESS, body=cmd.body)
 
@@ -114,4 +114,29 @@ async def test_every_sender_returns_after_its_frame_is_written_and_cancelled_one
     assert counting.writes == [sum(len(f) for f in frames[:4])]
     got = await read_commands(client_side, 4)
     assert sorted(c.body for c in got) == [b"0", b"1", b"2", b"3"]
+    conn.close()
+
+
+async def test_a_read_of_more_requests_than_the_limit_is_admitted_in_parts(nursery):
+    """One read holding more requests than max_in_flight (oneway floods and
+    small pipelined sends do this): the first max_in_flight are handed over,
+    the rest wait for their answers -- never for their own -- and every
+    request is answered; the limit holds throughout."""
+    server_side, client_side = trio.testing.memory_stream_pair()
+    most = [0]
+
+    async def handler(conn, cmd):
+        most[0] = max(most[0], conn._in_flight)
+        await trio.sleep(0)
+        return cmd.make_response(ResponseCode.SUCCESS, body=cmd.body)
+
+    conn = Connection(server_side, handler, max_in_flight=8)
+    nursery.start_soon(conn.run)
+    burst = b"".join(encode_command(RemotingCommand.create_request(CODE, body=b"%d" % i).as_request(i + 1))
+                     for i in range(50))
+    await client_side.send_all(burst)
+    responses = await read_commands(client_side, 50)
+    assert sorted(r.opaque for r in responses) == list(range(1, 51))
+    await trio.testing.wait_all_tasks_blocked()
+    assert most[0] == 8 and conn._in_flight == 0
     conn.close()

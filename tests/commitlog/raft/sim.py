@@ -10,15 +10,24 @@
 #   * every replica's committed prefix equals every other's (chain CRC at
 #     the commit index against the global committed history),
 #   * a new leader holds every committed entry (§5.4 leader completeness),
-#   * acknowledged appends are in the committed history with their bodies.
+#   * acknowledged appends are in the committed history with their bodies,
+#   * membership: a leader is a voter of its own configuration, no two
+#     successive configurations of a log differ by more than one server, a
+#     node's configuration history names exactly the configuration entries
+#     of its log (checked after every restart, which recovers it the way
+#     the disk shell does, and at the end), and removed or joining nodes
+#     follow the same rules.
 import heapq
 import random
 from typing import Callable
 
 import attrs
 
+from commitlog.entry import MAGIC_CONFIG_CHANGE
+from commitlog.members import config_entries, recover
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
+from commitlog.raft.membership import ConfigEntry, Membership, MembershipLog
 from commitlog.raft.memlog import MemLog
 from commitlog.raft.messages import Message
 from commitlog.raft.state import HardState, RaftConfig, Ready, Role
@@ -108,6 +117,9 @@ class SimNode:
     hard: HardState = HardState()
     core: RaftCore | None = None
     restarts: int = 0
+    members: tuple | None = None    # the persisted configuration history (None: never written)
+    joining: bool = False           # started without a configuration (dLegerJoin)
+    removed: bool = False           # stopped for good after its removal committed
 
     @property
     def up(self) -> bool:
@@ -136,6 +148,10 @@ class Cluster:
     acked: dict = attrs.field(init=False, factory=dict)       # index -> body
     proposals: int = attrs.field(init=False, default=0)
     crash_mid_ready: float = 0.0     # chance a Ready dies after its writes, before its sends
+    # chance a Ready dies after persisting hard state and membership but
+    # before any log write (what recovery of the membership file must cope with)
+    crash_before_log: float = 0.0
+    crashed_before_log: int = attrs.field(init=False, default=0)
     on_ready: Callable | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -149,10 +165,48 @@ class Cluster:
 
     def start(self, node_id: str) -> None:
         n = self.nodes[node_id]
+        if n.removed:
+            return
+        if n.members is not None:
+            # What the disk shell does at start-up (commitlog/members.py).
+            membership = MembershipLog(recover(n.members, n.log))
+        elif n.joining:
+            membership = MembershipLog([ConfigEntry(-1, 0, Membership())])
+        else:
+            membership = MembershipLog.bootstrap(self.ids)
         n.core = RaftCore(node_id, self.ids, n.log, rng=random.Random(f"{self.seed}/{node_id}/{n.restarts}"),
                           config=self.configs.get(node_id, self.config), hard_state=n.hard,
-                          committed_index=n.log.committed_index)
+                          committed_index=n.log.committed_index, membership=membership)
         n.restarts += 1
+        self.check_membership_matches_log(n)
+
+    def add_node(self, node_id: str) -> SimNode:
+        """A fresh node that joins (dLegerJoin): no log, no configuration."""
+        n = self.nodes[node_id] = SimNode(node_id, MemLog(), joining=True)
+        self.start(node_id)
+        return n
+
+    def retire(self, node_id: str) -> None:
+        """Stop a removed node for good (what an operator does)."""
+        self.crash(node_id)
+        self.nodes[node_id].removed = True
+
+    def members(self) -> list[str]:
+        """Nodes that are not retired."""
+        return [i for i, n in self.nodes.items() if not n.removed]
+
+    def change(self, change) -> int | None:
+        """Propose a membership change on the leader; the entry's index, or
+        None if there is no leader or it refused."""
+        lead = self.leader()
+        if lead is None:
+            return None
+        try:
+            index = lead.core.propose_conf_change(change)
+        except Exception:
+            return None
+        self.drain(lead)
+        return index
 
     def crash(self, node_id: str) -> None:
         """Lose everything volatile; the MemLog and hard state stay (they
@@ -181,6 +235,12 @@ class Cluster:
         log = n.log
         if rd.hard_state is not None:
             n.hard = rd.hard_state
+        if rd.membership is not None:
+            n.members = rd.membership
+            if self.crash_before_log and self.rng.random() < self.crash_before_log:
+                self.crashed_before_log += 1
+                self.crash(n.node_id)      # the history names entries the log never got
+                return
         if rd.reset_to is not None:
             r = rd.reset_to
             log.reset_to(r.begin_index, r.begin_pos, r.prev_term, r.prev_chain_crc)
@@ -294,6 +354,22 @@ class Cluster:
             other = self.leaders_by_term.setdefault(core.term, nid)
             if other != nid:
                 raise InvariantError(f"two leaders in term {core.term}: {other} and {nid}")
+            if not core.is_voter:
+                raise InvariantError(f"leader {nid} is not a voter of its configuration {core.membership!r}")
+        if rd.membership is not None:
+            self._check_single_server_steps(nid, rd.membership)
+        la = rd.leader_append
+        if la is not None and la.magic == MAGIC_CONFIG_CHANGE:
+            # The rules a leader must pass before it adds a configuration.
+            entries = core.membership.entries
+            prev = entries[-2] if len(entries) > 1 else None
+            noop = core.leader_role.noop_index if core.leader_role is not None else -1
+            if prev is not None and prev.index > core.commit_index:
+                raise InvariantError(f"{nid}: configuration {la.first_index} proposed while {prev.index} is "
+                                     f"uncommitted (commit {core.commit_index})")
+            if core.commit_index < noop:
+                raise InvariantError(f"{nid}: configuration {la.first_index} proposed before the leader's NOOP "
+                                     f"{noop} committed")
             if rd.soft_state is not None and rd.soft_state.role is Role.LEADER:
                 self._check_holds_committed(n)
         commit = log.committed_index
@@ -309,6 +385,30 @@ class Cluster:
             self.seen_commit[nid] = commit
         if commit >= begin:
             self._record(nid, commit, log.chain_crc_at(commit))
+
+    def _check_single_server_steps(self, nid: str, history) -> None:
+        for a, b in zip(history, history[1:]):
+            if a.index < 0 and not a.membership.voters:
+                continue                   # a joining node's empty start
+            va, vb = set(a.membership.voters), set(b.membership.voters)
+            if len(va ^ vb) > 1:
+                raise InvariantError(f"{nid}: configurations {a.index} and {b.index} differ by more than one "
+                                     f"voter: {sorted(va)} -> {sorted(vb)}")
+
+    def check_membership_matches_log(self, n: SimNode) -> None:
+        """The core's configuration history names every configuration
+        entry of the log, and only those (entries below begin aside)."""
+        core, log = n.core, n.log
+        in_log = {(i, t, m) for i, t, m in config_entries(log, log.begin_index, log.end_index)}
+        known = {(e.index, e.term, e.membership) for e in core.membership.entries
+                 if e.index >= max(log.begin_index, 0)}
+        if in_log != known:
+            raise InvariantError(f"{n.node_id}: configuration history {core.membership!r} does not match the "
+                                 f"log's configuration entries {sorted(i for i, _, _ in in_log)}")
+        latest = max(in_log, default=None, key=lambda x: x[0])
+        if latest is not None and core.membership.latest != latest[2]:
+            raise InvariantError(f"{n.node_id}: uses {core.membership.latest.describe()} but its log's latest "
+                                 f"configuration is {latest[2].describe()}")
 
     def _record(self, nid: str, index: int, crc: int) -> None:
         if index < 0:
@@ -333,6 +433,14 @@ class Cluster:
         """Once quiescent: identical logs, and every acknowledged append is
         committed everywhere with its body."""
         live = [n for n in self.nodes.values() if n.core is not None]
+        for n in live:
+            self.check_membership_matches_log(n)
+        lead = self.leader()
+        if lead is not None:
+            for n in live:
+                if n.core.membership.latest != lead.core.membership.latest:
+                    raise InvariantError(f"{n.node_id} has configuration {n.core.membership.latest.describe()}, "
+                                         f"the leader {lead.core.membership.latest.describe()}")
         ref = max(live, key=lambda n: n.log.end_index)
         for n in live:
             if n.log.end_index != ref.log.end_index or n.log.chain_crc_at(n.log.end_index) != ref.log.chain_crc_at(ref.log.end_index):
@@ -352,6 +460,8 @@ class Cluster:
         if lead.core.commit_index != end or lead.log.term_at(end) != lead.core.term:
             return False
         for n in self.nodes.values():
+            if n.removed:
+                continue
             if n.core is None or n.log.end_index != end or n.log.committed_index != end:
                 return False
             if n.core.leader_id != lead.node_id or n.core.term != lead.core.term:
@@ -361,12 +471,16 @@ class Cluster:
     def describe(self) -> str:
         lines = [f"tick {self.clock.now}"]
         for n in self.nodes.values():
+            if n.removed:
+                lines.append(f"  {n.node_id}: REMOVED")
+                continue
             if n.core is None:
                 lines.append(f"  {n.node_id}: DOWN log [{n.log.begin_index}, {n.log.end_index}] commit {n.log.committed_index}")
                 continue
             s = n.core.status()
             lines.append(f"  {n.node_id}: {s.role.value} term {s.term} leader {s.leader_id} "
                          f"log [{s.begin_index}, {s.end_index}] end_term {n.log.end_term} commit {s.commit_index} "
-                         f"peers {[(p.peer_id, p.state, p.match_index, p.next_index) for p in s.peers]}")
+                         f"peers {[(p.peer_id, p.state, p.match_index, p.next_index) for p in s.peers]} "
+                         f"voters {','.join(s.voters)} learners {','.join(s.learners)} config@{s.config_index}")
         lines.append(f"  blocked {sorted(self.net.blocked)}")
         return "\n".join(lines)

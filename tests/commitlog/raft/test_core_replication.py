@@ -119,9 +119,44 @@ def test_probe_skips_a_whole_conflicting_term_per_round_trip():
     assert compares == [7, 6, 2]           # end; below b's term-3 run; below b's term-2 run
     assert [b.log.term_at(i) for i in range(b.log.end_index + 1)] == [1, 1, 1, 4, 4, 4, 5, 5, 6]
     assert b.log.chain_crc_at(8) == a.log.chain_crc_at(8)
-    truncates = [m for m in seen if isinstance(m, PushRequest) and m.type is PushType.TRUNCATE]
-    assert [m.prev_index for m in truncates] == [2]     # b was longer: its divergent tail goes first
+    # b was longer, but its divergent tail is replaced by APPEND at the first
+    # term conflict, never cut by a TRUNCATE below the leader's end (see the
+    # next test for why).
+    assert not [m for m in seen if isinstance(m, PushRequest) and m.type is PushType.TRUNCATE]
     assert a.core.commit_index == 8
+
+
+def test_a_restarted_follower_keeps_matching_entries_it_acknowledged_before():
+    """Regression (found by the membership chaos runs): the follower's
+    `matched` is volatile.  A leader that saw a COMPARE succeed below a
+    follower's end used to send TRUNCATE there; a follower restarted in
+    between (matched forgotten, its last entry of an older term) cut entries
+    it had acknowledged to this very leader -- which may already have
+    counted them for a commit -- and the leader, whose match index stayed
+    above the cut, never sent them again."""
+    terms = [1, 1, 1, 2, 2]
+    a = Solo("a", log=log_with_terms(terms), hard=HardState(2))
+    b = Solo("b", log=log_with_terms(terms), hard=HardState(2))
+    a.make_leader()                                   # term 3, NOOP at 5
+    r = a.core.leader_role.replicators["b"]
+    r.probe(2)                                        # e.g. after a stale failure response
+    (compare,) = pushes(a.drain(), "b", PushType.COMPARE)
+    (answer,) = [m for m in b.step(compare) if isinstance(m, PushResponse)]
+    assert answer.code is ResponseCode.SUCCESS and answer.end_index == 4
+    nxt = pushes(a.step(answer), "b")
+    assert [m.type for m in nxt] == [PushType.APPEND] and nxt[0].prev_index == 2
+    b.step(nxt[0])
+    assert [b.log.term_at(i) for i in range(b.log.end_index + 1)] == [1, 1, 1, 2, 2, 3]
+
+
+def test_a_divergent_tail_longer_than_the_leaders_log_is_replaced():
+    a = Solo("a", log=log_with_terms([1, 1, 1]), hard=HardState(2))
+    b = Solo("b", log=log_with_terms([1, 1, 1, 2, 2, 2]), hard=HardState(2))
+    out = a.make_leader()                             # term 3, NOOP at 3
+    seen = []
+    exchange({"a": a, "b": b}, out, drop=lambda m: m.dst == "c" or (seen.append(m) and False))
+    assert [b.log.term_at(i) for i in range(b.log.end_index + 1)] == [1, 1, 1, 3]
+    assert a.core.commit_index == 3
 
 
 @pytest.mark.parametrize("keep_boundary", [True, False])
@@ -217,3 +252,19 @@ def test_a_leader_with_nothing_to_reset_from_appends_a_noop():
     exchange(net, a.drain())
     exchange(net, a.tick())
     assert b.log.chain_crc_at(10) == a.log.chain_crc_at(10) and b.core.commit_index == 10
+
+
+def test_a_stale_ack_that_empties_the_window_keeps_the_stream_going():
+    """Regression (found by the membership chaos runs): an acknowledgement
+    of a push older than the current round raises the match index and may
+    empty the window; the replicator used to wait for an answer that the
+    network had lost, and nothing was ever sent again."""
+    a, out = replicating_leader(attrs.evolve(FAST, max_inflight_pushes=1))
+    ack(a, pushes(out, "b")[0])
+    a.core.propose([b"m"] * 20)
+    (first,) = pushes(a.drain(), "b")
+    out = a.tick(FAST.push_timeout_ticks)                       # no answer: resent in a new round
+    (again,) = pushes(out, "b", PushType.APPEND)
+    assert again.seq > first.seq and again.batch == first.batch
+    nxt = pushes(ack(a, first), "b", PushType.APPEND)           # the old push's ack; the resend's is lost
+    assert nxt and nxt[0].prev_index == first.batch.last_index

@@ -49,6 +49,10 @@ messages = st.one_of(
     st.builds(HeartbeatResponse, ids, ids, terms, st.sampled_from(ResponseCode)),
     st.builds(PushRequest, ids, ids, terms, st.sampled_from(PushType), i64, i64, i64, terms,
               st.integers(min_value=0, max_value=0xFFFFFFFF), st.none() | batches()),
+    # a reset carries the configuration in force below the new log start
+    st.builds(PushRequest, ids, ids, terms, st.just(PushType.TRUNCATE), i64, i64, i64, terms,
+              st.integers(min_value=0, max_value=0xFFFFFFFF), batches(), i64, terms,
+              st.binary(min_size=1, max_size=200)),
     st.builds(PushResponse, ids, ids, terms, st.sampled_from(PushType), i64, st.sampled_from(ResponseCode),
               i64, i64, i64, terms, i64),
     st.builds(TimeoutNow, ids, ids, terms),

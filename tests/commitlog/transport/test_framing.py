@@ -127,8 +127,14 @@ def test_hello_round_trip_and_malformed():
     assert with_id.identity == "dataSegmentSize=65536;origin=196608"
     assert decode_hello(with_id.encode()) == with_id
     assert decode_identity(with_id.identity) == {"origin": "196608", "dataSegmentSize": "65536"}
-    with pytest.raises(FrameError, match="trailing"):
+    with pytest.raises(FrameError, match="truncated before nonce"):
         decode_hello(with_id.encode() + b"x")
+    # Peer authentication's fields ride behind the identity; an empty
+    # identity is still written when a nonce follows it.
+    authed = Hello("RaftNode00", "n0", "n1", "", nonce="ab" * 16, proof="cd" * 32)
+    assert decode_hello(authed.encode()) == authed
+    with pytest.raises(FrameError, match="trailing"):
+        decode_hello(authed.encode() + b"x")
     with pytest.raises(FrameError, match="not key=value"):
         decode_identity("origin")
     with pytest.raises(ValueError, match="must not"):

@@ -428,6 +428,36 @@ async def test_silent_inbound_connection_times_out(nursery):
 
 
 @deadline
+async def test_peers_join_and_leave_while_running():
+    """set_peers (membership changes): a node the others learn about later
+    is dialled by the lower ids and accepted once known; a removed one is
+    disconnected and sending to it is a quiet False, not an error."""
+    async with trio.open_nursery() as nursery:
+        listeners, ports = await bind(3)
+        peers = {i: (HOST, p) for i, p in zip(IDS, ports)}
+        two = {i: peers[i] for i in ("n0", "n1")}
+        n0, n1 = Node(nursery, "n0", two), Node(nursery, "n1", two)
+        await n0.start(listeners[0])
+        await n1.start(listeners[1])
+        await n0.t.wait_connected()
+        n2 = Node(nursery, "n2", peers)            # the joiner knows the group
+        await n2.start(listeners[2])
+        n0.t.set_peers(peers)                      # the others learn its address
+        n1.t.set_peers(peers)
+        for n in (n0, n1, n2):
+            await n.t.wait_connected()
+        assert n0.t.send("n2", b"hello")
+        assert await n2.t.receive() == ("n0", b"hello")
+        n0.t.set_peers({i: peers[i] for i in ("n0", "n2")})   # n1 leaves n0's configuration
+        assert n0.t.send("n1", b"bye") is False
+        await n1.t.wait_state(lambda st: not st.peers["n0"].connected)
+        assert "n1" not in n0.t.stats().peers
+        with pytest.raises(UnknownPeerError):
+            n0.t.send("n9", b"?")                  # never a peer: still an error
+        nursery.cancel_scope.cancel()
+
+
+@deadline
 async def test_a_sink_takes_messages_from_the_reader_and_can_hold_it_back():
     """set_sink: what was queued goes to the sink at once, then each message
     as its reader reads it; a sink that returns an Event stops that reader

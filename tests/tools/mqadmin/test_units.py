@@ -90,6 +90,9 @@ def test_errors_are_one_line_with_exit_codes():
         assert r.returncode == 3, (cmd, r.stdout, r.stderr)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("mqadmin: error:"), r.stderr
         assert "Traceback" not in r.stderr and r.stdout == ""
+    # wipeWritePerm reports each name server it could not reach.
+    r = run("wipeWritePerm", "-b", "broker-b", "-n", "127.0.0.1:1;127.0.0.1:2")
+    assert r.returncode == 3 and r.stdout.count("Failed") == 2 and "Traceback" not in r.stderr, r
     # NAMESRV_ADDR is the default for -n.
     r = run("topicList", env={"NAMESRV_ADDR": "127.0.0.1:1"})
     assert r.returncode == 3 and "127.0.0.1:1" in r.stderr
@@ -100,7 +103,9 @@ def test_errors_are_one_line_with_exit_codes():
     for bad in (["updateTopic", "-n", "127.0.0.1:1", "-t", "T", "-c", "C", "-r", "many"],
                 ["updateTopic", "-n", "127.0.0.1:1", "-t", "T"],  # neither -b nor -c
                 ["resetOffsetByTime", "-n", "127.0.0.1:1", "-g", "G", "-t", "T", "-s", "yesterday"],
-                ["topicStatus", "--no-such-flag"], ["noSuchCommand"]):
+                ["topicStatus", "--no-such-flag"], ["noSuchCommand"],
+                ["addDLedgerPeer", "-n", "127.0.0.1:1", "-b", "broker-a", "--peer", "n3"],   # no address
+                ["wipeWritePerm", "-n", "127.0.0.1:1"]):                                       # no -b
         r = run(*bad)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr and "Error" in r.stderr
@@ -112,7 +117,8 @@ def test_help_has_examples_for_every_online_command():
               "deleteTopic", "topicRoute", "topicStatus", "consumerProgress", "consumerConnection",
               "producerConnection", "resetOffsetByTime", "updateSubGroup", "deleteSubGroup", "queryMsgById",
               "queryMsgByKey", "queryMsgByUniqueKey", "queryMsgByOffset", "printMsg", "sendMessage",
-              "consumeMessage", "dledgerStatus", "leadershipTransfer", "compareReplicas"]
+              "consumeMessage", "dledgerStatus", "leadershipTransfer", "compareReplicas", "wipeWritePerm",
+              "addWritePerm", "addDLedgerPeer", "promoteDLedgerPeer", "removeDLedgerPeer"]
     for name in online:
         cmd = cli.commands[name]
         assert "Examples:" in (cmd.epilog or ""), name

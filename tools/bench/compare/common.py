@@ -54,7 +54,7 @@ ROWS = [
     Row("fsync_send_1_raw", "latency", "fsync per write, one in flight, raw",
         "SYNC_FLUSH", "sync_interval: always"),
     Row("consume_raw", "mps", "consume the backlog, raw",
-        "PULL_MESSAGE of 32, one puller per queue", "pull consumer, MSG.NEXT batch 256, raw protocol"),
+        "PULL_MESSAGE of 256, one puller per queue", "pull consumer, MSG.NEXT batch 256, raw protocol"),
     Row("consume_client", "mps", "consume the backlog, client",
         "push consumer", "nats-py pull_subscribe fetch(256)"),
     Row("failover", "failover", "kill -9 leader under load",

@@ -1,5 +1,6 @@
 # produce.py NAMESRV TOPIC COUNT [--group G] [--mode sync|oneway|orderly]
 #            [--timeout-ms N] [--tags T] [--keys K] [--body-prefix P] [--shutdown]
+#            [--access-key AK --secret-key SK [--channel C]]
 # Sends COUNT messages with the stock client and prints
 # {"sent": [{"status", "msg_id", "offset"} | {"error"}], "ok": n, ...}.
 import argparse
@@ -21,10 +22,15 @@ def main() -> None:
     p.add_argument("--keys", default="")
     p.add_argument("--body-prefix", default="hello-")
     p.add_argument("--shutdown", action="store_true")
+    p.add_argument("--access-key", default=None, help="ACL: set_session_credentials(access key, secret, channel)")
+    p.add_argument("--secret-key", default="")
+    p.add_argument("--channel", default="ALIYUN")
     a = p.parse_args()
 
     producer = Producer(a.group, timeout=a.timeout_ms)
     producer.set_namesrv_addr(a.namesrv)
+    if a.access_key is not None:
+        producer.set_session_credentials(a.access_key, a.secret_key, a.channel)
     producer.start()
     sent, t0 = [], time.monotonic()
     for i in range(a.count):
