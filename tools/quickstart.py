@@ -215,20 +215,36 @@ async def wait_caught_up(cluster: LocalBrokerCluster, timeout: float) -> dict[st
     return await node_table(cluster)
 
 
-async def create_topic(cluster: LocalBrokerCluster, master: str) -> None:
+async def create_topic(cluster: LocalBrokerCluster, master: str) -> str:
+    """Create the topic on the master; returns the master that took it.
+    An election right after startup (a loaded machine: "term changed
+    before the append committed", or a node that just stopped being
+    master) is retried on whoever is master then: the request is
+    idempotent, and this is what an operator would do."""
     cmd = RemotingCommand.create_request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
         "topic": TOPIC, "defaultTopic": "TBW102", "readQueueNums": QUEUES, "writeQueueNums": QUEUES,
         "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False})
-    resp = await cluster.remoting.invoke(cluster.addr(master), cmd, timeout=10)
-    if resp.code != ResponseCode.SUCCESS:
-        raise RuntimeError(f"creating {TOPIC} on {master} failed: {resp.code} {resp.remark}")
+    with trio.fail_after(60):
+        while True:
+            try:
+                resp = await cluster.remoting.invoke(cluster.addr(master), cmd, timeout=10)
+            except RemotingError as e:
+                say(f"   creating {TOPIC} on {master} failed ({e}); retrying on the master")
+            else:
+                if resp.code == ResponseCode.SUCCESS:
+                    break
+                if resp.code != ResponseCode.SERVICE_NOT_AVAILABLE:
+                    raise RuntimeError(f"creating {TOPIC} on {master} failed: {resp.code} {resp.remark}")
+                say(f"   {master} did not take the topic ({resp.remark}); retrying on the master")
+            await trio.sleep(0.2)
+            master = await cluster.wait_master()
     # The master re-registers when its topics change; wait for the route.
     ns = cluster.namesrv_client()
     with trio.fail_after(15):
         while True:
             try:
                 if await ns.get_route(TOPIC) is not None:
-                    return
+                    return master
             except RemotingError:
                 pass
             await trio.sleep(0.05)
@@ -271,7 +287,7 @@ async def run(args, client) -> int:
             namesrv = cluster.namesrv_addr
             say(f"1. name server {namesrv}; {master} ({cluster.addr(master)}) is master "
                 f"after {time.perf_counter() - t0:.2f} s")
-            await create_topic(cluster, master)
+            master = await create_topic(cluster, master)
             say(f"   created topic {TOPIC} with {QUEUES} queues on the master")
             first, second = range(args.messages), range(args.messages, args.messages + args.second)
             async with client.open_producer(PRODUCER_GROUP, namesrv_addr=namesrv) as producer, \
