@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from broker.client import ConsumeFromWhere, ConsumeStatus, Message, open_producer, open_push_consumer
+from tests.tools.dashboard.helpers import wait_route
 from tools.brokercluster import open_broker_cluster
 from tools.dashboard.browser import BrowserUnavailable, find_chromium, open_browser
 from tools.dashboard.serve import DashboardConfig, serve_dashboard
@@ -72,8 +73,8 @@ async def test_console_pages_in_chromium(tmp_path):
                 p.wait_for_selector(f'#topics-table tr[data-topic="{TOPIC}"]', timeout=WAIT)
                 return p.inner_text(f'#topics-table tr[data-topic="{TOPIC}"] td:nth-child(2)')
             assert await browser.run(create_topic) == "4"
-            route = await cluster.namesrv_client().get_route(TOPIC)
-            assert route is not None and route.queue_datas[0].write_queue_nums == 4
+            route = await wait_route(cluster, TOPIC)
+            assert route.queue_datas[0].write_queue_nums == 4
 
             # --- a consumer group: member and lag 0 while it consumes, lag rises once it stops ------
             received = trio.Event()
