@@ -3,12 +3,15 @@
 # cluster page shows three nodes and one master; a topic is created through
 # the Topics page's confirm dialog (and exists on the name server after);
 # a push consumer's group shows its member and lag 0, its lag rises to what
-# was sent while it is stopped; a message found by key shows its body; and
+# was sent while it is stopped, and a reset by time (confirm dialog) brings
+# it back to 0; the replicas' chain CRCs agree with the leader's own; a
+# message found by key shows its body; and
 # after a kill -9 of the master the same page, never reloaded, shows the
 # new master, the dead node DOWN and a term change.
 #
 # LEDGERMQ_SCREENSHOTS=DIR also writes a screenshot of each page there
 # (`python -m tools.dashboard.screenshots` is the documented command).
+import datetime
 import os
 
 import pytest
@@ -19,6 +22,7 @@ from tests.tools.dashboard.helpers import wait_route
 from tools.brokercluster import open_broker_cluster
 from tools.dashboard.browser import BrowserUnavailable, find_chromium, open_browser
 from tools.dashboard.serve import DashboardConfig, serve_dashboard
+from tools.mqadmin.adminapi import MQAdmin
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +113,34 @@ async def test_console_pages_in_chromium(tmp_path):
             }}""", timeout=WAIT))
             if shots:
                 await browser.run(lambda p: p.screenshot(path=os.path.join(shots, "consumers.png"), full_page=True))
+
+            # --- reset the stopped group's offsets to a time after every message: lag back to 0 -----
+            def reset_offsets(p):
+                p.click(f'button[data-reset="{GROUP}"]')
+                later = datetime.datetime.now() + datetime.timedelta(minutes=5)
+                p.fill("#f-time", later.strftime("%Y-%m-%dT%H:%M"))
+                assert f"resetOffsetByTime -g {GROUP} -t {TOPIC}" in p.inner_text("#confirm-summary")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                p.wait_for_function(f"""() => document.querySelector(
+                    '#consumers-table tr[data-group="{GROUP}"] .lag').textContent === '0'""", timeout=WAIT)
+            await browser.run(reset_offsets)
+            admin = MQAdmin(cluster.remoting, cluster.namesrv_addr)
+            stats = await admin.consume_stats(cluster.addr(master), GROUP, TOPIC)
+            assert sum(w["brokerOffset"] for w in stats.values()) == 35
+            assert all(w["consumerOffset"] == w["brokerOffset"] for w in stats.values()), stats
+
+            # --- replication: the replicas' chain CRCs agree, and are the leader's own ---------------
+            def compare(p):
+                p.goto(url + "/#replication")
+                p.click("#repl-run")
+                p.wait_for_selector("#repl-result table", timeout=WAIT)
+                return p.inner_text("#repl-result p"), p.eval_on_selector_all(
+                    "#repl-result tbody tr", "rs => rs.map(r => r.children[4].textContent)")
+            verdict, crcs = await browser.run(compare)
+            assert verdict.startswith("Replicas agree at index "), verdict
+            index = int(verdict.rsplit(" ", 1)[1])
+            assert len(crcs) == 3 and set(crcs) == {f"{await admin.chain_crc(cluster.addr(master), index):x}"}
 
             # --- messages: by key, the body as text ---------------------------------------------
             def find_by_key(p):

@@ -179,7 +179,8 @@ function renderConsumers() {
 }
 function resetOffset(group) {
   const c = snap.consumers.find(x => x.group === group);
-  const topic = c && c.queues.length ? c.queues[0].topic : "";
+  const subscribed = c ? c.queues.map(q => q.topic).filter(t => !t.startsWith("%RETRY%")) : [];
+  const topic = subscribed.length ? subscribed[0] : "";
   confirmWrite("Reset the offsets of " + group, [
     {name: "group", label: "Group", value: group}, {name: "topic", label: "Topic", value: topic},
     {name: "time", label: "To the time (local)", type: "datetime-local"}],
