@@ -15,34 +15,18 @@ import trio
 
 from broker.remoting.codes import RequestCode
 from tools.dashboard.history import RateTracker, TermLog, Window
-from tools.mqadmin.adminapi import AdminError, MQAdmin
+from tools.mqadmin.adminapi import AdminError, MQAdmin, gather
 
 # Topics the console lists apart from the operators' own (RocketMQ's system topics).
-SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC", "TBW102", "BenchmarkTest",
-                         "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "RMQ_")
+SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC", "TBW102", "BenchmarkTest",
+                         "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC")
 SYSTEM_GROUPS = {"TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
                  "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_ONSAPI_PULL", "CID_RMQ_SYS_TRANS",
                  "CID_SYS_RMQ_TRANS"}
 
 
-def is_system_topic(topic: str, clusters: set[str] = frozenset(), groups: set[str] = frozenset()) -> bool:
-    return topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic in clusters or topic in groups
-
-
-async def gather(items, fn) -> dict:
-    """{item: await fn(item) or its AdminError}, asked in parallel."""
-    out: dict = {}
-
-    async def one(item):
-        try:
-            out[item] = await fn(item)
-        except AdminError as e:
-            out[item] = e
-
-    async with trio.open_nursery() as nursery:
-        for item in items:
-            nursery.start_soon(one, item)
-    return out
+def is_system_topic(topic: str) -> bool:
+    return topic.startswith(SYSTEM_TOPIC_PREFIXES)
 
 
 def _int(info: dict, key: str) -> int | None:

@@ -19,6 +19,7 @@ import json
 import re
 
 import attrs
+import trio
 
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerData, TopicRouteData
@@ -76,6 +77,23 @@ def from_client_error(exc: BaseException) -> AdminError | None:
         causes = [from_client_error(e) for e in getattr(exc, "errors", ()) or ()]
         return causes[-1] if causes and causes[-1] is not None else AdminError(str(exc))
     return AdminError(str(exc))
+
+
+async def gather(items, fn) -> dict:
+    """{item: await fn(item), or the AdminError it raised}, asked in
+    parallel: one broker that does not answer is a row, not a failure."""
+    results: dict = {}
+
+    async def one(item):
+        try:
+            results[item] = await fn(item)
+        except AdminError as e:
+            results[item] = e
+
+    async with trio.open_nursery() as nursery:
+        for item in items:
+            nursery.start_soon(one, item)
+    return results
 
 
 @attrs.frozen
