@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from broker.remoting.codes import RequestCode
+from tools.dashboard import prom
 from tools.dashboard.history import RateTracker, TermLog, Window
 from tools.mqadmin.adminapi import AdminError, MQAdmin, gather
 
@@ -65,6 +66,8 @@ class Sampler:
     window: Window = attrs.Factory(Window)
     terms: TermLog = attrs.Factory(TermLog)
     lag_window: Window = attrs.Factory(Window)
+    endpoints: dict = attrs.Factory(dict)  # broker addr -> its /metrics (host, port), or None: exports none
+    latency: dict = attrs.Factory(dict)  # broker addr -> the send latency buckets of its last scrape
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         started = False
@@ -96,6 +99,7 @@ class Sampler:
         addrs = [b.addr for b in brokers]
         infos = await gather(addrs, self.admin.runtime_info)
         statuses = await gather(addrs, self.admin.dledger_status)
+        metrics = await gather(addrs, self._metrics)
         t_s = now_ms / 1000
         groups: dict[str, dict] = {}
         for b in brokers:
@@ -113,7 +117,8 @@ class Sampler:
                     "diskRatio": float(info["commitLogDiskRatio"]) if info.get("commitLogDiskRatio") else None,
                     "putRate": self.rates.rate((b.addr, "put"), t_s, put) if put is not None else None,
                     "getRate": self.rates.rate((b.addr, "get"), t_s, get) if get is not None else None,
-                    "error": None if ok else str(infos[b.addr])}
+                    "error": None if ok else str(infos[b.addr]),
+                    "metrics": metrics[b.addr] if isinstance(metrics[b.addr], dict) else None}
             g = groups.setdefault(b.broker_name, {"brokerName": b.broker_name, "cluster": b.cluster,
                                                   "nodes": [], "peers": [], "missing": []})
             g["nodes"].append(node)
@@ -138,6 +143,26 @@ class Sampler:
             point["groups"][name] = {"put": put, "get": get, "term": g["term"]}
         self.window.add(point)
         return {"groups": sorted(groups.values(), key=lambda g: g["brokerName"])}
+
+    async def _metrics(self, addr: str) -> dict | None:
+        """What the console shows from a broker's Prometheus endpoint (None
+        without one); the endpoint is looked up in the broker's config once."""
+        if addr not in self.endpoints:
+            self.endpoints[addr] = prom.endpoint(await self.admin.broker_config(addr), addr)
+        where = self.endpoints[addr]
+        if where is None:
+            return None
+        try:
+            families = await prom.scrape(*where, timeout=min(2.0, self.admin.timeout))
+        except prom.ScrapeError as e:
+            return {"url": f"http://{where[0]}:{where[1]}/metrics", "error": str(e)}
+        cur = prom.buckets(families, prom.SEND_LATENCY)
+        p99 = prom.latency_quantile(self.latency.get(addr, {}), cur, 0.99) if addr in self.latency else None
+        self.latency[addr] = cur
+        rss = prom.total(families, "process_resident_memory_bytes")
+        return {"url": f"http://{where[0]}:{where[1]}/metrics", "error": None,
+                "rssBytes": rss, "appendErrors": prom.total(families, "ledgermq_dledger_append_errors"),
+                "sendP99Ms": None if p99 is None else p99 * 1000}
 
     # --- topics and consumer groups ---------------------------------------------------
 

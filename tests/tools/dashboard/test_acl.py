@@ -3,7 +3,8 @@
 # key and secret are entered (the page's ACL dialog posts them), the reads
 # and the write are signed and go through; the secret is never sent back in
 # any page, asset or API answer (the access key is shown, as the page's
-# button says whom it signs as).
+# button says whom it signs as).  The broker exports Prometheus metrics,
+# which the console finds through the broker's config and reads.
 import json
 import urllib.error
 import urllib.request
@@ -14,6 +15,7 @@ import trio
 from tests.tools.dashboard.helpers import wait_route
 from tools.brokercluster import open_broker_cluster
 from tools.dashboard.serve import DashboardConfig, serve_dashboard
+from tools.localcluster import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +48,8 @@ async def call(*args, **kw):
 async def test_console_signs_with_entered_credentials_and_never_shows_the_secret(tmp_path):
     acl_file = tmp_path / "plain_acl.yml"
     acl_file.write_text(PLAIN_ACL)
-    conf = {"aclEnable": "true", "aclFile": str(acl_file)}
+    conf = {"aclEnable": "true", "aclFile": str(acl_file),
+            "metricsExporterType": "PROM", "metricsPromExporterPort": free_ports(1)[0]}
     async with open_broker_cluster(tmp_path / "c", size=1, extra_conf=conf) as cluster, \
             trio.open_nursery() as nursery:
         await cluster.wait_master()
@@ -86,6 +89,9 @@ async def test_console_signs_with_entered_credentials_and_never_shows_the_secret
                     break
                 await trio.sleep(0.3)
         assert snap["groups"][0]["master"] is not None
+        # The broker's Prometheus endpoint, found through its (signed) config and read too.
+        (node,) = snap["groups"][0]["nodes"]
+        assert node["metrics"]["error"] is None and node["metrics"]["rssBytes"] > 1 << 20, node
         seen.append(text)
         for path in ("/", "/static/app.js", "/static/index.html", "/api/credentials"):
             status, text = await call(url + path)

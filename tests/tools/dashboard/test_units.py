@@ -3,6 +3,7 @@
 # term log a failover is read from, and the loopback check of --bind.
 from broker.acl.signing import Credentials
 from tools.dashboard.history import RateTracker, TermLog, Window
+from tools.dashboard.prom import endpoint, latency_quantile
 from tools.dashboard.serve import DashboardConfig, is_loopback
 
 
@@ -46,3 +47,17 @@ def test_bind_and_config_never_show_the_secret():
     cfg = DashboardConfig("127.0.0.1:9876", credentials=Credentials("ak", "very-secret"))
     assert cfg.bind == "127.0.0.1"
     assert "very-secret" not in repr(cfg) and "very-secret" not in repr(cfg.credentials)
+
+
+def test_prometheus_endpoint_and_latency_quantile_between_scrapes():
+    assert endpoint({"metricsExporterType": "DISABLE", "metricsPromExporterPort": "5557"}, "h:1") is None
+    assert endpoint({"metricsExporterType": "PROM", "metricsPromExporterPort": "5557",
+                     "metricsPromExporterHost": ""}, "10.0.0.5:10911") == ("10.0.0.5", 5557)
+    assert endpoint({"metricsExporterType": "prom", "metricsPromExporterPort": "9",
+                     "metricsPromExporterHost": "127.0.0.2"}, "h:1") == ("127.0.0.2", 9)
+    prev = {0.001: 10, 0.01: 20, 0.1: 20, float("inf"): 20}
+    cur = {0.001: 10, 0.01: 119, 0.1: 120, float("inf"): 120}   # 100 new: 99 under 10 ms, 1 under 100 ms
+    assert latency_quantile(prev, cur, 0.99) == 0.01
+    assert latency_quantile(prev, cur, 0.999) == 0.1
+    assert latency_quantile(cur, cur, 0.99) is None               # nothing observed in between
+    assert latency_quantile(cur, prev, 0.99) is None              # counters went back: a restart

@@ -65,21 +65,30 @@ function renderCluster() {
       el("td", {}, n.selfId), el("td", {}, n.addr), el("td", {}, el("span", {class: "role " + nodeRole(n)}, nodeRole(n))),
       el("td", {}, n.error ? "unreachable" : n.raftRole), el("td", {class: "term"}, n.term), el("td", {}, n.committedIndex),
       el("td", {}, n.diskRatio === null ? null : (n.diskRatio * 100).toFixed(1) + "%"),
-      el("td", {}, fmtRate(n.putRate)), el("td", {}, fmtRate(n.getRate))));
+      el("td", {}, fmtRate(n.putRate)), el("td", {}, fmtRate(n.getRate)), metricsCell(n.metrics)));
     for (const m of g.missing) rows.push(el("tr", {"data-node": m, "data-role": "DOWN"}, el("td", {}, m), el("td", {}, "not registered"),
-      el("td", {}, el("span", {class: "role DOWN"}, "DOWN")), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
+      el("td", {}, el("span", {class: "role DOWN"}, "DOWN")), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
     const peers = g.peers.map(p => el("tr", {"data-peer": p.peer}, el("td", {}, p.peer), el("td", {}, p.matchIndex),
       el("td", {}, p.lag), el("td", {}, p.lastAckMsAgo === null ? null : p.lastAckMsAgo + " ms"), el("td", {}, p.state)));
     return el("div", {class: "group", "data-group": g.brokerName},
       el("h2", {}, g.brokerName + " (" + g.cluster + ") · master ",
          el("span", {class: "master"}, g.master || "none"), " · term ", el("span", {class: "group-term"}, g.term)),
-      table(["Node", "Address", "Role", "Raft", "Term", "Committed", "Disk", "Put/s", "Pull/s"], rows, {class: "nodes"}),
+      table(["Node", "Address", "Role", "Raft", "Term", "Committed", "Disk", "Put/s", "Pull/s", "Prometheus"], rows, {class: "nodes"}),
       peers.length ? table(["Peer", "Match index", "Lag (entries)", "Last ack", "State"], peers, {class: "peers"}) : "");
   }));
   const list = document.getElementById("term-changes");
   list.replaceChildren(...snap.termChanges.slice().reverse().map(c => el("li", {class: "term-change"},
     fmtTime(c.t) + ": " + c.group + " term " + c.fromTerm + " → " + c.toTerm + ", leader " + (c.fromLeader || "none") + " → " + (c.toLeader || "none"))));
   if (!document.getElementById("tab-cluster").hidden) drawClusterCharts();
+}
+
+// From the broker's /metrics when it exports one (metricsExporterType=PROM).
+function metricsCell(m) {
+  if (!m) return el("td", {class: "metrics"}, "off");
+  if (m.error) return el("td", {class: "metrics", title: m.error}, "unreachable");
+  const parts = ["RSS " + (m.rssBytes / 1048576).toFixed(0) + " MiB", "send p99 " + (m.sendP99Ms === null ? "–" : m.sendP99Ms + " ms")];
+  if (m.appendErrors) parts.push(m.appendErrors + " append errors");
+  return el("td", {class: "metrics", "data-rss": m.rssBytes}, parts.join(" · "));
 }
 
 function drawChart(id, series, data) {
