@@ -192,7 +192,9 @@ class Sampler:
             row["putRate"] = self.rates.rate(("topic", topic), t_s, total)
             row["system"] = is_system_topic(topic)
         consumers = await self._consumers(masters)
-        self.lag_window.add({"t": now_ms, "lag": {c["group"]: c["lag"] for c in consumers}})
+        self.lag_window.add({"t": now_ms, "lag": {c["group"]: c["lag"] for c in consumers},
+                             "queues": {c["group"]: {f'{q["topic"]} {q["brokerName"]}/{q["queueId"]}': q["lag"]
+                                                     for q in c["queues"]} for c in consumers}})
         return sorted(topics.values(), key=lambda r: r["topic"]), consumers
 
     async def _broker_topic_stats(self, addr: str) -> dict[str, dict]:

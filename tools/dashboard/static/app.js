@@ -181,9 +181,12 @@ function renderConsumers() {
     g.queues.map(q => el("tr", {}, el("td", {}, q.topic), el("td", {}, q.brokerName + "/" + q.queueId), el("td", {}, q.brokerOffset),
       el("td", {}, q.consumerOffset), el("td", {}, q.lag), el("td", {}, fmtTime(q.lastTimestamp))))) : "");
   if (!document.getElementById("tab-consumers").hidden) {
+    // Every group's total; once a group is picked, each of its queues.
     const pts = snap.lagHistory;
-    const names = [...new Set(pts.flatMap(p => Object.keys(p.lag)))].sort();
-    drawChart("chart-lag", names.map(n => ({label: n})), [pts.map(p => p.t / 1000), ...names.map(n => pts.map(p => p.lag[n] ?? null))]);
+    const per = p => g ? (p.queues[g.group] || {}) : p.lag;
+    const names = [...new Set(pts.flatMap(p => Object.keys(per(p))))].sort();
+    document.getElementById("lag-caption").textContent = g ? "Lag per queue of " + g.group + ", last minutes" : "Lag per group, last minutes";
+    drawChart("chart-lag", names.map(n => ({label: n})), [pts.map(p => p.t / 1000), ...names.map(n => pts.map(p => per(p)[n] ?? null))]);
   }
 }
 function resetOffset(group) {
