@@ -25,8 +25,19 @@ def write_tmp(path: str, data: bytes) -> str:
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
-    finally:
+    except BaseException:
+        # A full disk (ENOSPC) must not leave a partial temp file holding
+        # the space it could not finish using; the old file stays.
         os.close(fd)
+        fd = -1
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
     return tmp
 
 

@@ -94,10 +94,16 @@ def read_properties(path: str) -> dict[str, str] | None:
     """The properties in `path`, else in `path.bak`; None when neither exists."""
     for candidate in (path, path + ".bak"):
         try:
-            with open(candidate, encoding="utf-8") as f:
-                return parse_properties(f.read())
+            with open(candidate, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             continue
+        try:
+            return parse_properties(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            # A damaged file is a typed error naming it (found by the
+            # recovery fuzzer: a flipped byte in `checkpoint` was a traceback).
+            raise CorruptStoreError(candidate, e.start, "not a properties file (bytes that are not UTF-8)") from None
     return None
 
 

@@ -94,6 +94,12 @@ class StoreReads:
         h = EntryHeader(*HEADER.unpack_from(view, at))
         if (h.magic, h.size, h.index, h.term, h.pos) != (magic, size, index, term, pos):
             raise CorruptStoreError(seg.path, at, f"entry {index} disagrees with its index unit")
+        if h.body_size != size - HEADER_SIZE:
+            # Zeroed header bytes can also zero both CRC fields, which makes
+            # the entry read as a stock one without checks: the body size is
+            # what still tells (the recovery fuzzer served a zeroed body).
+            raise CorruptStoreError(seg.path, at, f"entry {index}: body size {h.body_size} does not match "
+                                                  f"its entry size {size}")
         return h, view, at, seg
 
     def get(self, index: int) -> Entry:

@@ -20,6 +20,13 @@
 # fence (and refuses again if nothing changed); a restart after the operator
 # fixed the store starts clean.
 #
+# A write that fails for lack of space (ENOSPC/EDQUOT: hard state, append,
+# truncation) is dropped the same way but without the fence: the store has
+# zeroed what it began to write, nothing of that Ready takes effect or leaves
+# the node, and the core is rebuilt from the last durable hard state.  The
+# node stays up, acknowledges nothing it could not write, and replicates
+# again as soon as the leader retries into freed space.
+#
 # Append path cost: a caller is one slotted request parked on its own task
 # (no Event, no cancel scope); the driver releases every committed request in
 # one sweep, and the ticker fails expired ones (QuorumTimeoutError) once per
@@ -35,6 +42,7 @@
 # time (a learner catching up, the previous change or the new leader's NOOP
 # not committed yet) and returns once the change is committed in its term.
 import collections
+import errno
 import logging
 from typing import Callable, Sequence
 
@@ -45,6 +53,7 @@ from commitlog.entry import iter_batch
 from commitlog.errors import (
     AppendRejectedError,
     CommitLogError,
+    DiskFullError,
     IndexBeyondEndError,
     NotLeaderError,
     PendingFullError,
@@ -59,6 +68,9 @@ from commitlog.raft.state import HardState, Ready, Role, SoftState
 from commitlog.watermark import Watermark
 
 log = logging.getLogger("ledgermq.replica")
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_LOG_EVERY = 10.0  # seconds between repeats of the out-of-space error
 
 
 @attrs.define(eq=False)
@@ -133,6 +145,9 @@ class ReplicaNode:
     # fell behind the leader's retention), so state derived from the log
     # (consume queues, index) is rebased before anything new is dispatched.
     on_log_reset: Callable[[], object] | None = None
+    # Asked before a Ready's writes; raises DiskFullError when the disk
+    # cannot take them (the broker's disk reserve), handled like ENOSPC.
+    space_check: Callable[[], None] | None = None
     # Writes the configuration history (ledgermq-members) before the log
     # changes in the same Ready; None keeps it in memory only (tests).
     persist_membership: Callable[[tuple], None] | None = None
@@ -160,11 +175,19 @@ class ReplicaNode:
     # can clear a refusal that passes with time; change_membership waits on it).
     _round: trio.Event = attrs.Factory(trio.Event)
     refused: RefusedLeader | None = None
+    out_of_space: DiskFullError | None = None  # the last write that found no space (None once one succeeds)
     stats: collections.Counter = attrs.Factory(collections.Counter)
+    _durable_hard: HardState | None = None
+    _no_space_logged: float | None = None
+    # trio time a message of the current term last arrived from each peer:
+    # a leader's evidence, in real time, that it still leads (a leader that
+    # was SIGSTOPped or cut off has not run its check-quorum ticks yet).
+    _peer_heard: dict = attrs.Factory(dict)
 
     def __attrs_post_init__(self) -> None:
         self.committed.advance(self.core.commit_index)
         self.soft_state = self.core.soft_state()
+        self._durable_hard = HardState(self.core.term, self.core.voted_for)  # as loaded from disk
 
     # ------------------------------------------------------------------
     # public API
@@ -177,6 +200,17 @@ class ReplicaNode:
     @property
     def is_leader(self) -> bool:
         return self.core.role is Role.LEADER
+
+    def has_quorum_contact(self, within: float) -> bool:
+        """Leader, and heard from a quorum (itself included) within the last
+        `within` seconds of real time.  Decisions that would be wrong if
+        another leader had taken over (e.g. telling a consumer its offset
+        is illegal) ask this rather than the role alone."""
+        if not self.is_leader:
+            return False
+        since = trio.current_time() - within
+        heard = sum(1 for t in self._peer_heard.values() if t >= since)
+        return heard + 1 >= self.core.quorum
 
     def leader_error(self) -> NotLeaderError:
         leader = self.core.leader_id if self.core.leader_id != self.node_id else None
@@ -421,10 +455,13 @@ class ReplicaNode:
                 self.core.tick()
                 self._take_ready()
             inbox, self._inbox = self._inbox, []
+            now = trio.current_time()
             if self._inbox_room is not None:  # readers waiting for room: there is
                 self._inbox_room.set()
                 self._inbox_room = None
             for msg in inbox:
+                if msg.term == self.core.term:
+                    self._peer_heard[msg.src] = now
                 if self.refused is not None and msg.src == self.refused.leader:
                     if msg.term <= self.refused.term:
                         continue  # fenced: see the module comment
@@ -468,11 +505,26 @@ class ReplicaNode:
     def _take_ready(self) -> None:
         """Carry out every available Ready's writes now (the core needs them
         before its next input); collect its messages and commit for _publish."""
+        try:
+            self._carry_out_ready()
+        except DiskFullError as exc:
+            self._no_space(exc)
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            self._no_space(exc)
+
+    def _carry_out_ready(self) -> None:
         core, logw = self.core, self.log
         while core.has_ready():
             rd: Ready = core.ready()
+            writes = rd.hard_state is not None or rd.leader_append is not None or rd.follower_append is not None
+            if writes and self.space_check is not None:
+                self.space_check()
             if rd.hard_state is not None:
                 self.persist_hard_state(rd.hard_state)  # fsync'ed, atomic
+                self._durable_hard = rd.hard_state
             if rd.membership is not None:
                 self._membership_ready(rd.membership)
             if rd.reset_to is not None:
@@ -496,6 +548,8 @@ class ReplicaNode:
                     self._refuse_leader(exc)
                     return
                 self._wrote = True
+            if writes:
+                self.out_of_space = None  # this Ready's writes found room
             if rd.committed_index is not None:
                 self._new_commit = rd.committed_index
             if rd.soft_state is not None:
@@ -516,6 +570,25 @@ class ReplicaNode:
                   "(fix this store and restart the node)", self.node_id, self.refused.leader, old.term, exc)
         self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
                              hard_state=HardState(old.term, old.voted_for), committed_index=self.committed.value,
+                             membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
+        ss = self.core.soft_state()
+        if ss != self.soft_state:
+            self._on_soft_state(ss)
+
+    def _no_space(self, exc: Exception) -> None:
+        """A write of the current Ready found no space: drop the Ready (its
+        messages would promise what is not on disk) and rebuild the core
+        from what is durable, as _refuse_leader does but without a fence."""
+        old = self.core
+        self.out_of_space = DiskFullError(getattr(self.log, "store_dir", "?"), 1.0)
+        self.stats["out_of_space"] += 1
+        now = trio.current_time()
+        if self._no_space_logged is None or now - self._no_space_logged >= _NO_SPACE_LOG_EVERY:
+            self._no_space_logged = now
+            log.error("%s: no space left to write (%s; %d times so far): nothing written or acknowledged; "
+                      "replicating again once space is freed", self.node_id, exc, self.stats["out_of_space"])
+        self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
+                             hard_state=self._durable_hard, committed_index=self.committed.value,
                              membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
         ss = self.core.soft_state()
         if ss != self.soft_state:

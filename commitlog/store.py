@@ -17,7 +17,9 @@
 # are serialized by a lock, snapshot what to sync in an order that cannot
 # lose a concurrent write, and fdatasync dup()ed descriptors, so deleting a
 # segment never races with a flush.
+import errno
 import fcntl
+import logging
 import math
 import os
 import threading
@@ -77,6 +79,9 @@ from native.entries import (
     reason_text,
     scan_entries,
 )
+
+log = logging.getLogger("ledgermq.store")
+
 
 @attrs.frozen
 class AppendBatch:
@@ -253,7 +258,14 @@ class SegmentedStore(StoreReads):
             return
         try:
             self.flush()
-            self.write_checkpoint()
+            try:
+                self.write_checkpoint()
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: the last checkpoint stands (it only bounds
+                # where recovery starts scanning).
+                log.error("%s: final checkpoint skipped: %s", self.store_dir, exc)
         finally:
             self._closed = True
             self._note_activity()  # a flusher still waiting wakes up and returns
@@ -694,9 +706,17 @@ async def serve_flusher(store: SegmentedStore, *, task_status=trio.TASK_STATUS_I
         if store.checkpoint_stale and now >= last_cp + cp_interval:
             await store.flush_async()
             state = (store.flushed_index, store.committed_index)
-            await trio.to_thread.run_sync(metafiles.write_checkpoint, store.store_dir, *state)
-            store._checkpointed = state
             last_cp = now
+            try:
+                await trio.to_thread.run_sync(metafiles.write_checkpoint, store.store_dir, *state)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: keep the previous checkpoint and retry after
+                # the next interval instead of ending the node.
+                log.error("%s: checkpoint deferred: %s", store.store_dir, exc)
+                continue
+            store._checkpointed = state
             continue
         if store.has_unflushed:
             await trio.sleep(interval)  # the period that groups writes into one fdatasync

@@ -25,6 +25,7 @@
 # log that was reset past it (a follower's reset_to).  It keeps the queue's
 # numbering (consumers' offsets, a future leader's offset table) until its
 # next message arrives, which replaces it with what a clean rebuild writes.
+import errno
 import logging
 import os
 import shutil
@@ -290,9 +291,17 @@ class ConsumeQueue:
 
     def read_raw(self, offset: int, max_count: int) -> bytes:
         """Units from logical `offset` (clamped to [min, max)), as bytes."""
-        self.write_pending()
+        readable_end = self.max_offset
+        try:
+            self.write_pending()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A full disk: serve what is in the files; the buffered units
+            # are written by a later read or checkpoint once there is room.
+            readable_end = self._pend_pos // CQ_UNIT_SIZE
         offset = max(offset, self.min_offset)
-        count = min(max_count, self.max_offset - offset)
+        count = min(max_count, readable_end - offset)
         out = bytearray()
         pos = offset * CQ_UNIT_SIZE
         while count > 0:

@@ -16,6 +16,7 @@
 # `dispatched` watermark for pull long-polling, and checkpoints on an
 # interval and on close.  Only committed entries are ever dispatched, so a
 # follower's truncated uncommitted tail never reaches a consume queue.
+import errno
 import logging
 import math
 import os
@@ -49,6 +50,8 @@ from native.dispatch import (
 )
 
 log = logging.getLogger(__name__)
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 BATCH_RECORDS = 8192  # ~8 MiB of 1 KiB messages per scan: still in cache for the index pass
 STAGE_LIMIT = 64 << 10  # staged units per queue before they go to put_units (measured: 32-64 KiB best)
@@ -127,7 +130,12 @@ class DispatchEngine:
         except ValueError as exc:
             return self._rebuild_reset(begin, f"unreadable dispatch state ({exc})")
         self.cqs.load()
-        self.index.load()
+        try:
+            self.index.load()
+        except InconsistentStateError as exc:
+            # A damaged index file (found by the consume queue fuzzer: a
+            # truncated one was a ValueError out of the broker's start).
+            return self._rebuild_reset(begin, exc.reason)
         if state is None:
             if self.cqs.queues or self.index.files:
                 return self._rebuild_reset(begin, "consume queue files without a dispatch checkpoint")
@@ -520,7 +528,16 @@ class Dispatcher:
             pos, index, generation = self.engine.pos, self.engine.last_index, self.engine.generation
             # fsyncs off the event loop; the snapshot was taken here, so the
             # engine may move on meanwhile.
-            await trio.to_thread.run_sync(self.engine.prepare_checkpoint())
+            try:
+                await trio.to_thread.run_sync(self.engine.prepare_checkpoint())
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                # A full disk: the last durable checkpoint stays (recovery
+                # redoes the rest from the log); try again next interval.
+                log.error("dispatch checkpoint at entry %d deferred: %s", index, exc)
+                self._last_checkpoint = time.monotonic()
+                return
             if self.engine.generation == generation:
                 self._checkpointed_pos = pos
                 self.checkpointed.advance(index)

@@ -25,6 +25,7 @@ import time
 import attrs
 
 from commitlog.atomicfile import fsync_dir
+from consumequeue.errors import InconsistentStateError
 from consumequeue.files import makedirs_durable
 from native.dispatch import IndexHeader, default_backend, py_put_key
 from native.hashing import java_hash_str
@@ -111,6 +112,14 @@ class IndexFile:
             self.write_header()
         else:
             self.header = IndexHeader.unpack(self.mm)
+            h = self.header
+            if h.index_count > index_num or not 0 <= h.hash_slot_count <= slot_num:
+                # A damaged header would index past the file (found by the
+                # consume queue fuzzer: a struct.error out of the open).
+                self.mm.close()
+                os.close(fd)
+                raise ValueError(f"{path}: header says {h.index_count} items and {h.hash_slot_count} slots, "
+                                 f"the file holds {index_num} and {slot_num}")
             # Existing pages are in place (or on disk): populate only from
             # the next item on, never re-read a whole old file.
             written = self.item_base + self.header.index_count * ITEM_SIZE
@@ -293,8 +302,12 @@ class IndexService:
         if os.path.isdir(self.dir):
             for name in sorted(os.listdir(self.dir)):
                 if len(name) == 17 and name.isdigit():
-                    f = IndexFile(os.path.join(self.dir, name), self.slot_num, self.index_num,
-                                  readonly=self.readonly)
+                    try:
+                        f = IndexFile(os.path.join(self.dir, name), self.slot_num, self.index_num,
+                                      readonly=self.readonly)
+                    except ValueError as exc:  # a truncated file: derived data, rebuilt by the caller
+                        self.close()
+                        raise InconsistentStateError(str(exc)) from None
                     if not self.readonly and f.repair():
                         log.warning("index file %s: undid items written after its last header", name)
                     self.files.append(f)

@@ -3,6 +3,7 @@
 # engine opened on the store's data segments, the trio Dispatcher fed by the
 # commit watermark, and the leader's queue offset table with its append
 # hook.  The broker talks to consume queues and the index through this.
+import logging
 import os
 
 import attrs
@@ -10,9 +11,11 @@ import trio
 
 from commitlog.watermark import Watermark
 from consumequeue.checkpoint import DispatchState
-from consumequeue.dispatcher import DispatchConfig, DispatchEngine, Dispatcher, OpenReport
+from consumequeue.dispatcher import NO_SPACE, DispatchConfig, DispatchEngine, Dispatcher, OpenReport
 from consumequeue.queue_offsets import QueueOffsetTable
 from consumequeue.source import CommitlogSource
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -164,5 +167,12 @@ class ConsumeQueueService:
 
     def close(self) -> None:
         self.become_follower()
-        self.engine.checkpoint()
+        try:
+            self.engine.checkpoint()
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            # A full disk at shutdown: the last durable checkpoint stands and
+            # recovery redoes the rest from the log.
+            log.error("final dispatch checkpoint skipped: %s", exc)
         self.engine.close()

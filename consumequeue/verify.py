@@ -13,6 +13,7 @@ import os
 import attrs
 
 from consumequeue.cq import CQ_UNIT_SIZE, ConsumeQueueStore
+from consumequeue.errors import InconsistentStateError
 from consumequeue.indexfile import IndexService
 from consumequeue.record import DEFAULT_DELAY_LEVELS_MS
 from consumequeue.source import CommitlogSource
@@ -246,8 +247,8 @@ def _check_index(rep: VerifyReport, root: str, end_pos: int, slot_num, index_num
         kw["index_num"] = index_num
     try:
         svc = IndexService(root, readonly=True, **kw).load()
-    except ValueError as exc:
-        rep.add("index", str(exc))
+    except InconsistentStateError as exc:  # a file of the wrong size or with a damaged header
+        rep.add("index", exc.reason)
         return
     try:
         for f in svc.files:

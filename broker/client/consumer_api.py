@@ -10,6 +10,8 @@
 # suggested (suggestWhichBrokerId), falling back to the master and then to
 # any node, so consumption carries on from a follower while no master is
 # registered.
+import logging
+
 import attrs
 import anyio
 import anyio.abc
@@ -21,6 +23,8 @@ from broker.common.subscription import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FL
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.header import decode_json, encode_json
+
+log = logging.getLogger("ledgermq.client.pull")
 
 _PULL_STATUS = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
                 ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
@@ -102,6 +106,9 @@ class ConsumerApi:
         resp = await self.instance.invoke(addr, req, timeout, ok=tuple(_PULL_STATUS))
         f = resp.ext_fields
         status = _PULL_STATUS[resp.code]
+        if status is PullStatus.OFFSET_ILLEGAL:
+            log.warning("%s: %s says offset %d of %s is illegal (min %s, max %s, next %s)", self.group, addr, offset,
+                        mq, f.get("minOffset"), f.get("maxOffset"), f.get("nextBeginOffset"))
         messages = filter_by_tags(decode_records(resp.body, mq), sub) if status is PullStatus.FOUND else []
         return PullResult(status, int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)),
                           int(f.get("maxOffset", 0)), messages, int(f.get("suggestWhichBrokerId", 0)))

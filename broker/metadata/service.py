@@ -28,6 +28,7 @@
 # NotWritableError (naming the master's broker address) instead of trying.
 # The gate's own announcement (announce_leader) is the one write made
 # before the gate opens.
+import errno
 import logging
 import math
 import time
@@ -376,7 +377,14 @@ class MetadataService:
         while True:
             await trio.sleep(self.config.snapshot_interval_s)  # a timer, not a poll
             if self.applier.error is None and self.state.applied_index > self.persisted_index:
-                await self.write_snapshot()
+                try:
+                    await self.write_snapshot()
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    # A full disk: the last snapshot stays valid (retention
+                    # honours it); the next interval tries again.
+                    log.error("metadata snapshot deferred: %s", exc)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The applier, the offset flusher and the snapshot timer; a final
@@ -391,7 +399,12 @@ class MetadataService:
             with trio.CancelScope(shield=True):
                 self._fail_staged()
                 if self.applier.error is None:
-                    await self.write_snapshot()
+                    try:
+                        await self.write_snapshot()
+                    except OSError as exc:
+                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                            raise
+                        log.error("final metadata snapshot skipped: %s", exc)
 
     def _fail_staged(self) -> None:
         flush, self._staged = self._staged, _Flush()

@@ -4,14 +4,17 @@
 #   QUERY_CONSUMER_OFFSET 14       committed (or staged) offset; with none,
 #                                  SUCCESS 0 while the queue still starts at
 #                                  0, else QUERY_NOT_FOUND 22 (client-compat #7)
-#   UPDATE_CONSUMER_OFFSET 15      staged through metadata (replicated,
-#                                  coalesced) on the writable leader; negative
-#                                  offsets ignored; answered unless oneway
-#                                  (client-compat #8)
+#   UPDATE_CONSUMER_OFFSET 15      through metadata (replicated, coalesced)
+#                                  on the writable leader; negative offsets
+#                                  ignored; answered unless oneway
+#                                  (client-compat #8), and then only once the
+#                                  commit is committed in the log: SUCCESS
+#                                  means it survives a failover
 #   GET_MAX_OFFSET 30 / GET_MIN_OFFSET 31 / SEARCH_OFFSET_BY_TIMESTAMP 29 /
 #   GET_EARLIEST_MSG_STORETIME 32  over the consume queues (committed only)
 import attrs
 
+from broker.metadata.service import FlushAbortedError
 from broker.processors.base import RequestProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -71,7 +74,17 @@ class ConsumerOffsetProcessor(RequestProcessor):
         if offset < 0 or queue_id < 0:
             return request.make_response(ResponseCode.SUCCESS)  # client-compat #8: ignored
         self.store.gate.check_writable()  # refusals: RequestProcessor's translation
-        self.store.metadata.stage_offsets([(topic, group, queue_id, offset)])
+        commit = [(topic, group, queue_id, offset)]
+        if request.is_oneway:  # nobody hears the answer: stage it for the next flush
+            self.store.metadata.stage_offsets(commit)
+            return request.make_response(ResponseCode.SUCCESS)
+        # Acknowledge only what is in the replicated log: a commit answered
+        # from the staging table was lost with a master that died or lost
+        # its term before the next flush (found by the nemesis checker).
+        try:
+            await self.store.metadata.commit_offsets(commit)
+        except FlushAbortedError as e:
+            return request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, str(e))
         return request.make_response(ResponseCode.SUCCESS)
 
     async def get_max_offset(self, request: RemotingCommand) -> RemotingCommand:

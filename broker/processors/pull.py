@@ -40,7 +40,9 @@
 # and sends it back (0) once it has caught up.  The threshold is
 # PullProcessor.slave_read_lag_bytes.  Like a RocketMQ slave without
 # offsetCheckInSlave, a non-leader does not correct offsets: OFFSET_MOVED
-# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset
+# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset;
+# neither does a master whose dispatch is behind its commit index, nor one
+# that has not heard from a quorum within an election timeout
 # (a follower's dispatch may lag, and resetting a consumer on a lagging view
 # would rewind it).
 import logging
@@ -167,8 +169,9 @@ class PullProcessor:
             return request.make_response(e.code, e.remark)
 
         leader = self.store.gate.writable
-        result = self._read(header, sub, leader)
-        code = self._code(result, header.queue_offset, leader)
+        judge = self._may_correct(leader)
+        result = self._read(header, sub, judge)
+        code = self._code(result, header.queue_offset, judge)
         if header.commit and leader and header.commit_offset >= 0:
             self._commit(header)
         if code == ResponseCode.PULL_NOT_FOUND and header.suspend:
@@ -176,12 +179,28 @@ class PullProcessor:
             timeout_ms = min(max(timeout_ms, 0), MAX_SUSPEND_MS)
             if timeout_ms > 0:
                 await self._hold(header, timeout_ms / 1000)
-                leader = self.store.gate.writable
-                result = self._read(header, sub, leader)
-                code = self._code(result, header.queue_offset, leader)
+                judge = self._may_correct(self.store.gate.writable)
+                result = self._read(header, sub, judge)
+                code = self._code(result, header.queue_offset, judge)
         return self._response(request, result, code)
 
     # --- steps ------------------------------------------------------------------
+
+    def _may_correct(self, leader: bool) -> bool:
+        """Whether this node may call an offset illegal and move the consumer:
+        only the writable master, only while its consume queues hold every
+        committed entry, and only while it has heard from a quorum within an
+        election timeout of real time.  A consumer can be ahead of a master
+        whose dispatch lags (it read further on a slave that dispatched
+        faster: the nemesis saw offset 1907 moved to 0 by a master at 1905
+        after that slave died) and ahead of a stale master (one just
+        continued after SIGSTOP, or cut off, still writable until its
+        check-quorum ticks run, while a newer master took writes); either
+        way moving it to 0 redelivered whole queues."""
+        replica = self.store.replica
+        if not leader or self.store.cq.dispatcher.dispatched.value < replica.committed.value:
+            return False
+        return replica.has_quorum_contact(replica.core.config.election_timeout_min * replica.tick_seconds)
 
     def _check(self, h: PullHeader) -> Subscription:
         cfg = self.config.current

@@ -40,6 +40,7 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.metadata.service import MetadataConfig, MetadataService
+from broker.store.diskguard import DEFAULT_RESERVE, DiskGuard
 from broker.store.gate import RoleGate
 from broker.store.migrated import MigrationImport, needs_upgrade
 from broker.store.migrated import log_identity as migrated_identity
@@ -165,9 +166,12 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
             cq.dispatcher.checkpoint_interval = checkpoint_interval
         meta_cfg = metadata_config or MetadataConfig(store_host=cfg.store_host)
         metadata = MetadataService.open(replica, store, rc.store_path_root_dir, meta_cfg)
-        gate = RoleGate(replica, cq, metadata, peer_ids=rc.peer_ids,
+        disk = DiskGuard(rc.store_path_root_dir, rc.disk_space_ratio,
+                         reserve_bytes=max(DEFAULT_RESERVE, 2 * cfg.max_message_size))
+        gate = RoleGate(replica, cq, metadata, peer_ids=rc.peer_ids, disk=disk,
                         before_open=None if marker is None else MigrationImport(metadata, store.store_dir, marker))
         replica.on_role_change = gate.on_role_change
+        replica.space_check = disk.check_reserve
         replica.on_log_reset = cq.on_log_reset
         store.add_retention_floor(metadata.min_retained_index)
         store.add_retention_floor(lambda: cq.dispatcher.dispatched.value + 1)

@@ -32,6 +32,10 @@
 # from the announcements in the metadata (the DLedger peer address is a
 # replication port, useless to clients), with the peer address as a
 # fallback while no announcement is known.
+#
+# A writable gate also asks the disk guard (diskguard.py): with the store's
+# disk at diskMaxUsedSpaceRatio or out of reserve, every write is refused
+# with DiskFullError while reads and replication go on.
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -41,6 +45,7 @@ import trio
 
 from broker.config import broker_id_for
 from broker.metadata.service import MetadataService
+from broker.store.diskguard import DiskGuard
 from commitlog.errors import CommitLogError, NotLeaderError
 from commitlog.raft.state import Role, SoftState
 from commitlog.replica import ReplicaNode
@@ -84,6 +89,7 @@ class RoleGate:
     # Awaited after the metadata barrier, before writes open (a migrated
     # store's one-time import of its old config tables).
     before_open: Callable[[], Awaitable[object]] | None = None
+    disk: DiskGuard | None = None  # None: no disk-space rule (tests of the role logic)
 
     generation: Watermark = attrs.Factory(lambda: Watermark(0))
     role: Role = attrs.field(default=Role.FOLLOWER, init=False)
@@ -117,8 +123,11 @@ class RoleGate:
 
     def check_writable(self) -> None:
         """Raise NotWritableError (a NotLeaderError naming the leader) unless
-        writes are accepted right now."""
+        writes are accepted right now, or DiskFullError when the master's
+        disk has no room for them."""
         if self._writable and self.replica.is_leader:
+            if self.disk is not None:
+                self.disk.check()
             return
         if self.replica.is_leader:
             raise NotWritableError(self.replica.node_id, None, catching_up=True)

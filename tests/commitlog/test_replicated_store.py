@@ -197,3 +197,68 @@ def test_read_batch_reuse_never_serves_replaced_entries(tmp_path):
         store.reset_to(100, 64 * 1024, 2, 0)
         store.append_leader([body("c", i) for i in range(20)], 3)
         assert store.read_batch(105, 1 << 20, 10).last_term == 3
+
+
+@pytest.mark.parametrize("how", ["space_check", "enospc"])
+async def test_follower_out_of_space_acknowledges_nothing_and_catches_up(tmp_path, autojump_clock, how,
+                                                                         monkeypatch):
+    """A follower whose writes find no space (the broker's disk reserve, or a
+    real ENOSPC from the store) stays up, writes and acknowledges nothing, and
+    replicates again once there is room (issue 14: a follower's full disk
+    ended the process)."""
+    import errno
+
+    from commitlog.errors import DiskFullError
+
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, seed=5)
+        await c.start()
+        leader = await c.wait_leader()
+        f, other = [m for m in c.members.values() if m is not leader]
+        first = await c.append_many(leader, "a", 20)
+        await c.wait_committed(first[-1])
+        full = True
+        if how == "space_check":
+            def no_room():
+                if full:
+                    raise DiskFullError(f.store_dir, 1.0)
+            f.node.space_check = no_room
+        else:
+            from commitlog.segments import Segment
+            real_write = Segment.write
+
+            def enospc(seg, *args, **kw):
+                if full and seg.path.startswith(f.store_dir):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_write(seg, *args, **kw)
+            monkeypatch.setattr(Segment, "write", enospc)
+        end_before = f.store.end_index
+        more = await c.append_many(leader, "b", 30)       # committed by leader + other
+        await c.wait_committed(more[-1], members=[leader, other])
+        assert f.store.end_index == end_before and f.node.stats["out_of_space"] > 0
+        assert f.node.out_of_space is not None and f.running
+        full = False
+        await c.wait_committed(more[-1], members=[f])
+        assert f.node.out_of_space is None
+        assert_identical(leader.store, f.store)
+        nursery.cancel_scope.cancel()
+
+
+async def test_quorum_contact_is_real_time_evidence_of_leadership(tmp_path, autojump_clock):
+    """has_quorum_contact: the leader heard from a quorum within the window;
+    a leader cut off from its followers loses it within that window, in real
+    time, whatever its ticks say (issue 14: a leader continued after SIGSTOP
+    moved consumers' offsets before its check-quorum ran)."""
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, seed=7)
+        await c.start()
+        leader = await c.wait_leader()
+        await trio.sleep(0.5)
+        assert leader.node.has_quorum_contact(0.3)
+        followers = [m for m in c.members.values() if m is not leader]
+        assert not any(f.node.has_quorum_contact(0.3) for f in followers)  # only a leader
+        for f in followers:
+            await f.stop()
+        await trio.sleep(0.31)
+        assert not leader.node.has_quorum_contact(0.3)
+        nursery.cancel_scope.cancel()

@@ -264,6 +264,11 @@ async def test_subscription_groups(tmp_path, autojump_clock):
             gc = m.bs.metadata.group_config("gA")
             assert (gc.retry_max_times, gc.consume_broadcast_enable) == (5, False)
             assert gc.extra == {"groupRetryPolicy": {"type": "CUSTOMIZED"}}
+        # GET_ALL_SUBSCRIPTIONGROUP_CONFIG: every node answers from its replicated tables
+        for proc in (p, fp):
+            resp = await proc(None, req(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG))
+            table = json.loads(resp.body)["subscriptionGroupTable"]
+            assert resp.code == ResponseCode.SUCCESS and table["gA"]["retryMaxTimes"] == 5
         for bad in (b"not json", b"[]", json.dumps({"groupName": "a b"}).encode(),
                     json.dumps({"groupName": "g", "retryMaxTimes": "x"}).encode()):
             assert (await p(None, req(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=bad))).code == \

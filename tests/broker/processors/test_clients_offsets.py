@@ -114,6 +114,9 @@ async def test_query_and_update_consumer_offset(tmp_path, autojump_clock):
         assert await p(None, req(RequestCode.UPDATE_CONSUMER_OFFSET, {**u, "commitOffset": -1}, oneway=True)) is None
         ok = await p(None, req(RequestCode.UPDATE_CONSUMER_OFFSET, u))
         assert (ok.code, ok.opaque, ok.is_response) == (ResponseCode.SUCCESS, 9, True)
+        # SUCCESS means committed in the log, not merely staged on this master
+        # (an acknowledged commit must survive a failover: issue 14)
+        assert leader.bs.metadata.query_offset(TOPIC, "cg", 1, include_staged=False) == 2
         assert offset_of(await p(None, req(RequestCode.QUERY_CONSUMER_OFFSET, q))) == 2  # staged counts
         assert await p(None, req(RequestCode.UPDATE_CONSUMER_OFFSET, {**u, "commitOffset": 3}, oneway=True)) is None
         # only the writable leader stores offsets

@@ -23,6 +23,7 @@ from broker.processors.pull import PullProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.server import RequestDispatcher
+from commitlog.watermark import Watermark
 from consumequeue import record as M
 from native.hashing import java_hash_str
 from tests.broker.processors.test_send import BORN, processor, v2
@@ -148,6 +149,22 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
         assert hdr(beyond)["nextBeginOffset"] == 0  # the queue still starts at 0
         moved = await p.process(pull_req(5, queue_id=3))
         assert (moved.code, hdr(moved)["nextBeginOffset"]) == (ResponseCode.PULL_OFFSET_MOVED, 0)
+
+        # nor does a master whose dispatch lags its commit: the consumer may
+        # have read further on a faster slave (issue 14: moved to 0, redelivered)
+        real = leader.bs.cq.dispatcher.dispatched
+        leader.bs.cq.dispatcher.dispatched = Watermark(leader.bs.replica.committed.value - 1)
+        lag = await p.process(pull_req(10, suspend_ms=0))
+        assert (lag.code, hdr(lag)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
+        leader.bs.cq.dispatcher.dispatched = real
+        # nor a master that has not heard from a quorum within an election
+        # timeout (continued after SIGSTOP while a newer master took writes)
+        heard = dict(leader.bs.replica._peer_heard)
+        leader.bs.replica._peer_heard.clear()
+        stale = await p.process(pull_req(10, suspend_ms=0))
+        assert (stale.code, hdr(stale)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
+        leader.bs.replica._peer_heard.update(heard)
+        assert (await p.process(pull_req(10, suspend_ms=0))).code == ResponseCode.PULL_OFFSET_MOVED
 
         # a follower does not correct offsets (a slave without offsetCheckInSlave)
         follower = next(m for m in g.alive() if m is not leader)

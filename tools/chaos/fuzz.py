@@ -1,0 +1,307 @@
+# Owns the decoder fuzzer: seeded random and mutated inputs for every
+# decoder that reads bytes from outside, each with the one rule it must keep.
+#
+#   remoting   broker/remoting/codec.py CommandDecoder (the broker and name
+#              server port), fed in random chunks: commands, NEED_DATA,
+#              CLOSED or RemoteProtocolError, never anything else; nothing
+#              buffered beyond what was fed, and never more than one frame
+#              limit (a frame announcing 2 GiB is refused from its prefix)
+#   peer       commitlog/transport/framing.py FrameDecoder, then the HELLO
+#              and Raft message decoders on every payload: frames or
+#              FrameError / HandshakeError / WireError
+#   record     consumequeue/record.py decode and check_record (the stored
+#              message record a pull returns): a record or MessageFormatError
+#
+# Inputs are mutations of a corpus of valid inputs (bit flips, byte
+# overwrites with boundary values, inserted/deleted/duplicated ranges,
+# lengths rewritten, truncation, splicing two inputs) plus pure random
+# bytes.  Everything comes from random.Random(seed), so a failing input is
+# reproduced from (target, seed, index); it is printed with the error.
+#
+#   python -m tools.chaos.fuzz [--target remoting,peer,record] [--seconds 60 | --inputs N] [--seed S]
+#   python -m tools.chaos.fuzz --atheris remoting --seconds 60   # coverage-guided (the `fuzz` extra)
+#
+# --atheris runs one target under atheris (libFuzzer's coverage guidance on
+# the instrumented Python decoders), seeded with the same corpus, with the
+# same check; libFuzzer reports the inputs run ("Done N runs") and exits
+# non-zero with the input saved on a broken rule.
+#
+# The store-recovery fuzzer (random corruption of segment, index,
+# checkpoint and consume queue files) lives in tests/commitlog, beside the
+# store it builds; live ports are fuzzed by tests/tools/chaos.
+import argparse
+import random
+import struct
+import sys
+import time
+
+import attrs
+
+from broker.remoting.codec import CommandDecoder, encode_command
+from broker.remoting.codes import RequestCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import RemoteProtocolError
+from commitlog.errors import WireError
+from commitlog.raft import wire
+from commitlog.raft.messages import HeartbeatRequest, PushRequest, PushType, VoteRequest
+from commitlog.transport.errors import FrameError, HandshakeError
+from commitlog.transport.framing import CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello, decode_hello, encode_frame
+from consumequeue import record as M
+
+INTERESTING = (0, 1, 0x7F, 0x80, 0xFF)
+INTERESTING32 = (0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 2 ** 31 - 8, 16 * 1024 * 1024 + 1)
+
+
+class FuzzFailure(AssertionError):
+    """A decoder broke its rule on an input (which the message shows)."""
+
+
+# --- mutations -----------------------------------------------------------------------------
+
+def mutate(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.choice((1, 1, 2, 3, 8))):
+        op = rng.randrange(9)
+        if op == 0 and b:                           # flip a bit
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+        elif op == 1 and b:                         # boundary byte
+            b[rng.randrange(len(b))] = rng.choice(INTERESTING)
+        elif op == 2 and len(b) >= 4:               # boundary 32-bit value (lengths live here)
+            i = rng.randrange(len(b) - 3)
+            struct.pack_into(">I", b, i, rng.choice(INTERESTING32))
+        elif op == 3 and b:                         # delete a range
+            i = rng.randrange(len(b))
+            del b[i:i + rng.randrange(1, 16)]
+        elif op == 4:                               # insert random bytes
+            i = rng.randrange(len(b) + 1)
+            b[i:i] = rng.randbytes(rng.randrange(1, 16))
+        elif op == 5 and b:                         # duplicate a range
+            i = rng.randrange(len(b))
+            b[i:i] = b[i:i + rng.randrange(1, 32)]
+        elif op == 6 and b:                         # truncate
+            del b[rng.randrange(len(b)):]
+        elif op == 7 and corpus:                    # splice another input
+            other = rng.choice(corpus)
+            b = b[:rng.randrange(len(b) + 1)] + other[rng.randrange(len(other) + 1):]
+        elif op == 8 and b:                         # zero a range
+            i = rng.randrange(len(b))
+            n = rng.randrange(1, 32)
+            b[i:i + n] = bytes(len(b[i:i + n]))
+    return bytes(b)
+
+
+def inputs(rng: random.Random, corpus: list[bytes]):
+    """An endless stream: mostly mutations, some pure random, some valid."""
+    while True:
+        r = rng.random()
+        if r < 0.1:
+            yield rng.randbytes(rng.randrange(0, 256))
+        elif r < 0.15:
+            yield rng.choice(corpus)
+        else:
+            yield mutate(rng, rng.choice(corpus), corpus)
+
+
+# --- targets -------------------------------------------------------------------------------
+
+def _chunks(rng: random.Random, data: bytes):
+    i = 0
+    while i < len(data):
+        n = rng.choice((1, 3, 8, 64, len(data)))
+        yield data[i:i + n]
+        i += n
+
+
+def remoting_corpus() -> list[bytes]:
+    reqs = [
+        RemotingCommand.create_request(RequestCode.SEND_MESSAGE_V2, {
+            "a": "pg", "b": "TopicA", "c": "TBW102", "d": 4, "e": 1, "f": 0, "g": 1700000000000, "h": 0,
+            "i": "KEYS\x01k\x02", "j": 0, "k": False, "m": False}, body=b"hello"),
+        RemotingCommand.create_request(RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "cg", "topic": "TopicA", "queueId": 1, "queueOffset": 0, "maxMsgNums": 32,
+            "sysFlag": 2, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0}),
+        RemotingCommand.create_request(RequestCode.HEART_BEAT, body=b'{"clientID":"c","consumerDataSet":[],'
+                                                                     b'"producerDataSet":[{"groupName":"pg"}]}'),
+        RemotingCommand.create_request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TopicA"}),
+    ]
+    out = [encode_command(r.as_request(opaque=i)) for i, r in enumerate(reqs)]
+    return out + [out[0] + out[1]]
+
+
+MAX_REMOTING_FRAME = 1 << 20
+
+
+def check_remoting(rng: random.Random, data: bytes) -> str:
+    dec = CommandDecoder(max_frame_size=MAX_REMOTING_FRAME)
+    fed = 0
+    try:
+        for chunk in [*_chunks(rng, data), b""]:
+            dec.receive_data(chunk)
+            fed += len(chunk)
+            if dec.buffered > fed or dec.buffered > MAX_REMOTING_FRAME + len(chunk):
+                raise FuzzFailure(f"decoder holds {dec.buffered} bytes after {fed} fed")
+            while True:
+                cmd = dec.next_command()
+                if cmd is NEED_DATA or cmd is CLOSED:
+                    break
+                if not isinstance(cmd, RemotingCommand):
+                    raise FuzzFailure(f"decoder returned {cmd!r}")
+    except RemoteProtocolError:
+        return "error"
+    return "ok"
+
+
+def peer_corpus() -> list[bytes]:
+    from commitlog.entry import EntryBatch
+    msgs = [
+        VoteRequest("n0", "n1", 3, 10, 2, True, False),
+        HeartbeatRequest("n0", "n1", 3, 9),
+        PushRequest("n0", "n1", 3, PushType.APPEND, 7, 9, 10, 2, 0,
+                    EntryBatch(11, 1, ((11, 3),), b"\x00" * 48)),
+        PushRequest("n0", "n1", 3, PushType.COMPARE, 8, 9, 10, 2, 0),
+    ]
+    frames = [encode_frame(Hello("g", "n0", "n1", "origin=0").encode(), FrameKind.HELLO)]
+    frames += [encode_frame(wire.encode(m)) for m in msgs]
+    return frames + [b"".join(frames)]
+
+
+def check_peer(rng: random.Random, data: bytes) -> str:
+    dec = FrameDecoder(max_frame_size=MAX_REMOTING_FRAME)
+    outcome = "ok"
+    try:
+        for chunk in [*_chunks(rng, data), b""]:
+            dec.receive_data(chunk)
+            while True:
+                frame = dec.next_frame()
+                if frame is NEED_DATA or frame is CLOSED:
+                    break
+                try:
+                    if frame.kind is FrameKind.HELLO:
+                        decode_hello(frame.payload)
+                    elif frame.kind is FrameKind.DATA:
+                        wire.decode(frame.payload)
+                except (FrameError, HandshakeError, WireError):
+                    outcome = "error"  # the transport closes the connection on these
+    except FrameError:
+        return "error"
+    return outcome
+
+
+def record_corpus() -> list[bytes]:
+    import ipaddress
+    out = []
+    for props, body in (({"KEYS": "k1", "UNIQ_KEY": "AB"}, b"body"), ({}, b""), ({"TAGS": "t"}, b"x" * 100)):
+        rec = M.MessageRecord(
+            topic="TopicA", queue_id=1, queue_offset=5, physical_offset=1000, born_timestamp=1,
+            born_host=M.HostAddr(ipaddress.ip_address("127.0.0.1"), 1), store_timestamp=2,
+            store_host=M.HostAddr(ipaddress.ip_address("127.0.0.1"), 2), body=body, properties=props)
+        out.append(M.encode(rec))
+    return out
+
+
+def check_record(rng: random.Random, data: bytes) -> str:
+    try:
+        M.decode(data, check_crc=rng.random() < 0.5)
+        outcome = "ok"
+    except M.MessageFormatError:
+        outcome = "error"
+    reason = M.check_record(data)  # a reason string or None, never an exception
+    if reason is not None and not isinstance(reason, str):
+        raise FuzzFailure(f"check_record returned {reason!r}")
+    return outcome
+
+
+TARGETS = {
+    "remoting": (remoting_corpus, check_remoting),
+    "peer": (peer_corpus, check_peer),
+    "record": (record_corpus, check_record),
+}
+
+
+@attrs.define
+class FuzzReport:
+    target: str
+    inputs: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+
+
+def fuzz(target: str, seed: int, *, max_inputs: int | None = None, seconds: float | None = None) -> FuzzReport:
+    """Run one target; raises FuzzFailure naming the input on a broken rule
+    (or any exception other than the decoder's typed error)."""
+    corpus_fn, check = TARGETS[target]
+    corpus = corpus_fn()
+    rng = random.Random(seed)
+    report = FuzzReport(target)
+    t0 = time.monotonic()
+    for i, data in enumerate(inputs(rng, corpus)):
+        if max_inputs is not None and i >= max_inputs:
+            break
+        if seconds is not None and i % 64 == 0 and time.monotonic() - t0 >= seconds:
+            break
+        try:
+            outcome = check(random.Random(seed * 1_000_003 + i), data)
+        except Exception as exc:
+            raise FuzzFailure(f"{target} (seed {seed}, input {i}): {type(exc).__name__}: {exc}\n"
+                              f"input ({len(data)} bytes): {data[:200]!r}") from exc
+        report.inputs += 1
+        if outcome == "ok":
+            report.accepted += 1
+        else:
+            report.rejected += 1
+    report.seconds = round(time.monotonic() - t0, 2)
+    return report
+
+
+def run_atheris(target: str, seconds: float, seed: int) -> None:
+    """Coverage-guided fuzzing of one target; libFuzzer ends the process."""
+    import os
+    import tempfile
+
+    import atheris
+
+    corpus_fn, check = TARGETS[target]
+    corpus_dir = tempfile.mkdtemp(prefix=f"ledgermq-atheris-{target}-")
+    for i, data in enumerate(corpus_fn()):
+        with open(os.path.join(corpus_dir, f"seed{i}"), "wb") as f:
+            f.write(data)
+    def one(data: bytes) -> None:
+        check(random.Random(0), data)  # raises on a broken rule: libFuzzer reports and saves the input
+
+    atheris.instrument_all()  # libFuzzer prints "Done N runs" at the end
+    atheris.Setup([sys.argv[0], f"-max_total_time={int(seconds)}", f"-seed={seed % 2 ** 31}",
+                   "-max_len=4096", corpus_dir], one)
+    atheris.Fuzz()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.chaos.fuzz", description="fuzz ledgermq's decoders")
+    ap.add_argument("--target", default=",".join(TARGETS))
+    ap.add_argument("--seconds", type=float, default=None, help="per target (default 30 unless --inputs)")
+    ap.add_argument("--inputs", type=int, default=None, help="per target")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--atheris", metavar="TARGET", default=None, help="coverage-guided run of one target")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
+    seconds = args.seconds if args.seconds is not None or args.inputs is not None else 30.0
+    print(f"seed {seed}")
+    if args.atheris:
+        run_atheris(args.atheris, seconds, seed)
+        return 0
+    failed = False
+    for target in args.target.split(","):
+        try:
+            r = fuzz(target, seed, max_inputs=args.inputs, seconds=seconds)
+        except FuzzFailure as e:
+            print(f"{target}: FAILED: {e}")
+            failed = True
+            continue
+        print(f"{target}: {r.inputs:,} inputs in {r.seconds} s ({r.accepted:,} decoded, {r.rejected:,} refused "
+              f"with the decoder's error), no crash")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
