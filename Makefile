@@ -8,15 +8,23 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: setup native test quickstart bench clean
+.PHONY: setup browser native test quickstart bench clean screenshots
 
 $(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel
-	$(VPY) -m pip install -q -e '.[test,spark,bench]'
+	$(VPY) -m pip install -q -e '.[test,spark,bench,dashboard]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# Debian's chromium for the web console's browser tests (Playwright drives
+# that executable).  Installed with apt-get when missing; where that is not
+# possible (not root, no apt) setup goes on and those tests skip, saying so.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "warning: could not install chromium (apt-get); the web console's browser tests will skip"
 
 # Rebuild the C helpers in place after editing native/src (serialized with a
 # lock so parallel builds never clobber each other's .so).
@@ -28,6 +36,11 @@ native: $(STAMP)
 test: setup native
 	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# Screenshots of each page of the web console against a live 3-broker
+# group, into results/dashboard/ (not committed).
+screenshots: setup native
+	$(VPY) -m tools.dashboard.screenshots --out results/dashboard
 
 quickstart: setup native
 	$(VPY) -m tools.quickstart $(ARGS)

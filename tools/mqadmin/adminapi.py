@@ -19,6 +19,7 @@ import json
 import re
 
 import attrs
+import trio
 
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerData, TopicRouteData
@@ -76,6 +77,23 @@ def from_client_error(exc: BaseException) -> AdminError | None:
         causes = [from_client_error(e) for e in getattr(exc, "errors", ()) or ()]
         return causes[-1] if causes and causes[-1] is not None else AdminError(str(exc))
     return AdminError(str(exc))
+
+
+async def gather(items, fn) -> dict:
+    """{item: await fn(item), or the AdminError it raised}, asked in
+    parallel: one broker that does not answer is a row, not a failure."""
+    results: dict = {}
+
+    async def one(item):
+        try:
+            results[item] = await fn(item)
+        except AdminError as e:
+            results[item] = e
+
+    async with trio.open_nursery() as nursery:
+        for item in items:
+            nursery.start_soon(one, item)
+    return results
 
 
 @attrs.frozen
@@ -407,3 +425,47 @@ class MQAdmin:
         f = resp.ext_fields
         records = decode_records(resp.body) if resp.code == ResponseCode.SUCCESS else []
         return int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)), int(f.get("maxOffset", 0)), records
+
+    # --- message look-ups (queryMsgBy* and the web console share them) ------------------
+
+    async def find_by_key(self, topic: str, key: str, unique: bool, max_num: int = 64, begin: int = 0,
+                          end: int = (1 << 63) - 1) -> list[dict]:
+        """message_json of each message of `topic` with this key (or unique
+        key), from every group holding the topic, each stored copy once."""
+        found, seen = [], set()
+        for name, addr in sorted((await self.topic_masters(topic)).items()):
+            for r in await self.query_message(addr, topic, key, max_num, begin, end, unique):
+                if (name, r.physical_offset) not in seen:
+                    seen.add((name, r.physical_offset))
+                    found.append(message_json(r))
+        return found
+
+    async def find_by_offset_msg_id(self, msg_id: str) -> dict:
+        """The message of an offset message id: asked of the storing broker
+        first, then of any other (every replica holds the same commitlog).
+        MessageFormatError if `msg_id` is not one."""
+        from broker.common.msgid import parse_offset_msg_id
+        host, phy = parse_offset_msg_id(msg_id)
+        addrs = [str(host)] + [b.addr for b in await self.brokers() if b.addr != str(host)]
+        last: AdminError | None = None
+        for addr in addrs:
+            try:
+                return message_json(await self.view_message(addr, phy))
+            except UnreachableError as e:
+                last = e
+        raise last or NotFoundError(f"message {msg_id} not found")
+
+    async def find_at_queue_offset(self, topic: str, broker_name: str, queue_id: int, offset: int) -> dict:
+        """The message at a queue offset, read from any member of the group."""
+        await self.route(topic)
+        addrs = await self.group_addrs(broker_name)
+        records = []
+        for addr in [addrs[k] for k in sorted(addrs)]:
+            try:
+                _next, _lo, _hi, records = await self.pull(addr, TOOLS_GROUP, topic, queue_id, offset, 1)
+                break
+            except UnreachableError:
+                continue
+        if not records or records[0].queue_offset != offset:
+            raise NotFoundError(f"no message at {topic}/{broker_name}/{queue_id} offset {offset}")
+        return message_json(records[0])

@@ -5,27 +5,10 @@
 # not answer is shown as such, not fatal: clusterList is what an operator
 # runs when something is wrong.
 import click
-import trio
 
-from tools.mqadmin.adminapi import AdminError, MQAdmin
+from tools.mqadmin.adminapi import AdminError, MQAdmin, gather
 from tools.mqadmin.online import online
 from tools.mqadmin.render import Output
-
-
-async def _gather(brokers, fn) -> dict:
-    """{addr: fn(addr) or the AdminError}, asked in parallel."""
-    results: dict = {}
-
-    async def one(addr):
-        try:
-            results[addr] = await fn(addr)
-        except AdminError as e:
-            results[addr] = e
-
-    async with trio.open_nursery() as nursery:
-        for addr in brokers:
-            nursery.start_soon(one, addr)
-    return results
 
 
 async def _targets(admin: MQAdmin, broker_addr: str | None, cluster: str | None) -> list[str]:
@@ -72,7 +55,7 @@ async def cluster_list(admin: MQAdmin, out: Output, cluster, more_stats: bool):
     leader, put TPS and disk usage; DLedger peers that are not registered
     (down) are listed as DOWN (--json: "missing")."""
     brokers = await admin.brokers(cluster)
-    infos = await _gather([b.addr for b in brokers], admin.runtime_info)
+    infos = await gather([b.addr for b in brokers], admin.runtime_info)
     if more_stats:
         return _more_stats(out, brokers, infos)
     rows = []
@@ -152,7 +135,7 @@ async def broker_status(admin: MQAdmin, out: Output, broker_addr, cluster):
     if broker_addr:
         results = {broker_addr: await admin.runtime_info(broker_addr)}
     else:
-        results = await _gather(targets, admin.runtime_info)
+        results = await gather(targets, admin.runtime_info)
     failed = 0
     if out.as_json:
         out.json({addr: (r if isinstance(r, dict) else {"error": str(r)}) for addr, r in results.items()})
@@ -180,7 +163,7 @@ async def get_broker_config(admin: MQAdmin, out: Output, broker_addr, cluster):
         raise click.UsageError("give -b ADDR or -c CLUSTER")
     targets = await _targets(admin, broker_addr, cluster)
     results = {broker_addr: await admin.broker_config(broker_addr)} if broker_addr else \
-        await _gather(targets, admin.broker_config)
+        await gather(targets, admin.broker_config)
     if out.as_json:
         out.json({addr: (r if isinstance(r, dict) else {"error": str(r)}) for addr, r in results.items()})
     failed = 0
@@ -215,7 +198,7 @@ async def update_broker_config(admin: MQAdmin, out: Output, broker_addr, cluster
         await admin.update_broker_config(broker_addr, key, value)
         results = {broker_addr: None}
     else:
-        results = await _gather(targets, lambda addr: admin.update_broker_config(addr, key, value))
+        results = await gather(targets, lambda addr: admin.update_broker_config(addr, key, value))
     failed = {a: str(r) for a, r in results.items() if isinstance(r, AdminError)}
     if out.as_json:
         out.json({"key": key, "value": value, "updated": [a for a in targets if a not in failed], "failed": failed})

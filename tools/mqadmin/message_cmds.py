@@ -10,9 +10,8 @@
 import click
 
 from broker.client import Message, MessageQueue, open_producer, open_pull_consumer
-from broker.common.msgid import parse_offset_msg_id
 from consumequeue.record import MessageFormatError
-from tools.mqadmin.adminapi import TOOLS_GROUP, TOOLS_PRODUCER, MQAdmin, NotFoundError, UnreachableError, message_json
+from tools.mqadmin.adminapi import TOOLS_GROUP, TOOLS_PRODUCER, MQAdmin, NotFoundError, message_json
 from tools.mqadmin.online import TIMESTAMP, fmt_ms, online
 from tools.mqadmin.render import Output
 
@@ -36,11 +35,6 @@ def _show(out: Output, messages: list[dict]) -> None:
                 ("Message Body", m["body"] if m["body"] is not None else "hex:" + m["bodyHex"])])
 
 
-async def _group_readers(admin: MQAdmin, broker_name: str) -> list[str]:
-    addrs = await admin.group_addrs(broker_name)
-    return [addrs[k] for k in sorted(addrs)]
-
-
 @click.command("queryMsgById", epilog="""\b
 Examples:
   mqadmin queryMsgById -i 7F00000100002A9F0000000000000A1C
@@ -53,34 +47,11 @@ async def query_msg_by_id(admin: MQAdmin, out: Output, msg_ids):
     found = []
     for msg_id in [m.strip() for m in msg_ids.split(",") if m.strip()]:
         try:
-            host, phy = parse_offset_msg_id(msg_id)
+            found.append(await admin.find_by_offset_msg_id(msg_id))
         except MessageFormatError as e:
             raise click.BadParameter(f"{msg_id}: {e} (for a client UNIQ_KEY use queryMsgByUniqueKey)",
                                      param_hint="-i") from None
-        # The storing broker first; if it is down, any replica of the cluster.
-        addrs = [str(host)] + [b.addr for b in await admin.brokers() if b.addr != str(host)]
-        record, last = None, None
-        for addr in addrs:
-            try:
-                record = await admin.view_message(addr, phy)
-                break
-            except UnreachableError as e:
-                last = e
-        if record is None:
-            raise last or NotFoundError(f"message {msg_id} not found")
-        found.append(message_json(record))
     _show(out, found)
-
-
-async def _query(admin: MQAdmin, topic: str, key: str, unique: bool, max_num: int = 64, begin: int = 0,
-                 end: int = (1 << 63) - 1) -> list[dict]:
-    found, seen = [], set()
-    for name, addr in sorted((await admin.topic_masters(topic)).items()):
-        for r in await admin.query_message(addr, topic, key, max_num, begin, end, unique):
-            if (name, r.physical_offset) not in seen:
-                seen.add((name, r.physical_offset))
-                found.append(message_json(r))
-    return found
 
 
 @click.command("queryMsgByKey", epilog="""\b
@@ -94,7 +65,7 @@ Examples:
 @online
 async def query_msg_by_key(admin: MQAdmin, out: Output, topic, key, begin, end, max_num):
     """Messages of a topic carrying a key (through the index)."""
-    found = await _query(admin, topic, key, False, max_num, begin, end)
+    found = await admin.find_by_key(topic, key, False, max_num, begin, end)
     if out.as_json:
         out.json({"messages": found})
         return
@@ -112,7 +83,7 @@ Examples:
 @online
 async def query_msg_by_unique_key(admin: MQAdmin, out: Output, topic, uniq, showall):
     """A message by its client id (UNIQ_KEY, the send result's msgId)."""
-    found = await _query(admin, topic, uniq, True)
+    found = await admin.find_by_key(topic, uniq, True)
     if not found:
         raise NotFoundError(f"no message with unique key {uniq} in topic {topic}")
     _show(out, found if showall else found[:1])
@@ -128,17 +99,7 @@ Examples:
 @online
 async def query_msg_by_offset(admin: MQAdmin, out: Output, topic, broker_name, queue_id, offset):
     """The message at a queue offset."""
-    await admin.route(topic)
-    records = []
-    for addr in await _group_readers(admin, broker_name):
-        try:
-            _next, _lo, _hi, records = await admin.pull(addr, TOOLS_GROUP, topic, queue_id, offset, 1)
-            break
-        except UnreachableError:
-            continue
-    if not records or records[0].queue_offset != offset:
-        raise NotFoundError(f"no message at {topic}/{broker_name}/{queue_id} offset {offset}")
-    _show(out, [message_json(records[0])])
+    _show(out, [await admin.find_at_queue_offset(topic, broker_name, queue_id, offset)])
 
 
 async def _queues(admin: MQAdmin, topic: str) -> list[tuple[str, str, int]]:

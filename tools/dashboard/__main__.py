@@ -1,0 +1,3 @@
+from tools.dashboard.cli import main
+
+main()

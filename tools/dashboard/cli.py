@@ -1,0 +1,75 @@
+# Owns `mqdashboard` (also `python -m tools.dashboard`): the web console's
+# command line -- its flags, the ACL credentials and TLS taken as mqadmin's
+# online commands take them -- and the one line it prints when it serves.
+# A command of its own, not an mqadmin subcommand: the console builds on
+# mqadmin's admin client, so mqadmin importing the console would be a cycle.
+import sys
+
+import click
+import trio
+
+from broker.acl.signing import credentials_or_none, load_tools_credentials
+from broker.remoting.tls import ClientTls
+from commitlog.config import ConfigError
+from tools.mqadmin import EXIT_ERROR
+from tools.mqadmin.online import _single_leaf
+
+
+@click.command("mqdashboard", context_settings={"help_option_names": ["-h", "--help"]}, epilog="""\b
+Open the printed URL in a browser.  Admin writes (topics, offset resets)
+ask for a confirm step; with ACL on, give --accessKey/--secretKey (or enter
+them on the page): every request is signed, the secret is never shown.
+Examples:
+  mqdashboard -n 127.0.0.1:9876
+  mqdashboard -n 127.0.0.1:9876 --port 8088 --accessKey admin --secretKey ...""")
+@click.option("-n", "--namesrvAddr", "namesrv_addr", envvar="NAMESRV_ADDR", metavar="ADDR",
+              help="name server(s), host:9876[;host2:9876] (default: $NAMESRV_ADDR)")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0: any free port")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="address to listen on (loopback by default: the console can change topics and offsets)")
+@click.option("--accessKey", "access_key", envvar="ROCKETMQ_ACCESS_KEY", metavar="AK", help="ACL access key")
+@click.option("--secretKey", "secret_key", envvar="ROCKETMQ_SECRET_KEY", metavar="SK", help="ACL secret key")
+@click.option("--tlsTrustCertPath", "tls_trust", envvar="ROCKETMQ_TLS_TRUST_CERT_PATH", metavar="PEM",
+              type=click.Path(exists=True, dir_okay=False), help="CA bundle (implies TLS to the servers)")
+@click.option("--period", type=click.FloatRange(min=0.2), default=1.0, show_default=True, metavar="SECONDS",
+              help="how often the cluster is sampled")
+def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, period):
+    """Serve the web console (cluster, topics, consumers, messages, replication)."""
+    if not namesrv_addr:
+        raise click.UsageError("no name server: give -n HOST:9876 or set NAMESRV_ADDR")
+    try:
+        credentials = credentials_or_none(access_key, secret_key) or load_tools_credentials()
+    except ValueError as e:
+        raise click.UsageError(f"--accessKey/--secretKey: {e}") from None
+    try:
+        tls = ClientTls.create(tls_trust) if tls_trust else None
+    except ConfigError as e:
+        raise click.UsageError(f"--tlsTrustCertPath: {e}") from None
+    try:
+        from tools.dashboard.serve import DashboardConfig, serve_dashboard
+    except ImportError as e:  # hypercorn / starlette: the dashboard extra
+        click.echo(f"mqdashboard: error: the console needs the dashboard extra ({e.name} is missing): "
+                   "pip install 'ledgermq[dashboard]'", err=True)
+        sys.exit(EXIT_ERROR)
+    cfg = DashboardConfig(namesrv_addr, port=port, bind=bind, credentials=credentials, tls=tls, period_s=period)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_dashboard, cfg)
+            click.echo(f"console serving on {url}", err=True)
+            print(url, flush=True)  # the one stdout line scripts wait for
+
+    try:
+        trio.run(main)
+    except BaseException as exc:  # noqa: B902 -- unwrapped from trio's groups, re-raised unless ours
+        leaf = _single_leaf(exc)
+        if isinstance(leaf, OSError):
+            click.echo(f"mqdashboard: error: cannot listen on {bind}:{port}: {leaf.strerror or leaf}", err=True)
+            sys.exit(EXIT_ERROR)
+        if isinstance(leaf, KeyboardInterrupt):
+            sys.exit(130)
+        raise
+
+
+def main() -> None:
+    dashboard(prog_name="mqdashboard")
