@@ -29,6 +29,7 @@ from commitlog import metafiles
 from commitlog.admin import serve_admin
 from commitlog.config import ConfigError, ReplicationConfig, load_replication_config
 from commitlog.errors import CommitLogError
+from commitlog.flusher import serve_flusher
 from commitlog.members import load_membership, write_members
 from commitlog.profiling import profiled
 from commitlog.raft.core import RaftCore
@@ -36,7 +37,7 @@ from commitlog.raft.state import HardState, RaftConfig
 from commitlog.replica import ReplicaNode
 from commitlog.retention import retention_pass, serve_retention
 from commitlog.stallwatch import instruments_from_env
-from commitlog.store import SegmentedStore, StoreConfig, serve_flusher
+from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.transport.tcp import serve_peer_transport
 
 log = logging.getLogger("ledgermq.node")

@@ -13,14 +13,13 @@
 #     writes succeeded, so a crash leaves at most a torn tail.
 #
 # Threading: one trio thread owns the store.  flush() may also run in a
-# worker thread (serve_flusher does that, and so may the replica): flushes
+# worker thread (commitlog/flusher.py does that, and so may the replica): flushes
 # are serialized by a lock, snapshot what to sync in an order that cannot
 # lose a concurrent write, and fdatasync dup()ed descriptors, so deleting a
 # segment never races with a flush.
 import errno
 import fcntl
 import logging
-import math
 import os
 import threading
 from array import array
@@ -655,6 +654,11 @@ class SegmentedStore(StoreReads):
         except RuntimeError:  # not a trio thread at all: nobody can be waiting
             self.flushed_watermark.advance(end)
 
+    def checkpoint_written(self, state: tuple[int, int]) -> None:
+        """(flushed end, committed) is on disk as the checkpoint (the
+        flusher wrote it from a worker thread)."""
+        self._checkpointed = state
+
     def write_checkpoint(self) -> None:
         """Persist (endIndex, committedIndex).  endIndex is the flushed end,
         so everything up to it is known to be on disk."""
@@ -690,39 +694,3 @@ class SegmentedStore(StoreReads):
         """Called by retention after it deleted leading segments."""
         self._begin = begin_index
         self._last_batch = None
-
-
-async def serve_flusher(store: SegmentedStore, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Flush every flush_interval_ms while there are unflushed writes and
-    write the checkpoint every checkpoint_interval_ms while it is stale.
-    Sleeps on the store's activity when idle (no wakeups without writes).
-    Returns once the store is closed (close() flushes and checkpoints)."""
-    interval = store.cfg.flush_interval_ms / 1000
-    cp_interval = store.cfg.checkpoint_interval_ms / 1000
-    last_cp = trio.current_time()
-    task_status.started()
-    while not store.closed:
-        now = trio.current_time()
-        if store.checkpoint_stale and now >= last_cp + cp_interval:
-            await store.flush_async()
-            state = (store.flushed_index, store.committed_index)
-            last_cp = now
-            try:
-                await trio.to_thread.run_sync(metafiles.write_checkpoint, store.store_dir, *state)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                # A full disk: keep the previous checkpoint and retry after
-                # the next interval instead of ending the node.
-                log.error("%s: checkpoint deferred: %s", store.store_dir, exc)
-                continue
-            store._checkpointed = state
-            continue
-        if store.has_unflushed:
-            await trio.sleep(interval)  # the period that groups writes into one fdatasync
-            if not store.closed:
-                await store.flush_async()
-            continue
-        deadline = last_cp + cp_interval if store.checkpoint_stale else math.inf
-        with trio.move_on_at(deadline):
-            await store.wait_activity()

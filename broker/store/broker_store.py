@@ -49,7 +49,8 @@ from commitlog.node import raft_config_for, replica_on_store, store_config_for
 from commitlog.raft.state import RaftConfig
 from commitlog.replica import ReplicaNode
 from commitlog.retention import RETENTION_CHECK_SECONDS, retention_pass, serve_retention
-from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of, serve_flusher
+from commitlog.flusher import serve_flusher
+from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of
 from commitlog.transport.tcp import serve_peer_transport
 from consumequeue.dispatcher import DispatchConfig
 from consumequeue.migrated import DividedLog, legacy_floor, legacy_retention_pass, load_marker, open_migrated_engine

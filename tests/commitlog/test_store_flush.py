@@ -5,7 +5,8 @@ import trio.testing
 
 from commitlog import metafiles
 from commitlog.config import FlushDiskType
-from commitlog.store import SegmentedStore, serve_flusher
+from commitlog.flusher import serve_flusher
+from commitlog.store import SegmentedStore
 from tests.commitlog.store_helpers import cfg, fill
 
 
