@@ -85,9 +85,6 @@ int64_t lmq_cq_pack(const lmq_disp_rec *recs, const int32_t *order, int64_t from
 int64_t lmq_cq_pack_groups(const lmq_disp_rec *recs, const int32_t *order, const int32_t *starts,
                            int64_t ngroups, uint8_t *out, int64_t *info);
 int64_t lmq_cq_valid_units(const uint8_t *buf, size_t len);
-void lmq_stamp_offsets(uint8_t *out, int64_t start, const lmq_disp_rec *recs, int64_t n, const int32_t *order,
-                       const int32_t *starts, int64_t ngroups, const int64_t *first, int64_t first_index,
-                       int64_t *stamps);
 int64_t lmq_index_put(uint8_t *map, int32_t slot_num, int32_t index_num, lmq_index_header *hdr,
                       const uint8_t *buf, const lmq_disp_rec *recs, int64_t rec_from, int64_t n,
                       int32_t key_from, int32_t *key_next);
