@@ -128,6 +128,20 @@ async def test_stock_push_consumer_mixed_producers_commits_offsets(tmp_path, sto
         assert committed == maxes, (committed, maxes, run.log_text[-4000:])
 
 
+async def black_hole(port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Accept connections on 127.0.0.1:port and never answer (a host that
+    stopped answering), until cancelled."""
+    async def swallow(stream):
+        async with stream:
+            while await stream.receive_some(65536):
+                pass
+
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, swallow, listeners)
+        task_status.started()
+
+
 async def test_stock_push_consumer_survives_master_kill(tmp_path, stock_client):
     topic, group, n1, n2 = "FailTopic", "compat_fail_g", 12, 12
     async with running_group(tmp_path) as g, open_remoting_client() as rc:
@@ -145,29 +159,42 @@ async def test_stock_push_consumer_survives_master_kill(tmp_path, stock_client):
             result["run"] = await run_stock("push.py", [g.nsrv.address, topic, 4 + n1 + n2, "--group", group,
                                                         "--wait", 120, "--shutdown"], timeout=160)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(push)
-            await trio.sleep(3)
-            for i in range(n1):
-                resp = await rc.invoke(master, v2_send(topic, f"b-{i}", i % 4), 10)
-                assert resp.code == ResponseCode.SUCCESS, resp.remark
-            # let the consumer commit (C++ persists offsets every 5 s)
-            with trio.fail_after(30):
-                while sum((await query_offsets(rc, master, group, topic, 4)).values()) < 4 + n1:
-                    await trio.sleep(0.5)
-            dead = node_of[master]
-            os.kill(g.procs[dead].pid, signal.SIGKILL)
-            await g.procs[dead].wait()
-            rc.close_connection(master)
-            live = {a for a in g.addr_of.values() if a != master}
-            addrs = await wait_group(ns, live, timeout=20, not_master=master)
-            new_master = addrs[0]
-            for i in range(n2):
-                resp = await rc.invoke(new_master, v2_send(topic, f"c-{i}", i % 4), 10)
-                assert resp.code == ResponseCode.SUCCESS, resp.remark
+        async with trio.open_nursery() as silent:  # the dead master's port, see below
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(push)
+                await trio.sleep(3)
+                for i in range(n1):
+                    resp = await rc.invoke(master, v2_send(topic, f"b-{i}", i % 4), 10)
+                    assert resp.code == ResponseCode.SUCCESS, resp.remark
+                # let the consumer commit (C++ persists offsets every 5 s)
+                with trio.fail_after(30):
+                    while sum((await query_offsets(rc, master, group, topic, 4)).values()) < 4 + n1:
+                        await trio.sleep(0.5)
+                dead = node_of[master]
+                os.kill(g.procs[dead].pid, signal.SIGKILL)
+                await g.procs[dead].wait()
+                rc.close_connection(master)
+                # The dead master's host goes silent rather than refusing
+                # connections: the stock C++ core (rocketmq-client-cpp 2.x)
+                # re-issues a pull whose connect was refused at once, with no
+                # delay, and that spin starves its own name-server route refresh
+                # (`GetTransport of <namesrv> get timed_mutex timeout` in its
+                # log), on a loaded machine for minutes.  Against a silent host
+                # its pulls time out (30 s) and are retried after 1 s, and the
+                # route refresh (every 30 s) finds the new master.
+                await silent.start(black_hole, int(master.rsplit(":", 1)[1]))
+                live = {a for a in g.addr_of.values() if a != master}
+                addrs = await wait_group(ns, live, timeout=20, not_master=master)
+                new_master = addrs[0]
+                for i in range(n2):
+                    resp = await rc.invoke(new_master, v2_send(topic, f"c-{i}", i % 4), 10)
+                    assert resp.code == ResponseCode.SUCCESS, resp.remark
+            silent.cancel_scope.cancel()
         run = result["run"]
         got = [m["body"] for m in run.result["messages"]]
         expect = {f"a-{i}" for i in range(4)} | {f"b-{i}" for i in range(n1)} | {f"c-{i}" for i in range(n2)}
+        if not run.result["complete"]:
+            print(run.log_text[-200_000:])  # the C++ core's log, for the report
         assert run.result["complete"], (sorted(expect - set(got)), run.log_text[-4000:])
         assert set(got) == expect
         # offsets committed before the kill were not re-delivered
