@@ -308,11 +308,14 @@ class ClientInstance:
             await self.invoke(addr, req)
             self._hb_conns[addr] = self.remoting.cached(addr)
 
-    async def ensure_heartbeat(self, addr: str) -> None:
+    async def ensure_heartbeat(self, addr: str) -> bool:
         """Heartbeat `addr` if our connection to it is not the one the last
-        heartbeat went over (new broker, redial after a restart)."""
-        if not self._heartbeat_current(addr):
-            await self.heartbeat(addr, only_if_stale=True)
+        heartbeat went over (new broker, redial after a restart); True if
+        that had to wait."""
+        if self._heartbeat_current(addr):
+            return False
+        await self.heartbeat(addr, only_if_stale=True)
+        return True
 
     async def heartbeat_all(self) -> None:
         async def one(addr):

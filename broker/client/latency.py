@@ -16,7 +16,8 @@
 #     finished) is not avoided any more;
 #   * if every group is avoided, the one that becomes available first is
 #     used (Java's pickOneAtLeast): avoiding never blocks a send.
-# Time comes from the caller (anyio.current_time()), so this is plain code.
+# Time comes from the caller (time.monotonic(), cheaper to read than the
+# event loop's clock), so this is plain code.
 import attrs
 
 # (latency at least, avoid for), seconds; the first matching row from the end.

@@ -45,7 +45,7 @@ from broker.client.instance import ROUTE_INTERVAL, ClientInstance, TopicRoute, o
 from broker.client.latency import LatencyFaultTolerance
 from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
 from broker.common.msgid import UniqKeyGenerator
-from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
+from broker.remoting.codes import CURRENT_VERSION, LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
 from native.hashing import java_hash_str
@@ -98,7 +98,7 @@ class Producer:
         a quorum when status is SEND_OK)."""
         uniq, req = self._request(msg)
         return await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
-                                lambda resp, mq: self._result(resp, mq, uniq)[0], selector, timeout)
+                                lambda resp, mq: self._result1(resp, mq, uniq), selector, timeout)
 
     async def send_orderly(self, msg: Message, sharding_key, *, timeout: float | None = None) -> SendResult:
         """Send to the queue `sharding_key` hashes to (SelectMessageQueueByHash:
@@ -184,23 +184,33 @@ class Producer:
         body = msg.body
         if self.compress_over is not None and len(body) > self.compress_over:
             body, sysflag = zlib.compress(body, COMPRESS_LEVEL), sysflag | M.COMPRESSED_FLAG
-        props = M.properties_to_string({**msg.wire_properties(uniq), **(extra_properties or {})})
-        return uniq, self._header_request(msg.topic, body, sysflag, msg.flag, props, batch=False)
+        props = msg.wire_properties(uniq)
+        if extra_properties:
+            props.update(extra_properties)
+        return uniq, self._header_request(msg.topic, body, sysflag, msg.flag, M.properties_to_string(props),
+                                          batch=False)
 
     def _header_request(self, topic: str, body: bytes, sysflag: int, flag: int, props: str,
                         batch: bool) -> RemotingCommand:
-        # Text values already: RemotingCommand's converter passes them through.
+        # Every value is text already and the rest is in converted form:
+        # trusted() skips RemotingCommand's converters (a send pays this).
         fields = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY, "d": str(self.default_topic_queue_nums),
                   "e": "-1", "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(flag), "i": props,
                   "j": "0", "k": "false", "m": "true" if batch else "false"}
-        return RemotingCommand(RequestCode.SEND_MESSAGE_V2, language=LanguageCode.PYTHON, ext_fields=fields, body=body)
+        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+        return RemotingCommand.trusted(int(code), LanguageCode.PYTHON, CURRENT_VERSION, 0, 0, None, fields,
+                                       body, SerializeType.JSON)
 
     @staticmethod
     def _for_queue(req: RemotingCommand, mq: MessageQueue, code: int) -> RemotingCommand:
-        fields = dict(req.ext_fields)
+        """req addressed to mq.  The request belongs to this one send, and
+        each attempt is encoded before the next one readdresses it, so its
+        fields are set in place."""
+        fields = req.ext_fields
         fields["e"] = str(mq.queue_id)
         fields["n"] = mq.broker_name
-        # req's fields are converted already, and these two are text: skip the converters.
+        if req.code == code:
+            return req
         return RemotingCommand.trusted(int(code), req.language, req.version, 0, 0, None, fields, req.body,
                                        req.serialize_type)
 
@@ -213,10 +223,23 @@ class Producer:
         return [SendResult(status, uniq, ids[i] if i < len(ids) else "", queue, first + i if first >= 0 else -1,
                            f.get("MSG_REGION")) for i, uniq in enumerate(uniqs)]
 
+    def _result1(self, resp: RemotingCommand, mq: MessageQueue, uniq: str) -> SendResult:
+        """_result of a one-message send."""
+        f = resp.ext_fields
+        queue_id = f.get("queueId")
+        queue = mq if queue_id is None or queue_id == str(mq.queue_id) else \
+            MessageQueue(mq.topic, mq.broker_name, int(queue_id))
+        offset = int(f.get("queueOffset", -1))
+        return SendResult(_STATUS[resp.code], uniq, f.get("msgId") or "", queue, offset if offset >= 0 else -1,
+                          f.get("MSG_REGION"))
+
     def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
                 last_broker: str | None) -> MessageQueue:
+        if selector is None and not bad and last_broker is None and not self.faults.items:
+            queues = route.write_queues  # the usual case: round robin over every write queue
+            return queues[next(self._counter) % len(queues)]
         queues = self.faults.choose([q for q in route.write_queues if route.master(q.broker_name) not in bad],
-                                    anyio.current_time(), route.master)
+                                    time.monotonic(), route.master)
         if selector is not None:
             chosen = selector(list(route.write_queues), msg)
             if not isinstance(chosen, MessageQueue):
@@ -235,33 +258,41 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         inst = self.instance
         inst.auto_create_topics.add(topic)
-        deadline = anyio.current_time() + (self.send_timeout if timeout is None else timeout)
+        started = anyio.current_time()
+        deadline = started + (self.send_timeout if timeout is None else timeout)
         errors: list[ClientError] = []
         bad: set[str] = set()  # addresses that failed this send in a way that says the route is stale
         route: TopicRoute | None = None
         mq: MessageQueue | None = None
         while True:
             try:
-                route = await inst.wait_route(
-                    topic, lambda r: any(r.master(q.broker_name) not in bad for q in r.write_queues), deadline)
+                waited = bool(errors)
+                route = inst.cached_route(topic)
+                if route is None or not route.write_queues or bad:  # (write_queues: those with a master)
+                    route = await inst.wait_route(
+                        topic, lambda r: any(r.master(q.broker_name) not in bad for q in r.write_queues), deadline)
+                    waited = True
                 mq = self._choose(route, msg, selector, bad, mq.broker_name if mq is not None else None)
                 addr = route.master(mq.broker_name)
                 if addr is None:  # a selector chose a queue whose broker has no master now
                     raise NoRouteError(topic, f"no master for {mq.broker_name} in the route")
                 request = build(mq)
-                await inst.ensure_heartbeat(addr)
-                started = anyio.current_time()
+                if await inst.ensure_heartbeat(addr) or waited:
+                    started = anyio.current_time()  # (else the clock read on entry still holds)
                 remaining = max(0.0, deadline - started)
                 if parse is None:
                     await inst.invoke_oneway(addr, request, remaining)
                     return None
+                sent_at = time.monotonic()  # the fault tolerance's clock: a cheap read
                 resp = await inst.invoke(addr, request, remaining, ok=None)
                 check_response(resp, addr, request.code, _SENT_CODES)
-                self.faults.record(mq.broker_name, anyio.current_time() - started, False, anyio.current_time(), addr)
+                if self.faults.enabled:
+                    now = time.monotonic()
+                    self.faults.record(mq.broker_name, now - sent_at, False, now, addr)
                 return parse(resp, mq)
             except ClientError as e:
                 if mq is not None and isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
-                    self.faults.record(mq.broker_name, 0.0, True, anyio.current_time(), route.master(mq.broker_name))
+                    self.faults.record(mq.broker_name, 0.0, True, time.monotonic(), route.master(mq.broker_name))
                 errors.append(e)
                 if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
                     raise SendFailedError(topic, errors) from e

@@ -30,9 +30,16 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
-import attrs
+import sniffio
 
-from broker.remoting.codec import CLOSED, DEFAULT_MAX_FRAME_SIZE, NEED_DATA, CommandDecoder, encode_command
+from broker.remoting.codec import (
+    CLOSED,
+    DEFAULT_MAX_FRAME_SIZE,
+    NEED_DATA,
+    CommandDecoder,
+    encode_command,
+    encode_request,
+)
 from broker.remoting.codes import ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import (
@@ -81,14 +88,34 @@ async def not_supported(conn, cmd: RemotingCommand) -> RemotingCommand:
     return cmd.make_response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
 
 
-@attrs.define(eq=False)
+def _native_event_class() -> type:
+    """The running loop's own Event class (trio.Event or asyncio.Event):
+    anyio.Event wraps one of them behind a backend lookup per creation, and
+    every request makes one.  Both have set(), is_set() and an awaitable
+    wait() that the loop can cancel, which is all a waiter uses."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+        return trio.Event
+    import asyncio
+    return asyncio.Event
+
+
 class _Waiter:
-    event: anyio.Event = attrs.Factory(anyio.Event)
-    response: RemotingCommand | None = None
-    error: Exception | None = None
-    code: int = 0
-    timeout: float = math.inf
-    deadline: float = math.inf
+    """One request waiting for its response (a plain slotted class: one is
+    made per request)."""
+
+    __slots__ = ("event", "response", "error", "code", "timeout", "deadline")
+
+    def __init__(self, event, code: int, timeout: float) -> None:
+        self.event = event
+        self.response: RemotingCommand | None = None
+        self.error: Exception | None = None
+        self.code = code
+        self.timeout = timeout
+        # Set by the sweeper the first time it sees this request: a timeout
+        # fires between `timeout` and `timeout` + 2 * SWEEP_INTERVAL after
+        # the request, without a clock read per request.
+        self.deadline = math.inf
 
 
 class ClientConnection:
@@ -114,6 +141,7 @@ class ClientConnection:
         self._drained = anyio.Event()  # set when the writer emptied a full outbox
         self._sweep = anyio.Event()  # set when a request is pending again (wakes the sweeper)
         self._pending: dict[int, _Waiter] = {}
+        self._new_event = _native_event_class()
         self._opaques = itertools.count(1)
         self._closed = False
         self._scope = anyio.CancelScope()
@@ -169,6 +197,8 @@ class ClientConnection:
             await anyio.sleep(SWEEP_INTERVAL)
             now = anyio.current_time()
             for waiter in list(self._pending.values()):
+                if waiter.deadline == math.inf:  # new since the last sweep: sent at most SWEEP_INTERVAL ago
+                    waiter.deadline = now + waiter.timeout
                 if waiter.deadline <= now and not waiter.event.is_set():
                     waiter.error = RemotingTimeoutError(self.remote_address, waiter.code, waiter.timeout)
                     waiter.event.set()
@@ -196,8 +226,8 @@ class ClientConnection:
         if self._closed:
             raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
         opaque = self._next_opaque()
-        data = encode_command(cmd.as_request(opaque), self.max_frame_size)
-        waiter = _Waiter(code=cmd.code, timeout=timeout)
+        data = encode_request(cmd, opaque, False, self.max_frame_size)
+        waiter = _Waiter(self._new_event(), cmd.code, timeout)
         self._pending[opaque] = waiter
         try:
             if self._outbox_bytes < OUTBOX_LIMIT:
@@ -207,7 +237,6 @@ class ClientConnection:
                     await self._send(data)
                 if scope.cancelled_caught:
                     raise RemotingTimeoutError(self.remote_address, cmd.code, timeout)
-            waiter.deadline = anyio.current_time() + timeout
             if len(self._pending) == 1:
                 self._sweep.set()  # the sweeper was idle
             await waiter.event.wait()
@@ -218,7 +247,7 @@ class ClientConnection:
             self._pending.pop(opaque, None)
 
     async def send_request_oneway(self, cmd: RemotingCommand, timeout: float = math.inf) -> None:
-        data = encode_command(cmd.as_request(self._next_opaque(), oneway=True), self.max_frame_size)
+        data = encode_request(cmd, self._next_opaque(), True, self.max_frame_size)
         with anyio.move_on_after(timeout):
             await self._send(data)
             return

@@ -139,6 +139,39 @@ def encode_response(request: RemotingCommand, code: int, remark: str | None, ext
     return _PREFIX.pack(4 + len(header), len(header)) + header
 
 
+def encode_request(cmd: RemotingCommand, opaque: int, oneway: bool = False,
+                   max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    """encode_command(cmd.as_request(opaque, oneway), max_frame_size) without
+    the intermediate command (the same bytes): a client pays this per
+    request."""
+    if cmd.serialize_type != SerializeType.JSON:
+        return encode_command(cmd.as_request(opaque, oneway), max_frame_size)
+    code, version, flag = cmd.code, cmd.version, (cmd.flag & ~(RPC_TYPE_RESPONSE | RPC_ONEWAY)) | (
+        RPC_ONEWAY if oneway else 0)
+    if not (type(code) is int and type(version) is int and I32[0] <= code <= I32[1] and I32[0] <= version <= I32[1]
+            and I32[0] <= opaque <= I32[1] and I32[0] <= flag <= I32[1]):
+        return encode_command(cmd.as_request(opaque, oneway), max_frame_size)  # it names the bad field
+    obj: dict[str, object] = {
+        "code": code, "flag": flag, "language": cmd.language.name,
+        "opaque": opaque, "serializeTypeCurrentRPC": "JSON", "version": version,
+    }
+    if cmd.ext_fields:
+        obj["extFields"] = cmd.ext_fields
+    if cmd.remark is not None:
+        obj["remark"] = cmd.remark
+    try:
+        header = orjson.dumps(obj, option=_SORTED)
+    except TypeError as e:  # a lone surrogate in a text field
+        raise LocalProtocolError(f"header is not encodable as UTF-8: {e}") from None
+    body = cmd.body
+    if len(header) > MAX_HEADER_LEN:
+        raise LocalProtocolError(f"header of {len(header)} bytes exceeds {MAX_HEADER_LEN}")
+    total = 8 + len(header) + len(body)
+    if total > max_frame_size:
+        raise LocalProtocolError(f"frame of {total} bytes exceeds the maximum of {max_frame_size}")
+    return b"".join((_PREFIX.pack(total - 4, len(header)), header, body))
+
+
 def encode_command(cmd: RemotingCommand, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     """One complete frame.  Raises LocalProtocolError if a field does not
     fit its wire type or the frame would exceed max_frame_size."""
@@ -176,6 +209,7 @@ def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) 
     return value
 
 
+_STR_ONLY = frozenset((str,))
 _LANGUAGES = {m.name: m for m in LanguageCode}  # (Enum's own name lookup costs more than a frame's header)
 
 
@@ -204,6 +238,18 @@ def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand
             raise _HeaderError(f"header is not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise _HeaderError(f"header is JSON {type(obj).__name__}, not an object")
+    code, opaque, flag, ext = obj.get("code"), obj.get("opaque"), obj.get("flag"), obj.get("extFields")
+    if (type(code) is int and type(opaque) is int and type(flag) is int and type(ext) is dict
+            and -0x80000000 <= code <= 0x7FFFFFFF and -0x80000000 <= opaque <= 0x7FFFFFFF
+            and -0x80000000 <= flag <= 0x7FFFFFFF and set(map(type, ext.values())) <= _STR_ONLY):
+        # The usual frame, as every RocketMQ party writes it: the checks
+        # below would pass; only version, language and remark are left.
+        version, remark = obj.get("version"), obj.get("remark")
+        if type(version) is int and -0x80000000 <= version <= 0x7FFFFFFF and (remark is None or type(remark) is str):
+            language = obj.get("language")
+            lang = _LANGUAGES.get(language) if type(language) is str else None
+            return RemotingCommand.trusted(code, _json_language(language) if lang is None else lang, version,
+                                           opaque, flag, remark, ext, body, SerializeType.JSON)
     found["opaque"] = opaque = _json_int(obj, "opaque", 0)
     ext = obj.get("extFields")
     if ext is not None and not isinstance(ext, dict):

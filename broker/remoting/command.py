@@ -59,7 +59,6 @@ def _body(value: object) -> bytes:
 
 
 _new = object.__new__
-_set = object.__setattr__
 _FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body", "serialize_type")
 
 
@@ -87,9 +86,16 @@ class RemotingCommand:
         here twice (decoded request, built response), and the converters
         (coerce_fields above all) cost more than the rest of the object."""
         self = _new(cls)
-        for name, value in zip(_FIELDS, (code, language, version, opaque, flag, remark, ext_fields, body,
-                                         serialize_type)):
-            _set(self, name, value)
+        s = _SLOT_SETTERS  # the slots' own setters, unrolled: a third of object.__setattr__'s cost
+        s[0](self, code)
+        s[1](self, language)
+        s[2](self, version)
+        s[3](self, opaque)
+        s[4](self, flag)
+        s[5](self, remark)
+        s[6](self, ext_fields)
+        s[7](self, body)
+        s[8](self, serialize_type)
         return self
 
     @property
@@ -131,3 +137,8 @@ class RemotingCommand:
             return self
         return attrs.evolve(self, opaque=request.opaque, flag=flag,
                             serialize_type=request.serialize_type)
+
+
+# RemotingCommand is slotted (attrs.frozen): each field is a member
+# descriptor whose __set__ writes the slot, bypassing the frozen __setattr__.
+_SLOT_SETTERS = tuple(RemotingCommand.__dict__[name].__set__ for name in _FIELDS)

@@ -30,7 +30,14 @@ from typing import Protocol
 import attrs
 import trio
 
-from broker.remoting.codec import CLOSED, DEFAULT_MAX_FRAME_SIZE, NEED_DATA, CommandDecoder, encode_command
+from broker.remoting.codec import (
+    CLOSED,
+    DEFAULT_MAX_FRAME_SIZE,
+    NEED_DATA,
+    CommandDecoder,
+    encode_command,
+    encode_request,
+)
 from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, SerializeType, code_name
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import (
@@ -238,7 +245,7 @@ class Connection:
         if self.closed:  # no response could ever be read
             raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
         opaque = self._next_opaque()
-        data = encode_command(cmd.as_request(opaque), self.max_frame_size)
+        data = encode_request(cmd, opaque, False, self.max_frame_size)
         waiter = _Waiter()
         self._pending[opaque] = waiter
         try:
@@ -255,7 +262,7 @@ class Connection:
 
     async def send_request_oneway(self, cmd: RemotingCommand, timeout: float = math.inf) -> None:
         """Send `cmd` flagged oneway; the peer sends no response."""
-        data = encode_command(cmd.as_request(self._next_opaque(), oneway=True), self.max_frame_size)
+        data = encode_request(cmd, self._next_opaque(), True, self.max_frame_size)
         with trio.move_on_after(timeout):
             await self._send_bytes(data)
             return
