@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.remoting.codec import CLOSED, NEED_DATA, CommandDecoder, decode_header, encode_command
+from broker.remoting.codec import CLOSED, NEED_DATA, CommandDecoder, decode_header, encode_command, encode_request
 from broker.remoting.codes import RPC_ONEWAY, RPC_TYPE_RESPONSE, LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand, java_text
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
@@ -144,6 +144,38 @@ def test_round_trip_both_header_types(data):
     cmd = data.draw(commands(stype))
     [back], end = decode_all(encode_command(cmd))
     assert back == cmd and end is CLOSED
+
+
+@given(st.data(), st.booleans())
+@settings(deadline=None)
+def test_encode_request_is_encode_command_of_as_request(data, oneway):
+    # The clients' shortcut writes the very bytes of the general path.
+    cmd = data.draw(commands(data.draw(st.sampled_from(SerializeType))))
+    opaque = data.draw(_i32)
+    assert encode_request(cmd, opaque, oneway) == encode_command(cmd.as_request(opaque, oneway))
+
+
+def test_header_fast_path_leaves_odd_values_to_the_general_rules():
+    # Headers with extFields take decode's fast path only when every value
+    # is of the usual type; these must decode as the general rules say.
+    cases = [
+        (b'{"code":11,"extFields":{"a":"1"},"flag":0,"language":"KOTLIN","opaque":3,"version":1}',
+         (11, LanguageCode.OTHER, 1, 3, 0, None, {"a": "1"})),
+        (b'{"code":11,"extFields":{"a":"1"},"flag":0,"language":[1],"opaque":3,"version":1}',
+         (11, LanguageCode.OTHER, 1, 3, 0, None, {"a": "1"})),
+        (b'{"code":11,"extFields":{"a":"1"},"flag":0,"language":"GO","opaque":3,"remark":5,"version":1}',
+         (11, LanguageCode.GO, 1, 3, 0, "5", {"a": "1"})),
+        (b'{"code":"11","extFields":{"a":2,"b":null},"flag":0,"opaque":3}',
+         (11, LanguageCode.JAVA, 0, 3, 0, None, {"a": "2"})),
+        (b'{"code":11,"extFields":{"a":"x"},"flag":1,"language":"JAVA","opaque":3,"version":true}', None),
+    ]
+    for header, want in cases:
+        if want is None:
+            with pytest.raises(RemoteProtocolError, match="version"):
+                decode_header(0, header)
+            continue
+        cmd = decode_header(0, header)
+        assert (cmd.code, cmd.language, cmd.version, cmd.opaque, cmd.flag, cmd.remark, cmd.ext_fields) == want
 
 
 @given(st.lists(st.sampled_from(SerializeType), min_size=1, max_size=5).flatmap(
