@@ -531,7 +531,10 @@ def encode_batch(items) -> bytes:
     return bytes(out)
 
 
-def decode_batch(buf) -> list[BatchItem]:
+def decode_batch_raw(buf) -> list[tuple[bytes, int, bytes]]:
+    """The messages of a SEND_BATCH body as (body, flag, properties bytes),
+    the properties string undecoded (the broker's send path keeps a
+    well-formed one as sent)."""
     items = []
     off, n = 0, len(buf)
     while off < n:
@@ -545,10 +548,14 @@ def decode_batch(buf) -> list[BatchItem]:
         props_len = struct.unpack_from(">h", buf, p)[0]
         if props_len < 0 or 20 + body_len + 2 + props_len != total:
             raise MessageFormatError(f"bad batch PROPLEN {props_len} for TOTALSIZE {total}", off)
-        text = bytes(buf[p + 2:p + 2 + props_len]).decode("utf-8", "replace")
-        items.append(BatchItem(body, string_to_properties(text), flag))
+        items.append((body, flag, bytes(buf[p + 2:p + 2 + props_len])))
         off += total
     return items
+
+
+def decode_batch(buf) -> list[BatchItem]:
+    return [BatchItem(body, string_to_properties(props.decode("utf-8", "replace")), flag)
+            for body, flag, props in decode_batch_raw(buf)]
 
 
 def records_from_batch(batch_body, template: MessageRecord) -> list[bytes]:

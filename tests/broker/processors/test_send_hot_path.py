@@ -199,6 +199,50 @@ def test_plain_record_equals_the_general_path(props, raw, born_v6, sysflag):
             [*((k, v) for k, v in header.properties.items()), ("UNIQ_KEY", uniq), ("CLUSTER", "DefaultCluster")])))
 
 
+_BATCH_ITEM_PROPS = st.one_of(
+    st.lists(st.tuples(_PROP_NAMES.filter(lambda n: n != "DELAY"), _PROP_VALUES), max_size=4).map(
+        lambda kv: "".join(f"{k}\x01{v}\x02" for k, v in kv).encode()),
+    st.text(alphabet="ab\x01\x02", max_size=8).map(str.encode),
+    st.binary(max_size=6))  # invalid UTF-8 among them
+
+
+@given(items=st.lists(st.tuples(st.binary(min_size=1, max_size=20), st.integers(0, 7), _BATCH_ITEM_PROPS),
+                      min_size=1, max_size=6), born_v6=st.booleans())
+def test_batch_records_equal_the_general_path(items, born_v6):
+    """A SEND_BATCH's records built from wire-form parts (items with plain
+    properties) mean what the general path's mean (every field, the
+    properties as a reader parses them) and are the same bytes when each
+    item's properties are well-formed."""
+    from unittest import mock
+
+    from broker.common.values import TopicConfig
+    from broker.processors.send import SendHeader, SendProcessor, host_of
+
+    fast_proc, _ = _processor_with_keys()
+    general_proc, _ = _processor_with_keys()
+    for proc in (fast_proc, general_proc):
+        proc.clock_ms = lambda: 42
+    body = b"".join(struct.pack(">iiiii", 22 + len(b) + len(p), 0, 0, f, len(b)) + b + struct.pack(">h", len(p)) + p
+                    for b, f, p in items)  # MessageDecoder.encodeMessages, properties bytes as given
+    header = SendHeader("pg", "TopicA", "TBW102", 8, 3, 0, 1_700_000_000_000, 0, "", 2, batch=True)
+    born = host_of("[::1]:5555" if born_v6 else "127.0.0.1:5555")
+    topic_cfg = TopicConfig("TopicA")
+    fast, _ = fast_proc._records(header, topic_cfg, 3, body, born)
+    with mock.patch.object(SendProcessor, "_plain_properties", lambda self, text: None):  # all general
+        general, _ = general_proc._records(header, topic_cfg, 3, body, born)
+    assert len(fast) == len(general) == len(items)
+    for (item_body, flag, props), f, g in zip(items, fast, general):
+        got, want = M.decode(f), M.decode(g)
+        assert attrs.evolve(got, properties={}) == attrs.evolve(want, properties={})
+        assert got.properties == want.properties and got.body == item_body and got.flag == flag
+        text = props.decode("utf-8", "replace")
+        segments = text.split("\x02")[:-1] if text else []
+        names = [seg.partition("\x01")[0] for seg in segments]
+        if all(seg.count("\x01") == 1 and not seg.startswith("\x01") and not seg.endswith("\x01")
+               for seg in segments) and len(set(names)) == len(names) and text.encode() == props:
+            assert f == g
+
+
 def test_plain_record_serves_the_usual_message_and_declines_the_rest():
     from broker.processors.send import SendHeader, host_of
 
