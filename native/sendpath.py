@@ -149,3 +149,38 @@ def encode_send_responses(opaques: array, queue_ids: array, queue_offsets: array
     if used < 0:  # pragma: no cover - the capacity above is an upper bound
         raise RuntimeError(f"lmq_encode_send_responses: no room for frame {-1 - used}")
     return bytes(memoryview(out)[:used]), frame_off
+
+
+BATCH_AVAILABLE = NATIVE_LOADED and hasattr(lib, "lmq_encode_batch")
+
+
+def scan_batch(body: bytes):
+    """A SEND_BATCH body split into its messages (native/src/sendpath_batch.c)
+    if every message's properties are plain: (items, count, messages
+    without a UNIQ_KEY, properties bytes), else None (the general path)."""
+    max_n = len(body) // 22 + 1
+    items = _new("lmq_batch_item[]", max_n)
+    missing, props = ffi.new("int64_t *"), ffi.new("int64_t *")
+    n = lib.lmq_scan_batch(ffi.from_buffer(body), len(body), items, max_n, missing, props)
+    if n < 0:
+        return None
+    return items, n, missing[0], props[0]
+
+
+def encode_batch(body: bytes, scanned, topic: bytes, magic: int, queue_id: int, sysflag: int, born_timestamp: int,
+                 reconsume_times: int, env: SendEnv) -> list[bytes] | None:
+    """One record per message of a scanned batch (scan_batch), UNIQ_KEYs
+    made from env's (prefix, diff, counter) for the messages without one;
+    None when a record would not fit (the general path names the error)."""
+    items, n, _missing, props = scanned
+    e = env.env
+    cap = len(body) + n * (_RECORD_OVERHEAD + len(topic) + e.cluster_len + e.uniq_prefix_len) + props
+    out = bytearray(cap)
+    rec_off = array("q", bytes(8 * (n + 1)))
+    used = lib.lmq_encode_batch(ffi.from_buffer(body), items, n, topic, len(topic), magic, queue_id, sysflag,
+                                born_timestamp, reconsume_times, e, ffi.from_buffer(out), cap,
+                                ffi.from_buffer("int64_t[]", rec_off))
+    if used < 0:
+        return None
+    view = memoryview(out)  # views of one buffer: the log copies them once, into its write
+    return [view[rec_off[k]:rec_off[k + 1]] for k in range(n)]

@@ -502,11 +502,9 @@ class SendProcessor:
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction")
         if header.properties.get(M.PROPERTY_DELAY, "0").strip() not in ("", "0"):
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay")
-        items = M.decode_batch_raw(body)
-        if not items:
-            raise SendError(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-        # Each item's record built directly from wire-form parts when its
-        # properties are plain (as _plain_record does for one message);
+        # Every message plain: the records in C (send_native.batch_records);
+        # else each message's record from wire-form parts when its
+        # properties are plain (as _plain_record does for one message), the
         # others through a MessageRecord, as the general rules say.
         record, topic, store_host = M.MessageRecord, header.topic, self.cfg.store_host
         batch_sysflag = sysflag & ~(_NO_BATCH_FLAGS | M.COMPRESSED_FLAG)
@@ -516,6 +514,14 @@ class SendProcessor:
         store_b, store_v6 = _host_wire(store_host)
         wire_sysflag = (batch_sysflag & ~_V6_FLAGS) | (M.BORNHOST_V6_FLAG if born_v6 else 0) | \
             (M.STOREHOST_V6_FLAG if store_v6 else 0)
+        records = send_native.batch_records(body, topic_b, magic, queue_id, wire_sysflag, born_ts, reconsume, born_b,
+                                            store_b, store_timestamp, self.cfg.broker_cluster_name.encode(),
+                                            self.uniq_keys)
+        if records is not None:
+            return records, header.properties.get(M.PROPERTY_UNIQ_KEY)
+        items = M.decode_batch_raw(body)
+        if not items:
+            raise SendError(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
         encode_parts, plain_properties = M.encode_parts, self._plain_properties
         records = []
         for item_body, flag, raw_props in items:

@@ -155,3 +155,19 @@ def answer(run: NativeRun, replies: list, placed, stamps, store_host: bytes) -> 
         if not run.oneway[k]:
             replies[at] = frames[offs[k]:offs[k + 1]]
     return True
+
+
+def batch_records(body: bytes, topic: bytes, magic: int, queue_id: int, sysflag: int, born_timestamp: int,
+                  reconsume_times: int, born_host: bytes, store_host: bytes, store_timestamp: int, cluster: bytes,
+                  uniq_keys) -> list[bytes] | None:
+    """A SEND_BATCH's records built in C when every message in it is plain
+    (sendpath.scan_batch), else None: the general path builds it."""
+    if not sendpath.BATCH_AVAILABLE:
+        return None
+    scanned = sendpath.scan_batch(body)
+    if scanned is None:
+        return None
+    missing = scanned[2]
+    diff, counter = uniq_keys.reserve(missing) if missing else (0, 0)
+    env = sendpath.SendEnv(born_host, store_host, store_timestamp, cluster, uniq_keys.prefix.encode(), diff, counter)
+    return sendpath.encode_batch(body, scanned, topic, magic, queue_id, sysflag, born_timestamp, reconsume_times, env)

@@ -11,6 +11,7 @@
 # (the `bench` extra) and permission to ptrace the brokers (root here).
 #
 #   python -m tools.bench.profile_send [--window 256] [--seconds 20] [--out DIR] [--slave] [--sync]
+#                                      [--batch 32]
 import argparse
 import collections
 import json
@@ -22,7 +23,7 @@ import tempfile
 
 import trio
 
-from tools.bench.broker import QUEUES, cpu_split, create_topic_request, own_cpu_seconds, send_request
+from tools.bench.broker import QUEUES, batch_request, cpu_split, create_topic_request, own_cpu_seconds, send_request
 from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import open_broker_cluster
 
@@ -69,8 +70,12 @@ async def run(args) -> dict:
             master = await cluster.wait_master()
             await cluster.remoting.invoke(cluster.addr(master), create_topic_request())
             addr = cluster.addr(master)
-            templates = [FrameTemplate(send_request(q)) for q in range(QUEUES)]
-            await run_window(addr, templates, count=2000, window=args.window, seconds=30)  # warm-up
+            if args.batch:  # SEND_BATCH_MESSAGEs of args.batch messages, `window` batches in flight
+                templates = [FrameTemplate(batch_request(q, args.batch)) for q in range(QUEUES)]
+            else:
+                templates = [FrameTemplate(send_request(q)) for q in range(QUEUES)]
+            per = args.batch or 1
+            await run_window(addr, templates, count=2000, window=args.window, seconds=30, per_request=per)  # warm-up
             slave = next(n for n in sorted(cluster.brokers) if n != master)
             targets = {"master": cluster.brokers[master].pid}
             if args.slave:
@@ -89,7 +94,8 @@ async def run(args) -> dict:
                 spies[role] = (raw, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             cpu0 = {n: cpu_split(p) for n, p in pids.items()}
             own0 = own_cpu_seconds()
-            r = await run_window(addr, templates, count=10_000_000, window=args.window, seconds=args.seconds)
+            r = await run_window(addr, templates, count=10_000_000, window=args.window, seconds=args.seconds,
+                                 per_request=per)
             r["mps"] = r["count"] / r["seconds"]
             cpu1 = {n: cpu_split(p) for n, p in pids.items()}
             own1 = own_cpu_seconds()
@@ -128,6 +134,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="keep the raw profiles (and the cluster's files) here")
     p.add_argument("--slave", action="store_true", help="profile a slave too")
     p.add_argument("--sync", action="store_true", help="flushDiskType=SYNC_FLUSH")
+    p.add_argument("--batch", type=int, default=0,
+                   help="send SEND_BATCH_MESSAGEs of this many messages (--window batches in flight)")
     p.add_argument("--syscalls", action="store_true", help="count system calls (perf trace -s) instead of py-spy sampling")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

@@ -4,6 +4,7 @@
 # HeaderReader's digit fast path vs Java's parseInt rules, message encode()
 # vs a field-by-field reference, parse_send_header's name tables.  Each
 # would fail if a fast path returned different bytes or values.
+import contextlib
 import json
 import struct
 
@@ -206,32 +207,62 @@ _BATCH_ITEM_PROPS = st.one_of(
     st.binary(max_size=6))  # invalid UTF-8 among them
 
 
-@given(items=st.lists(st.tuples(st.binary(min_size=1, max_size=20), st.integers(0, 7), _BATCH_ITEM_PROPS),
-                      min_size=1, max_size=6), born_v6=st.booleans())
-def test_batch_records_equal_the_general_path(items, born_v6):
-    """A SEND_BATCH's records built from wire-form parts (items with plain
-    properties) mean what the general path's mean (every field, the
-    properties as a reader parses them) and are the same bytes when each
-    item's properties are well-formed."""
+class _MonthKeys:
+    """UniqKeyGenerator's interface with a fixed time part: every path makes
+    the same keys in the same order (next() is reserve(1), formatted)."""
+
+    prefix = "AC11000100002A9F"
+
+    def __init__(self) -> None:
+        self.counter = 0
+
+    def reserve(self, n: int) -> tuple[int, int]:
+        first, self.counter = self.counter, (self.counter + n) & 0xFFFF
+        return 0x1234, first
+
+    def next(self) -> str:
+        diff, counter = self.reserve(1)
+        return self.prefix + struct.pack(">iH", diff, counter).hex().upper()
+
+
+def _batch_records(items, born_v6: bool, path: str) -> list[bytes]:
+    """SendProcessor._records of a batch of (body, flag, properties bytes)
+    by `path`: "c" (as served), "plain" (no C) or "general" (neither)."""
     from unittest import mock
 
     from broker.common.values import TopicConfig
+    from broker.processors import send_native
     from broker.processors.send import SendHeader, SendProcessor, host_of
 
-    fast_proc, _ = _processor_with_keys()
-    general_proc, _ = _processor_with_keys()
-    for proc in (fast_proc, general_proc):
-        proc.clock_ms = lambda: 42
+    proc, _ = _processor_with_keys()
+    proc.uniq_keys, proc.clock_ms = _MonthKeys(), lambda: 42
     body = b"".join(struct.pack(">iiiii", 22 + len(b) + len(p), 0, 0, f, len(b)) + b + struct.pack(">h", len(p)) + p
                     for b, f, p in items)  # MessageDecoder.encodeMessages, properties bytes as given
     header = SendHeader("pg", "TopicA", "TBW102", 8, 3, 0, 1_700_000_000_000, 0, "", 2, batch=True)
     born = host_of("[::1]:5555" if born_v6 else "127.0.0.1:5555")
-    topic_cfg = TopicConfig("TopicA")
-    fast, _ = fast_proc._records(header, topic_cfg, 3, body, born)
-    with mock.patch.object(SendProcessor, "_plain_properties", lambda self, text: None):  # all general
-        general, _ = general_proc._records(header, topic_cfg, 3, body, born)
-    assert len(fast) == len(general) == len(items)
-    for (item_body, flag, props), f, g in zip(items, fast, general):
+    with contextlib.ExitStack() as stack:
+        if path != "c":
+            stack.enter_context(mock.patch.object(send_native, "batch_records", lambda *a: None))
+        if path == "general":
+            stack.enter_context(mock.patch.object(SendProcessor, "_plain_properties", lambda self, text: None))
+        records, _ = proc._records(header, TopicConfig("TopicA"), 3, body, born)
+    return [bytes(r) for r in records]
+
+
+@given(items=st.lists(st.tuples(st.binary(min_size=1, max_size=20), st.integers(0, 7), _BATCH_ITEM_PROPS),
+                      min_size=1, max_size=6), born_v6=st.booleans())
+def test_batch_records_equal_the_general_path(items, born_v6):
+    """A SEND_BATCH's records built in C (every message plain) or from
+    wire-form parts (messages with plain properties) mean what the general
+    path's mean (every field, the properties as a reader parses them, the
+    same UNIQ_KEYs made in the same order) and are the very same bytes when
+    each message's properties are well-formed."""
+    native = _batch_records(items, born_v6, "c")
+    plain = _batch_records(items, born_v6, "plain")
+    general = _batch_records(items, born_v6, "general")
+    assert native == plain  # the C twin is the wire-form path, byte for byte
+    assert len(plain) == len(general) == len(items)
+    for (item_body, flag, props), f, g in zip(items, plain, general):
         got, want = M.decode(f), M.decode(g)
         assert attrs.evolve(got, properties={}) == attrs.evolve(want, properties={})
         assert got.properties == want.properties and got.body == item_body and got.flag == flag
@@ -241,6 +272,28 @@ def test_batch_records_equal_the_general_path(items, born_v6):
         if all(seg.count("\x01") == 1 and not seg.startswith("\x01") and not seg.endswith("\x01")
                for seg in segments) and len(set(names)) == len(names) and text.encode() == props:
             assert f == g
+
+
+def test_usual_batches_take_the_native_path():
+    from broker.processors import send_native
+    from native import sendpath
+
+    if not sendpath.BATCH_AVAILABLE:
+        pytest.skip("the native extension is not built (make native)")
+    items = [(b"x" * 100, 0, b"TAGS\x01t\x02UNIQ_KEY\x01AB%02X\x02" % i) for i in range(3)] + [(b"y", 1, b"")]
+    body = b"".join(struct.pack(">iiiii", 22 + len(b) + len(p), 0, 0, f, len(b)) + b + struct.pack(">h", len(p)) + p
+                    for b, f, p in items)
+    recs = send_native.batch_records(body, b"TopicA", M.MAGIC_V1, 3, 0, 1, 0, bytes(8), bytes(8), 42, b"C",
+                                     _MonthKeys())
+    assert recs is not None and [M.decode(r).uniq_key for r in recs] == ["AB00", "AB01", "AB02",
+                                                                       _MonthKeys().next()]
+    for declined in (b"DELAY\x013\x02", b"CLUSTER\x01c\x02", b"TAGS\x01t", b"\xff\x01\x02", b"UNIQ_KEY\x01\x02"):
+        bad = body + struct.pack(">iiiii", 22 + 1 + len(declined), 0, 0, 0, 1) + b"z" + \
+            struct.pack(">h", len(declined)) + declined
+        assert send_native.batch_records(bad, b"TopicA", M.MAGIC_V1, 3, 0, 1, 0, bytes(8), bytes(8), 42, b"C",
+                                         _MonthKeys()) is None, declined
+    assert send_native.batch_records(body[:-1], b"TopicA", M.MAGIC_V1, 3, 0, 1, 0, bytes(8), bytes(8), 42, b"C",
+                                     _MonthKeys()) is None  # malformed: the general path names the error
 
 
 def test_plain_record_serves_the_usual_message_and_declines_the_rest():
