@@ -173,6 +173,24 @@ def string_to_properties(text: str) -> dict[str, str]:
     """string2messageProperties, rule for rule: split on 0x02; a segment under
     3 chars is ignored; it splits at the first 0x01 and needs a non-empty name
     and value; a later duplicate name wins (HashMap.put)."""
+    # The usual string, every segment `name 0x01 value` with both non-empty
+    # (so none is under 3 chars): split at once.  Anything else: the walk.
+    out: dict[str, str] = {}
+    parts = text.split(PROPERTY_SEPARATOR)
+    if parts[-1] == "":
+        parts.pop()
+    for seg in parts:
+        name, _, value = seg.partition(NAME_VALUE_SEPARATOR)
+        if not name or not value:
+            break
+        out[name] = value
+    else:
+        return out
+    return _properties_walk(text)
+
+
+def _properties_walk(text: str) -> dict[str, str]:
+    """string_to_properties segment by segment, for any string."""
     out: dict[str, str] = {}
     n = len(text)
     i = 0
@@ -392,6 +410,10 @@ def parse_layout(buf, offset: int = 0, limit: int | None = None) -> RecordLayout
 
 def decode(buf, offset: int = 0, *, limit: int | None = None, check_crc: bool = False) -> MessageRecord:
     """Decode the record at `offset` (its TOTALSIZE bytes)."""
+    if limit is None and not check_crc:
+        rec = _decode_usual(buf, offset)
+        if rec is not None:
+            return rec
     lay = parse_layout(buf, offset, limit)
     o = offset
     (_, magic, crc, queue_id, flag, queue_offset, phys, sysflag,
@@ -414,6 +436,56 @@ def decode(buf, offset: int = 0, *, limit: int | None = None, check_crc: bool = 
                          born_host=born, store_timestamp=store_ts, store_host=store,
                          reconsume_times=reconsume, prepared_transaction_offset=prepared,
                          body_crc=crc, magic=magic)
+
+
+_FIXED_V4 = struct.Struct(">iiiiiqqiq8sq8siqi")  # TOTALSIZE .. BODYLEN with both hosts IPv4 (88 bytes)
+_V6_BITS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
+_RECORD_FIELDS = ("topic", "body", "properties", "queue_id", "flag", "queue_offset", "physical_offset", "sysflag",
+                  "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
+                  "prepared_transaction_offset", "body_crc", "magic")
+
+
+@functools.lru_cache(maxsize=1024)  # a consumer sees few hosts; HostAddr is immutable
+def _host_v4(wire: bytes) -> HostAddr:
+    return HostAddr(wire[:4], _I32.unpack_from(wire, 4)[0])
+
+
+def _decode_usual(buf, o: int) -> MessageRecord | None:
+    """decode() of the usual record (both hosts IPv4, every length
+    consistent) in one unpack, or None: parse_layout's walk then decodes it
+    or names what is wrong.  A consumer decodes every message it gets."""
+    if len(buf) - o < 88:
+        return None
+    (total, magic, crc, queue_id, flag, queue_offset, phys, sysflag, born_ts, born, store_ts, store, reconsume,
+     prepared, body_len) = _FIXED_V4.unpack_from(buf, o)
+    if sysflag & _V6_BITS or total > len(buf) - o or body_len < 0:
+        return None
+    p = o + 88 + body_len
+    end = o + total
+    if magic == MAGIC_V1:
+        if p + 3 > end or buf[p] >= 0x80:  # TOPICLEN is a signed byte
+            return None
+        topic_len, p = buf[p], p + 1
+    elif magic == MAGIC_V2:
+        if p + 4 > end:
+            return None
+        topic_len, p = _I16.unpack_from(buf, p)[0], p + 2
+    else:
+        return None
+    if topic_len < 0 or p + topic_len + 2 > end:
+        return None
+    props_len = _I16.unpack_from(buf, p + topic_len)[0]
+    props_at = p + topic_len + 2
+    if props_len < 0 or props_at + props_len != end:
+        return None
+    rec = _new_record(MessageRecord)
+    for setter, value in zip(_RECORD_SETTERS, (
+            bytes(buf[p:p + topic_len]).decode("utf-8", "replace"), bytes(buf[o + 88:o + 88 + body_len]),
+            string_to_properties(bytes(buf[props_at:end]).decode("utf-8", "replace")), queue_id, flag,
+            queue_offset, phys, sysflag, born_ts, _host_v4(born), store_ts, _host_v4(store), reconsume, prepared,
+            crc, magic)):
+        setter(rec, value)  # every value already what the converters would make of it
+    return rec
 
 
 def _host(buf, pos: int, length: int) -> HostAddr:
@@ -569,3 +641,9 @@ def records_from_batch(batch_body, template: MessageRecord) -> list[bytes]:
     return [encode(attrs.evolve(template, body=item.body, properties=item.properties,
                                 flag=item.flag, body_crc=None, prepared_transaction_offset=0))
             for item in decode_batch(batch_body)]
+
+
+# MessageRecord is slotted (attrs.frozen): the slots' own setters fill a
+# decoded record without the converters (see _decode_usual).
+_new_record = object.__new__
+_RECORD_SETTERS = tuple(MessageRecord.__dict__[name].__set__ for name in _RECORD_FIELDS)

@@ -179,6 +179,38 @@ def test_roundtrip_random_records(topic, body, props, born, store, qid, qoff, sy
     assert M.check_record(raw) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(topic=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=140),
+       body=st.binary(max_size=100), props=st.dictionaries(prop_text, prop_text, max_size=4),
+       born=hosts, store=hosts, sysflag=st.sampled_from([0, 1, 0x100]), data=st.data())
+def test_decode_fast_path_equals_the_layout_walk(topic, body, props, born, store, sysflag, data):
+    """decode() takes one unpack for the usual record; it must return what
+    parse_layout's walk returns (decode with a limit always walks), and on
+    damaged bytes fail (or not) exactly as the walk does."""
+    m = M.MessageRecord(topic=topic, body=body, properties=props, sysflag=sysflag, born_host=born, store_host=store)
+    try:
+        raw = bytearray(M.encode(m))
+    except M.MessageFormatError:
+        return
+    mutations = data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), max_size=3))
+    for at, value in mutations:
+        raw[at] = value
+    cut = data.draw(st.integers(0, 8))
+    buf = bytes(raw[:len(raw) - cut] if cut < len(raw) else raw)
+    outcome = []
+    for kw in ({}, {"limit": len(buf)}):
+        try:
+            outcome.append(M.decode(memoryview(buf), **kw))
+        except M.MessageFormatError as e:
+            outcome.append(("error", e.reason))
+    assert outcome[0] == outcome[1]
+
+
+@given(st.text(alphabet="ab\x01\x02\u00e9\U0001d11e", max_size=14))
+def test_properties_split_equals_the_walk(text):
+    assert M.string_to_properties(text) == M._properties_walk(text)
+
+
 def test_delay_tags_code_matches_the_schedule_rule():
     assert M.delay_tags_code("3", 1000) == 1000 + 10_000  # level 3 = 10s
     assert M.delay_tags_code("99", 0) == 7_200_000  # clamped to the last level
