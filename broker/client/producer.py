@@ -47,6 +47,7 @@ from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue,
 from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import CURRENT_VERSION, LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
+from consumequeue import batch as batches
 from consumequeue import record as M
 from native.hashing import java_hash_str
 
@@ -132,8 +133,8 @@ class Producer:
             m.check(self.max_message_size)
             uniq = self._uniq.next()
             uniqs.append(uniq)
-            items.append(M.BatchItem(m.body, m.wire_properties(uniq), m.flag))
-        body = M.encode_batch(items)
+            items.append(batches.BatchItem(m.body, m.wire_properties(uniq), m.flag))
+        body = batches.encode_batch(items)
         if len(body) > self.max_message_size:
             raise InvalidMessageError(f"the batch is {len(body)} bytes, over the {self.max_message_size} limit")
         req = self._header_request(topic, body, sysflag=0, flag=0, props="", batch=True)

@@ -79,6 +79,7 @@ from commitlog.errors import (
 )
 from commitlog.replica import ReplicaNode
 from commitlog.store import SegmentedStore
+from consumequeue import batch as batches
 from consumequeue import record as M
 
 log = logging.getLogger("ledgermq.send")
@@ -519,7 +520,7 @@ class SendProcessor:
                                             self.uniq_keys)
         if records is not None:
             return records, header.properties.get(M.PROPERTY_UNIQ_KEY)
-        items = M.decode_batch_raw(body)
+        items = batches.decode_batch_raw(body)
         if not items:
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
         encode_parts, plain_properties = M.encode_parts, self._plain_properties

@@ -29,6 +29,7 @@ from broker.common.msgid import parse_offset_msg_id
 from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
+from consumequeue import batch as batches
 from consumequeue import record as M
 from tests.broker.remoting.helpers import read_until_eof
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
@@ -90,9 +91,9 @@ def send_v2(seq: int, queue_id: int = 0, topic: str = TOPIC) -> RemotingCommand:
 
 
 def send_batch(seqs, queue_id: int = 0) -> RemotingCommand:
-    items = [M.BatchItem(f"batch-{s}".encode(), {"TAGS": "TagC", "KEYS": f"key{s}"}) for s in seqs]
+    items = [batches.BatchItem(f"batch-{s}".encode(), {"TAGS": "TagC", "KEYS": f"key{s}"}) for s in seqs]
     fields = {**v2_fields(TOPIC, queue_id, ""), "m": True}
-    return req(RequestCode.SEND_BATCH_MESSAGE, fields, body=M.encode_batch(items))
+    return req(RequestCode.SEND_BATCH_MESSAGE, fields, body=batches.encode_batch(items))
 
 
 def pull(queue_id: int, offset: int, max_nums: int = 32, wait_ms: int = 0) -> RemotingCommand:

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.common.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id, parse_uniq_key
+from consumequeue import batch as batches
 from consumequeue import record as M
 from tests.helpers.spec_vectors import MESSAGE_146, MESSAGE_146_OFFSET_MSG_ID
 
@@ -120,18 +121,18 @@ def test_blank_filler():
 
 
 def test_batch_body_roundtrip_and_records():
-    items = [M.BatchItem(b"one", {"KEYS": "a"}, flag=3), M.BatchItem(b"", {}), M.BatchItem(b"x" * 300, {"TAGS": "t"})]
-    body = M.encode_batch(items)
+    items = [batches.BatchItem(b"one", {"KEYS": "a"}, flag=3), batches.BatchItem(b"", {}), batches.BatchItem(b"x" * 300, {"TAGS": "t"})]
+    body = batches.encode_batch(items)
     total, magic, crc, flag, blen = struct.unpack_from(">iiiii", body, 0)
     assert (total, magic, crc, flag, blen) == (4 * 5 + 3 + 2 + len("KEYS\x01a\x02"), 0, 0, 3, 3)
-    assert M.decode_batch(body) == items
-    recs = M.records_from_batch(body, attrs.evolve(GOLDEN, properties={}, prepared_transaction_offset=9))
+    assert batches.decode_batch(body) == items
+    recs = batches.records_from_batch(body, attrs.evolve(GOLDEN, properties={}, prepared_transaction_offset=9))
     decoded = [M.decode(r, check_crc=True) for r in recs]
     assert [d.body for d in decoded] == [b"one", b"", b"x" * 300]
     assert [d.flag for d in decoded] == [3, 0, 0]
     assert all(d.topic == "T" and d.prepared_transaction_offset == 0 for d in decoded)
     with pytest.raises(M.MessageFormatError):
-        M.decode_batch(body[:-1])
+        batches.decode_batch(body[:-1])
 
 
 def test_offset_msg_id_and_uniq_key():

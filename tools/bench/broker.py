@@ -30,6 +30,7 @@ import trio
 
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from consumequeue import batch as batches
 from consumequeue import record as M
 from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
@@ -76,10 +77,10 @@ def send_request(queue_id: int, body: bytes = BODY) -> RemotingCommand:
 
 
 def batch_request(queue_id: int, n: int = BATCH) -> RemotingCommand:
-    items = [M.BatchItem(BODY, {"TAGS": "bench"})] * n
+    items = [batches.BatchItem(BODY, {"TAGS": "bench"})] * n
     fields = {"a": PGROUP, "b": TOPIC, "c": "TBW102", "d": QUEUES, "e": queue_id, "f": 0,
               "g": int(time.time() * 1000), "h": 0, "i": "", "j": 0, "k": False, "m": True}
-    return RemotingCommand.create_request(RequestCode.SEND_BATCH_MESSAGE, fields, body=M.encode_batch(items))
+    return RemotingCommand.create_request(RequestCode.SEND_BATCH_MESSAGE, fields, body=batches.encode_batch(items))
 
 
 def pull_request(queue_id: int, offset: int, max_nums: int = 32) -> RemotingCommand:

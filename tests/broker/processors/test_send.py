@@ -16,6 +16,7 @@ from broker.config import LiveConfig
 from broker.processors.send import SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from consumequeue import batch as batches
 from consumequeue import record as M
 from tests.broker.store.test_gate import Group
 
@@ -97,8 +98,8 @@ async def test_batch_send(tmp_path, autojump_clock):
         await g.start()
         leader = await g.wait_leader()
         send = processor(leader)
-        items = [M.BatchItem(f"b{i}".encode(), {"UNIQ_KEY": f"U{i}"} if i else {}, flag=i) for i in range(3)]
-        resp = await send.process(v2(body=M.encode_batch(items), queue_id=2, props="",
+        items = [batches.BatchItem(f"b{i}".encode(), {"UNIQ_KEY": f"U{i}"} if i else {}, flag=i) for i in range(3)]
+        resp = await send.process(v2(body=batches.encode_batch(items), queue_id=2, props="",
                                      code=RequestCode.SEND_BATCH_MESSAGE), BORN)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         ids = resp.ext_fields["msgId"].split(",")
@@ -111,7 +112,7 @@ async def test_batch_send(tmp_path, autojump_clock):
             assert [r.uniq_key for r in recs][1:] == ["U1", "U2"] and recs[0].uniq_key
             assert all(r.properties["CLUSTER"] == "TestCluster" for r in recs)
         # transactional or delayed batches are refused
-        bad = await send.process(v2(body=M.encode_batch(items), props="DELAY\x013\x02",
+        bad = await send.process(v2(body=batches.encode_batch(items), props="DELAY\x013\x02",
                                     code=RequestCode.SEND_BATCH_MESSAGE), BORN)
         assert bad.code == ResponseCode.MESSAGE_ILLEGAL
         nursery.cancel_scope.cancel()
