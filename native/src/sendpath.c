@@ -16,6 +16,7 @@
  * whatever this file accepts comes out byte for byte as it would there. */
 #include <string.h>
 
+#include "bigendian.h"
 #include "entries.h"
 #include "sendpath.h"
 
@@ -394,10 +395,6 @@ static int32_t parse_one(const uint8_t *hdr, int64_t hlen, lmq_send_req *r, uint
     return LMQ_SEND_OK;
 }
 
-static inline int32_t r32(const uint8_t *p) {
-    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
-}
-
 static const char SEND_V2_PREFIX[] = "{\"code\":310,";
 
 int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, int64_t max_n,
@@ -408,8 +405,8 @@ int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, in
     while (n < max_n && len - pos >= 8) {
         /* the decoder's checks; a frame failing one ends the scan (the
          * general decoder reports it) */
-        int64_t length = r32(buf + pos);
-        uint32_t lt = (uint32_t)r32(buf + pos + 4);
+        int64_t length = lmq_r32(buf + pos);
+        uint32_t lt = (uint32_t)lmq_r32(buf + pos + 4);
         int64_t header_len = lt & 0xFFFFFF;
         int32_t stype = (int32_t)(lt >> 24);
         if (length < 4 || header_len > length - 4 || (stype != 0 && stype != 1) || length + 4 > max_frame ||
@@ -457,21 +454,6 @@ int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, in
 
 /* --- records --------------------------------------------------------------------- */
 
-static inline void w32(uint8_t *p, int32_t v) {
-    uint32_t u = (uint32_t)v;
-    p[0] = (uint8_t)(u >> 24);
-    p[1] = (uint8_t)(u >> 16);
-    p[2] = (uint8_t)(u >> 8);
-    p[3] = (uint8_t)u;
-}
-static inline void w64(uint8_t *p, int64_t v) {
-    w32(p, (int32_t)((uint64_t)v >> 32));
-    w32(p + 4, (int32_t)(uint64_t)v);
-}
-static inline void w16(uint8_t *p, int32_t v) {
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
 
 static const char HEX[] = "0123456789ABCDEF";
 
@@ -495,37 +477,37 @@ int64_t lmq_encode_sends(const uint8_t *buf, const lmq_send_req *reqs, const int
         if (cap - w < total) return -1 - k;
         uint8_t *p = out + w;
         const uint8_t *body = buf + r->body_off;
-        w32(p, (int32_t)total);
-        w32(p + 4, v2 ? MAGIC_V2 : MAGIC_V1);
-        w32(p + 8, (int32_t)(lmq_body_crc32(0, body, (size_t)body_len) & 0x7FFFFFFF));
-        w32(p + 12, queue_ids[k]);
-        w32(p + 16, r->msg_flag);
-        w64(p + 20, 0); /* QUEUEOFFSET: the append hook stamps it */
-        w64(p + 28, 0); /* PHYSICALOFFSET: likewise */
-        w32(p + 36, sysflags[k]);
-        w64(p + 40, r->born_timestamp);
+        lmq_w32(p, (int32_t)total);
+        lmq_w32(p + 4, v2 ? MAGIC_V2 : MAGIC_V1);
+        lmq_w32(p + 8, (int32_t)(lmq_body_crc32(0, body, (size_t)body_len) & 0x7FFFFFFF));
+        lmq_w32(p + 12, queue_ids[k]);
+        lmq_w32(p + 16, r->msg_flag);
+        lmq_w64(p + 20, 0); /* QUEUEOFFSET: the append hook stamps it */
+        lmq_w64(p + 28, 0); /* PHYSICALOFFSET: likewise */
+        lmq_w32(p + 36, sysflags[k]);
+        lmq_w64(p + 40, r->born_timestamp);
         uint8_t *q = p + 48;
         memcpy(q, env->born_host, (size_t)bh);
         q += bh;
-        w64(q, env->store_timestamp);
+        lmq_w64(q, env->store_timestamp);
         q += 8;
         memcpy(q, env->store_host, (size_t)sh);
         q += sh;
-        w32(q, r->reconsume_times);
-        w64(q + 4, 0);
-        w32(q + 12, (int32_t)body_len);
+        lmq_w32(q, r->reconsume_times);
+        lmq_w64(q + 4, 0);
+        lmq_w32(q + 12, (int32_t)body_len);
         q += 16;
         memcpy(q, body, (size_t)body_len);
         q += body_len;
         if (v2) {
-            w16(q, (int32_t)tl);
+            lmq_w16(q, (int32_t)tl);
             q += 2;
         } else {
             *q++ = (uint8_t)tl;
         }
         memcpy(q, topic, (size_t)tl);
         q += tl;
-        w16(q, (int32_t)new_pl);
+        lmq_w16(q, (int32_t)new_pl);
         q += 2;
         memcpy(q, props, (size_t)pl);
         if (r->uniq_len) {
@@ -539,12 +521,8 @@ int64_t lmq_encode_sends(const uint8_t *buf, const lmq_send_req *reqs, const int
             uniq_off[k] = q - out;
             uniq_len[k] = env->uniq_prefix_len + 12;
             memcpy(q, env->uniq_prefix, (size_t)env->uniq_prefix_len);
-            q += env->uniq_prefix_len;
-            uint32_t diff = (uint32_t)env->uniq_diff;
-            for (int s = 28; s >= 0; s -= 4) *q++ = (uint8_t)HEX[(diff >> s) & 0xF];
-            uint32_t cnt = (uint32_t)counter & 0xFFFF;
+            q = lmq_put_uniq_tail(q + env->uniq_prefix_len, env->uniq_diff, counter);
             counter = (counter + 1) & 0xFFFF;
-            for (int s = 12; s >= 0; s -= 4) *q++ = (uint8_t)HEX[(cnt >> s) & 0xF];
             *q++ = 2;
         }
         memcpy(q, "CLUSTER\x01", 8);
@@ -642,8 +620,8 @@ int64_t lmq_encode_send_responses(const int32_t *opaques, const int32_t *queue_i
         q = put_int(q, version);
         *q++ = '}';
         int64_t header_len = q - (frame + 8);
-        w32(frame, (int32_t)(4 + header_len));
-        w32(frame + 4, (int32_t)header_len); /* serialize type JSON (0) in the top byte */
+        lmq_w32(frame, (int32_t)(4 + header_len));
+        lmq_w32(frame + 4, (int32_t)header_len); /* serialize type JSON (0) in the top byte */
         frame_off[k] = w;
         w += 8 + header_len;
     }

@@ -16,31 +16,14 @@
  * oracle tests compare with) then builds it or names the error. */
 #include <string.h>
 
-#include "sendpath_batch.h"
+#include "bigendian.h"
 #include "entries.h"
+#include "sendpath_batch.h"
 
 #define MAX_PROPS 32767
 #define UNIQ_NAME "UNIQ_KEY\x01"
 #define UNIQ_NAME_LEN 9
 
-static inline int32_t r32(const uint8_t *p) {
-    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
-}
-static inline void w32(uint8_t *p, int32_t v) {
-    uint32_t u = (uint32_t)v;
-    p[0] = (uint8_t)(u >> 24);
-    p[1] = (uint8_t)(u >> 16);
-    p[2] = (uint8_t)(u >> 8);
-    p[3] = (uint8_t)u;
-}
-static inline void w64(uint8_t *p, int64_t v) {
-    w32(p, (int32_t)((uint64_t)v >> 32));
-    w32(p + 4, (int32_t)(uint64_t)v);
-}
-static inline void w16(uint8_t *p, int32_t v) {
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
 
 /* Python's strict UTF-8 decoding: no overlong forms, no surrogates, nothing
  * past U+10FFFF. */
@@ -108,7 +91,7 @@ int64_t lmq_scan_batch(const uint8_t *body, int64_t len, lmq_batch_item *items, 
     int64_t off = 0, n = 0, missing = 0, props = 0;
     while (off < len) {
         if (n == max_n || len - off < 20) return -1;
-        int32_t total = r32(body + off), flag = r32(body + off + 12), body_len = r32(body + off + 16);
+        int32_t total = lmq_r32(body + off), flag = lmq_r32(body + off + 12), body_len = lmq_r32(body + off + 16);
         if (total < 22 || total > len - off || body_len < 0 || (int64_t)body_len + 22 > total) return -1;
         int64_t p = off + 20 + body_len;
         int32_t props_len = (int16_t)((body[p] << 8) | body[p + 1]);
@@ -127,8 +110,6 @@ int64_t lmq_scan_batch(const uint8_t *body, int64_t len, lmq_batch_item *items, 
     *props_total = props;
     return n;
 }
-
-static const char HEX[] = "0123456789ABCDEF";
 
 int64_t lmq_encode_batch(const uint8_t *body, const lmq_batch_item *items, int64_t n, const uint8_t *topic,
                          int32_t topic_len, int32_t magic, int32_t queue_id, int32_t sysflag, int64_t born_timestamp,
@@ -149,37 +130,37 @@ int64_t lmq_encode_batch(const uint8_t *body, const lmq_batch_item *items, int64
         if (cap - w < total) return -1;
         uint8_t *p = out + w, *q;
         const uint8_t *b = body + it->body_off;
-        w32(p, (int32_t)total);
-        w32(p + 4, magic);
-        w32(p + 8, (int32_t)(lmq_body_crc32(0, b, (size_t)body_len) & 0x7FFFFFFF));
-        w32(p + 12, queue_id);
-        w32(p + 16, it->flag);
-        w64(p + 20, 0); /* QUEUEOFFSET and PHYSICALOFFSET: the append hook stamps them */
-        w64(p + 28, 0);
-        w32(p + 36, sysflag);
-        w64(p + 40, born_timestamp);
+        lmq_w32(p, (int32_t)total);
+        lmq_w32(p + 4, magic);
+        lmq_w32(p + 8, (int32_t)(lmq_body_crc32(0, b, (size_t)body_len) & 0x7FFFFFFF));
+        lmq_w32(p + 12, queue_id);
+        lmq_w32(p + 16, it->flag);
+        lmq_w64(p + 20, 0); /* QUEUEOFFSET and PHYSICALOFFSET: the append hook stamps them */
+        lmq_w64(p + 28, 0);
+        lmq_w32(p + 36, sysflag);
+        lmq_w64(p + 40, born_timestamp);
         q = p + 48;
         memcpy(q, env->born_host, (size_t)bh);
         q += bh;
-        w64(q, env->store_timestamp);
+        lmq_w64(q, env->store_timestamp);
         q += 8;
         memcpy(q, env->store_host, (size_t)sh);
         q += sh;
-        w32(q, reconsume_times);
-        w64(q + 4, 0); /* PREPAREDTXOFFSET */
-        w32(q + 12, (int32_t)body_len);
+        lmq_w32(q, reconsume_times);
+        lmq_w64(q + 4, 0); /* PREPAREDTXOFFSET */
+        lmq_w32(q + 12, (int32_t)body_len);
         q += 16;
         memcpy(q, b, (size_t)body_len);
         q += body_len;
         if (v2) {
-            w16(q, (int32_t)tl);
+            lmq_w16(q, (int32_t)tl);
             q += 2;
         } else {
             *q++ = (uint8_t)tl;
         }
         memcpy(q, topic, (size_t)tl);
         q += tl;
-        w16(q, (int32_t)new_pl);
+        lmq_w16(q, (int32_t)new_pl);
         q += 2;
         memcpy(q, body + it->props_off, (size_t)pl);
         q += pl;
@@ -187,10 +168,7 @@ int64_t lmq_encode_batch(const uint8_t *body, const lmq_batch_item *items, int64
             memcpy(q, UNIQ_NAME, UNIQ_NAME_LEN);
             q += UNIQ_NAME_LEN;
             memcpy(q, env->uniq_prefix, (size_t)env->uniq_prefix_len);
-            q += env->uniq_prefix_len;
-            uint32_t diff = (uint32_t)env->uniq_diff, cnt = (uint32_t)counter & 0xFFFF;
-            for (int s = 28; s >= 0; s -= 4) *q++ = (uint8_t)HEX[(diff >> s) & 0xF];
-            for (int s = 12; s >= 0; s -= 4) *q++ = (uint8_t)HEX[(cnt >> s) & 0xF];
+            q = lmq_put_uniq_tail(q + env->uniq_prefix_len, env->uniq_diff, counter);
             counter = (counter + 1) & 0xFFFF;
             *q++ = 2;
         }
