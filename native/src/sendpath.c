@@ -457,79 +457,91 @@ int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, in
 
 static const char HEX[] = "0123456789ABCDEF";
 
+int64_t lmq_record_size(const lmq_send_env *env, int64_t body_len, int64_t topic_len, int v2, int64_t props_len) {
+    return 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + env->born_host_len + 8 + env->store_host_len + 4 + 8 + 4 + body_len +
+           (v2 ? 2 : 1) + topic_len + 2 + props_len;
+}
+
+uint8_t *lmq_put_record(uint8_t *p, int64_t total, int v2, int32_t queue_id, int32_t msg_flag, int32_t sysflag,
+                        int64_t born_timestamp, int32_t reconsume_times, const uint8_t *body, int64_t body_len,
+                        const uint8_t *topic, int64_t topic_len, const uint8_t *props, int64_t props_len,
+                        int64_t new_props_len, int make_uniq, int32_t counter, const lmq_send_env *env) {
+    int64_t bh = env->born_host_len, sh = env->store_host_len; /* 8 or 20 (ip + port) */
+    lmq_w32(p, (int32_t)total);
+    lmq_w32(p + 4, v2 ? MAGIC_V2 : MAGIC_V1);
+    lmq_w32(p + 8, (int32_t)(lmq_body_crc32(0, body, (size_t)body_len) & 0x7FFFFFFF));
+    lmq_w32(p + 12, queue_id);
+    lmq_w32(p + 16, msg_flag);
+    lmq_w64(p + 20, 0); /* QUEUEOFFSET: the append hook stamps it */
+    lmq_w64(p + 28, 0); /* PHYSICALOFFSET: likewise */
+    lmq_w32(p + 36, sysflag);
+    lmq_w64(p + 40, born_timestamp);
+    uint8_t *q = p + 48;
+    memcpy(q, env->born_host, (size_t)bh);
+    q += bh;
+    lmq_w64(q, env->store_timestamp);
+    q += 8;
+    memcpy(q, env->store_host, (size_t)sh);
+    q += sh;
+    lmq_w32(q, reconsume_times);
+    lmq_w64(q + 4, 0); /* PREPAREDTXOFFSET */
+    lmq_w32(q + 12, (int32_t)body_len);
+    q += 16;
+    memcpy(q, body, (size_t)body_len);
+    q += body_len;
+    if (v2) {
+        lmq_w16(q, (int32_t)topic_len);
+        q += 2;
+    } else {
+        *q++ = (uint8_t)topic_len;
+    }
+    memcpy(q, topic, (size_t)topic_len);
+    q += topic_len;
+    lmq_w16(q, (int32_t)new_props_len);
+    q += 2;
+    memcpy(q, props, (size_t)props_len);
+    q += props_len;
+    if (make_uniq) { /* MessageClientIDSetter: prefix, time since the month began, counter */
+        memcpy(q, "UNIQ_KEY\x01", 9);
+        memcpy(q + 9, env->uniq_prefix, (size_t)env->uniq_prefix_len);
+        q = lmq_put_uniq_tail(q + 9 + env->uniq_prefix_len, env->uniq_diff, counter);
+        *q++ = 2;
+    }
+    memcpy(q, "CLUSTER\x01", 8);
+    q += 8;
+    memcpy(q, env->cluster, (size_t)env->cluster_len);
+    q += env->cluster_len;
+    *q++ = 2;
+    return q;
+}
+
 int64_t lmq_encode_sends(const uint8_t *buf, const lmq_send_req *reqs, const int32_t *which,
                          const int32_t *queue_ids, const int32_t *sysflags, int64_t n, const uint8_t *scratch,
                          const lmq_send_env *env, uint8_t *out, int64_t cap, int64_t *rec_off, int32_t *rec_len,
                          int64_t *uniq_off, int32_t *uniq_len, int32_t *uniq_counter_used) {
     int64_t w = 0;
-    int64_t bh = env->born_host_len, sh = env->store_host_len; /* 8 or 20 (ip + port) */
     int32_t counter = env->uniq_counter;
     for (int64_t k = 0; k < n; k++) {
         const lmq_send_req *r = &reqs[which[k]];
-        const uint8_t *topic = scratch + r->topic_off, *props = scratch + r->props_off;
-        int64_t tl = r->topic_len, pl = r->props_len, body_len = r->body_len;
+        int64_t tl = r->topic_len, pl = r->props_len;
         int v2 = tl > 127;
         int64_t uniq_extra = r->uniq_len ? 0 : 9 + env->uniq_prefix_len + 12 + 1;
         int64_t new_pl = pl + uniq_extra + 8 + env->cluster_len + 1;
         if (new_pl > MAX_PROPS || (v2 && tl > 32767)) return -1 - k;
-        int64_t total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + bh + 8 + sh + 4 + 8 + 4 + body_len + (v2 ? 2 : 1) +
-                        tl + 2 + new_pl;
+        int64_t total = lmq_record_size(env, r->body_len, tl, v2, new_pl);
         if (cap - w < total) return -1 - k;
-        uint8_t *p = out + w;
-        const uint8_t *body = buf + r->body_off;
-        lmq_w32(p, (int32_t)total);
-        lmq_w32(p + 4, v2 ? MAGIC_V2 : MAGIC_V1);
-        lmq_w32(p + 8, (int32_t)(lmq_body_crc32(0, body, (size_t)body_len) & 0x7FFFFFFF));
-        lmq_w32(p + 12, queue_ids[k]);
-        lmq_w32(p + 16, r->msg_flag);
-        lmq_w64(p + 20, 0); /* QUEUEOFFSET: the append hook stamps it */
-        lmq_w64(p + 28, 0); /* PHYSICALOFFSET: likewise */
-        lmq_w32(p + 36, sysflags[k]);
-        lmq_w64(p + 40, r->born_timestamp);
-        uint8_t *q = p + 48;
-        memcpy(q, env->born_host, (size_t)bh);
-        q += bh;
-        lmq_w64(q, env->store_timestamp);
-        q += 8;
-        memcpy(q, env->store_host, (size_t)sh);
-        q += sh;
-        lmq_w32(q, r->reconsume_times);
-        lmq_w64(q + 4, 0);
-        lmq_w32(q + 12, (int32_t)body_len);
-        q += 16;
-        memcpy(q, body, (size_t)body_len);
-        q += body_len;
-        if (v2) {
-            lmq_w16(q, (int32_t)tl);
-            q += 2;
-        } else {
-            *q++ = (uint8_t)tl;
-        }
-        memcpy(q, topic, (size_t)tl);
-        q += tl;
-        lmq_w16(q, (int32_t)new_pl);
-        q += 2;
-        memcpy(q, props, (size_t)pl);
+        lmq_put_record(out + w, total, v2, queue_ids[k], r->msg_flag, sysflags[k], r->born_timestamp,
+                       r->reconsume_times, buf + r->body_off, r->body_len, scratch + r->topic_off, tl,
+                       scratch + r->props_off, pl, new_pl, !r->uniq_len, counter, env);
+        int64_t props_at = w + total - new_pl; /* the stored properties: as sent, then UNIQ_KEY, CLUSTER */
         if (r->uniq_len) {
-            uniq_off[k] = (q - out) + (int64_t)(r->uniq_off - r->props_off);
+            uniq_off[k] = props_at + (int64_t)(r->uniq_off - r->props_off);
             uniq_len[k] = (int32_t)r->uniq_len;
-        }
-        q += pl;
-        if (!r->uniq_len) { /* MessageClientIDSetter: prefix, time since the month began, counter */
-            memcpy(q, "UNIQ_KEY\x01", 9);
-            q += 9;
-            uniq_off[k] = q - out;
+        } else {
+            uniq_off[k] = props_at + pl + 9;
             uniq_len[k] = env->uniq_prefix_len + 12;
-            memcpy(q, env->uniq_prefix, (size_t)env->uniq_prefix_len);
-            q = lmq_put_uniq_tail(q + env->uniq_prefix_len, env->uniq_diff, counter);
             counter = (counter + 1) & 0xFFFF;
-            *q++ = 2;
         }
-        memcpy(q, "CLUSTER\x01", 8);
-        q += 8;
-        memcpy(q, env->cluster, (size_t)env->cluster_len);
-        q += env->cluster_len;
-        *q++ = 2;
         rec_off[k] = w;
         rec_len[k] = (int32_t)total;
         w += total;

@@ -50,6 +50,16 @@ typedef struct {
     int32_t uniq_counter;       /* the next 16-bit counter */
 } lmq_send_env;
 
+/* C-only (not in the cdef): one message record (spec §1) from its parts,
+ * shared by the single and batch send paths.  lmq_record_size is its
+ * TOTALSIZE; lmq_put_record writes it at p (properties as given, then a
+ * made UNIQ_KEY when make_uniq, then CLUSTER) and returns its end. */
+int64_t lmq_record_size(const lmq_send_env *env, int64_t body_len, int64_t topic_len, int v2, int64_t props_len);
+uint8_t *lmq_put_record(uint8_t *p, int64_t total, int v2, int32_t queue_id, int32_t msg_flag, int32_t sysflag,
+                        int64_t born_timestamp, int32_t reconsume_times, const uint8_t *body, int64_t body_len,
+                        const uint8_t *topic, int64_t topic_len, const uint8_t *props, int64_t props_len,
+                        int64_t new_props_len, int make_uniq, int32_t counter, const lmq_send_env *env);
+
 int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, int64_t max_n,
                           lmq_send_req *out, uint8_t *scratch, int64_t scratch_cap);
 int64_t lmq_encode_sends(const uint8_t *buf, const lmq_send_req *reqs, const int32_t *which,

@@ -115,68 +115,22 @@ int64_t lmq_encode_batch(const uint8_t *body, const lmq_batch_item *items, int64
                          int32_t topic_len, int32_t magic, int32_t queue_id, int32_t sysflag, int64_t born_timestamp,
                          int32_t reconsume_times, const lmq_send_env *env, uint8_t *out, int64_t cap,
                          int64_t *rec_off) {
-    int64_t w = 0, bh = env->born_host_len, sh = env->store_host_len, tl = topic_len;
-    int v2 = magic != (int32_t)0xDAA320A7;
+    int64_t w = 0, tl = topic_len;
+    int v2 = magic != (int32_t)0xDAA320A7; /* the caller chose it by the topic's length in UTF-16 units */
     int32_t counter = env->uniq_counter;
     if (tl > (v2 ? 32767 : 127)) return -1;
     for (int64_t k = 0; k < n; k++) {
         const lmq_batch_item *it = &items[k];
-        int64_t pl = it->props_len, body_len = it->body_len;
+        int64_t pl = it->props_len;
         int64_t new_pl = pl + (it->uniq_len ? 0 : UNIQ_NAME_LEN + env->uniq_prefix_len + 12 + 1) + 8 +
                          env->cluster_len + 1;
         if (new_pl > MAX_PROPS) return -1;
-        int64_t total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + bh + 8 + sh + 4 + 8 + 4 + body_len + (v2 ? 2 : 1) +
-                        tl + 2 + new_pl;
+        int64_t total = lmq_record_size(env, it->body_len, tl, v2, new_pl);
         if (cap - w < total) return -1;
-        uint8_t *p = out + w, *q;
-        const uint8_t *b = body + it->body_off;
-        lmq_w32(p, (int32_t)total);
-        lmq_w32(p + 4, magic);
-        lmq_w32(p + 8, (int32_t)(lmq_body_crc32(0, b, (size_t)body_len) & 0x7FFFFFFF));
-        lmq_w32(p + 12, queue_id);
-        lmq_w32(p + 16, it->flag);
-        lmq_w64(p + 20, 0); /* QUEUEOFFSET and PHYSICALOFFSET: the append hook stamps them */
-        lmq_w64(p + 28, 0);
-        lmq_w32(p + 36, sysflag);
-        lmq_w64(p + 40, born_timestamp);
-        q = p + 48;
-        memcpy(q, env->born_host, (size_t)bh);
-        q += bh;
-        lmq_w64(q, env->store_timestamp);
-        q += 8;
-        memcpy(q, env->store_host, (size_t)sh);
-        q += sh;
-        lmq_w32(q, reconsume_times);
-        lmq_w64(q + 4, 0); /* PREPAREDTXOFFSET */
-        lmq_w32(q + 12, (int32_t)body_len);
-        q += 16;
-        memcpy(q, b, (size_t)body_len);
-        q += body_len;
-        if (v2) {
-            lmq_w16(q, (int32_t)tl);
-            q += 2;
-        } else {
-            *q++ = (uint8_t)tl;
-        }
-        memcpy(q, topic, (size_t)tl);
-        q += tl;
-        lmq_w16(q, (int32_t)new_pl);
-        q += 2;
-        memcpy(q, body + it->props_off, (size_t)pl);
-        q += pl;
-        if (!it->uniq_len) { /* MessageClientIDSetter: prefix, time since the month began, counter */
-            memcpy(q, UNIQ_NAME, UNIQ_NAME_LEN);
-            q += UNIQ_NAME_LEN;
-            memcpy(q, env->uniq_prefix, (size_t)env->uniq_prefix_len);
-            q = lmq_put_uniq_tail(q + env->uniq_prefix_len, env->uniq_diff, counter);
-            counter = (counter + 1) & 0xFFFF;
-            *q++ = 2;
-        }
-        memcpy(q, "CLUSTER\x01", 8);
-        q += 8;
-        memcpy(q, env->cluster, (size_t)env->cluster_len);
-        q += env->cluster_len;
-        *q++ = 2;
+        lmq_put_record(out + w, total, v2, queue_id, it->flag, sysflag, born_timestamp, reconsume_times,
+                       body + it->body_off, it->body_len, topic, tl, body + it->props_off, pl, new_pl, !it->uniq_len,
+                       counter, env);
+        if (!it->uniq_len) counter = (counter + 1) & 0xFFFF;
         rec_off[k] = w;
         w += total;
     }
