@@ -10,7 +10,7 @@ import struct
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.processors.send import V2_NAMES, parse_send_header
@@ -272,6 +272,52 @@ def test_batch_records_equal_the_general_path(items, born_v6):
         if all(seg.count("\x01") == 1 and not seg.startswith("\x01") and not seg.endswith("\x01")
                for seg in segments) and len(set(names)) == len(names) and text.encode() == props:
             assert f == g
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(st.tuples(st.binary(min_size=1, max_size=12), st.integers(0, 3), _BATCH_ITEM_PROPS),
+                      min_size=1, max_size=4),
+       damage=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=4),
+       cut=st.integers(0, 30), junk=st.binary(max_size=40))
+def test_native_batch_takes_hostile_bodies_safely(items, damage, cut, junk):
+    """Damaged, truncated and random SEND_BATCH bodies: the C scanner either
+    declines (the general path then names the error) or builds exactly the
+    records the Python wire-form path builds from the same bytes."""
+    from unittest import mock
+
+    from broker.common.values import TopicConfig
+    from broker.processors import send_native
+    from broker.processors.send import SendError, SendHeader, host_of
+    from native import sendpath
+
+    if not sendpath.BATCH_AVAILABLE:
+        pytest.skip("the native extension is not built (make native)")
+    body = bytearray(b"".join(struct.pack(">iiiii", 22 + len(b) + len(p), 0, 0, f, len(b)) + b +
+                              struct.pack(">h", len(p)) + p for b, f, p in items))
+    for at, value in damage:
+        body[at % len(body)] = value
+    body = bytes(body[:max(0, len(body) - cut)]) + junk
+    header = SendHeader("pg", "TopicA", "TBW102", 8, 3, 0, 1, 0, "", 0, batch=True)
+    real, taken = send_native.batch_records, []
+
+    def spy(*args):
+        taken.append(real(*args))
+        return taken[-1]
+
+    def records(batch_records):
+        proc, _ = _processor_with_keys()
+        proc.uniq_keys, proc.clock_ms = _MonthKeys(), lambda: 42
+        with mock.patch.object(send_native, "batch_records", batch_records):
+            return [bytes(r) for r in proc._records(header, TopicConfig("TopicA"), 3, body, host_of("0.0.0.0:0"))[0]]
+
+    try:
+        native = records(spy)
+    except (M.MessageFormatError, SendError):
+        assert taken == [None]  # malformed or empty: declined, and the general path names it
+        return
+    if taken[0] is None:
+        return  # declined: the Python path built them
+    assert native == records(lambda *a: None)
 
 
 def test_usual_batches_take_the_native_path():
