@@ -317,7 +317,7 @@ def test_restart_resumes_from_the_checkpoint(tmp_path):
 CHILD = r"""
 import os, signal, sys
 from consumequeue import checkpoint, files, service
-from native import dispatch as D
+from native import dispatch as D, dispatch_twin
 from consumequeue.dispatcher import DispatchConfig
 from consumequeue.rebuild import open_store
 root, point, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -345,7 +345,7 @@ if point == "index":
 elif point == "index_after":  # CQ and index written past the checkpoint
     wrap(engine.index, "put_batch", after=True)
 elif point == "py_put_key":  # inside an index batch: items beyond the header
-    wrap(D, "py_put_key")
+    wrap(dispatch_twin, "py_put_key")  # where the twin's index_put looks it up
 elif point == "cq":
     wrap(files.FdCache, "pwrite")
 elif point == "state":
