@@ -41,6 +41,7 @@ from broker.config import LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import split_offset_key
 from broker.processors.admin import disk_ratio
+from broker.remoting.codec import request_count
 from broker.remoting.codes import ResponseCode
 from broker.store.broker_store import BrokerStore
 from broker.telemetry import stats as S
@@ -118,7 +119,7 @@ class MeteredSends:
 
         async def timed() -> list:
             replies = await finish()
-            self.latency.observe(self.clock() - t0, len(cmds))
+            self.latency.observe(self.clock() - t0, request_count(cmds))
             self.bursts += 1
             return replies
 

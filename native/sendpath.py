@@ -108,14 +108,15 @@ def record_props_len(scan: SendScan, i: int, env: SendEnv) -> int:
 
 
 def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array,
-                 env: SendEnv) -> tuple[bytearray, array, array, array, array, int]:
+                 env: SendEnv, n: int | None = None) -> tuple[bytearray, array, array, array, array, int]:
     """The records of the requests `which` (indexes into the scan, 'i'),
     with their queue ids and sysflags ('i' arrays): (records buffer --
     larger than the records, which lie back to back from 0 --, record
     offsets, record lengths, UNIQ_KEY offsets and lengths in the buffer,
     the UNIQ_KEY counter after the keys it made).  The caller has checked
-    the property lengths (record_props_len)."""
-    n = len(which)
+    the property lengths (record_props_len).  n: only the first n of the
+    arrays (all by default)."""
+    n = len(which) if n is None else n
     e = env.env
     cap = len(scan.data) + n * (_RECORD_OVERHEAD + e.cluster_len + e.uniq_prefix_len)
     out = bytearray(cap)
@@ -134,10 +135,11 @@ def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array
 
 def encode_send_responses(opaques: array, queue_ids: array, queue_offsets: array, phy_offsets: array,
                           uniq_buf: bytes, uniq_off: array, uniq_len: array, store_host: bytes,
-                          version: int) -> tuple[bytes, array]:
-    """SUCCESS answers (SendMessageResponseHeader, JSON) for n sends: the
-    frames back to back, and where each starts."""
-    n = len(opaques)
+                          version: int, n: int | None = None) -> tuple[bytes, array]:
+    """SUCCESS answers (SendMessageResponseHeader, JSON) for n sends (all
+    of the arrays by default): the frames back to back, and where each
+    starts."""
+    n = len(opaques) if n is None else n
     cap = n * _RESPONSE_ROOM + 6 * sum(uniq_len)
     out = bytearray(cap)
     frame_off = array("q", bytes(8 * n))
@@ -184,3 +186,34 @@ def encode_batch(body: bytes, scanned, topic: bytes, magic: int, queue_id: int, 
         return None
     view = memoryview(out)  # views of one buffer: the log copies them once, into its write
     return [view[rec_off[k]:rec_off[k + 1]] for k in range(n)]
+
+
+TAKE_END, TAKE_TOPIC, TAKE_CHECK = 0, 1, 2
+
+
+def run_end(scan: SendScan, i: int) -> int:
+    """The end of the run of plain sends starting at frame i (i itself when
+    frame i is not one)."""
+    return lib.lmq_send_run_end(scan.reqs, i, scan.n)
+
+
+def take_rule(topic_first: int, max_queue: int, max_body: int, set_flags: int, clear_flags: int,
+              props_fixed: int, props_uniq: int, max_props: int):
+    """The per-message checks of one topic (lmq_take_rule)."""
+    rule = _new("lmq_take_rule *")
+    rule.topic_first, rule.max_queue, rule.max_body = topic_first, max_queue, max_body
+    rule.set_flags, rule.clear_flags = set_flags, clear_flags
+    rule.props_fixed, rule.props_uniq, rule.max_props = props_fixed, props_uniq, max_props
+    return rule
+
+
+def take_sends(scan: SendScan, lo: int, hi: int, rule, which: array, queue_ids: array, sysflags: array,
+               opaques: array, at: int, counts: array) -> tuple[int, int]:
+    """lmq_take_sends: frames lo.. of the scan into the arrays from `at`
+    while they pass `rule`; counts ('q': made UNIQ_KEYs, oneway) grow.
+    Returns (the first frame not taken, why: TAKE_END/TOPIC/CHECK)."""
+    f = ffi.from_buffer
+    why = ffi.new("int32_t *")
+    end = lib.lmq_take_sends(scan.reqs, lo, hi, rule, f("int32_t[]", which), f("int32_t[]", queue_ids),
+                             f("int32_t[]", sysflags), f("int32_t[]", opaques), at, f("int64_t[]", counts), why)
+    return end, why[0]

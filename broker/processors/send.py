@@ -20,11 +20,8 @@
 #      queueId, queueOffset (the first), transactionId = UNIQ_KEY.
 #
 # Bursts: the remoting connection hands over every send one read brought
-# (accept_burst, in its read loop, so bursts keep the connection's order):
-# each message is checked and encoded on its own (one that fails is
-# answered alone), all records go to the log as ONE append, and one task
-# waits for the commit and answers them all in one write.  Sends to a topic
-# that must be auto-created first take the one-at-a-time path (process).
+# (accept_burst): send_burst.py serves them, one append for all, with the
+# steps here for each message it does not take in C (send_native.py).
 #
 # Error translation happens in one place, _failure(): SendError carries a
 # code of its own; commitlog errors map as the issue asks (spec §6.8 maps a
@@ -60,8 +57,8 @@ from broker.common.values import InvalidMetadataError, TopicConfig, check_topic_
 from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.service import MetadataService
-from broker.processors import send_native
-from broker.remoting.codec import RawSend, encode_response
+from broker.processors import send_burst, send_native
+from broker.remoting.codec import encode_response
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -280,112 +277,31 @@ class SendProcessor:
             return self._failure(request, exc, records, req.first_index if req is not None else -1)
 
     def accept_burst(self, conn, cmds: list):
-        """The synchronous half of a burst of sends read together from one
-        connection (see the module comment); returns the async half, which
-        answers each request in order.  RawSends the native path takes are
-        encoded a run at a time (send_native.py); every other request, and
-        every RawSend it does not take, is served here one by one."""
-        replies: list = [None] * len(cmds)
-        try:
-            self.gate.check_writable()
-        except CommitLogError as exc:  # not the writable leader: all of them alike
-            for i, cmd in enumerate(cmds):
-                replies[i] = self._failure(cmd, exc, [])
-            return _answered(replies)
-        born_host = host_of(conn.remote_address)
-        parts: list[tuple[int, int, int, int, str | None]] = []  # (i, first record, count, queueId, uniq)
-        records: list[bytes] = []
-        slow: list[int] = []
-        runs: list[send_native.NativeRun] = []
-        run = None
-        cfg = self.cfg
-        cluster = cfg.broker_cluster_name.encode()
+        """The synchronous half of a burst (send_burst.py); returns the
+        async half, which answers each item in order."""
+        return send_burst.accept_burst(self, conn, cmds)
+
+    # What send_burst.py asks of the general path.
+    REFUSALS = (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError)
+
+    def burst_hosts(self, peer) -> tuple[M.HostAddr, bytes, bool, bytes]:
+        """(bornHost, its record bytes, whether IPv6, storeHost's record bytes)."""
+        born_host = host_of(peer)
         born, born_v6 = _host_wire(born_host)
-        store_host, _ = _host_wire(cfg.store_host)
+        return born_host, born, born_v6, _host_wire(self.cfg.store_host)[0]
 
-        def flush() -> None:
-            send_native.encode(run, records, born, store_host, self.clock_ms(), cluster, self.uniq_keys)
-            runs.append(run)
-
-        for i, cmd in enumerate(cmds):
-            if type(cmd) is RawSend:
-                if run is not None and run.scan is not cmd.scan:
-                    flush()
-                    run = None
-                if run is None:
-                    run = send_native.new_run(cmd.scan, cluster, self.uniq_keys.prefix)
-                if self._native.take(self, run, i, cmd, born_v6):
-                    continue
-                request = cmd.command()
-            else:
-                request = cmd
-            if run is not None and run.at:  # records stay in arrival order
-                flush()
-                run = None
-            try:
-                header = parse_send_header(request)
-                validate_topic(header.topic)
-                topic_cfg = self.metadata.topic_config(header.topic)
-                if topic_cfg is None or not topic_cfg.perm & PERM_WRITE:
-                    slow.append(i)  # auto-create first, or answer why not
-                    continue
-                queue_id = self._queue_id(header, topic_cfg)
-                recs, uniq = self._records(header, topic_cfg, queue_id, request.body, born_host)
-            except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
-                replies[i] = self._failure(request, exc, [])
-                continue
-            parts.append((i, len(records), len(recs), queue_id, uniq))
-            records.extend(recs)
-        if run is not None and run.at:
-            flush()
-        req, error = None, None
-        if records:
-            try:
-                req = self.replica.submit(records)  # now, so bursts reach the log in arrival order
-            except CommitLogError as exc:
-                error = exc
-
-        async def finish() -> list:
-            for i in slow:
-                cmd = cmds[i]
-                replies[i] = await self.process(cmd.command() if type(cmd) is RawSend else cmd,
-                                                conn.remote_address)
-            failed = error
-            if req is not None:
-                try:
-                    await self.replica.wait(req)
-                except CommitLogError as exc:
-                    failed = exc
-            if failed is None and req is not None:
-                placed, stamps = req.result, req.stamped
-                for i, first, count, queue_id, uniq in parts:
-                    replies[i] = self._success_frame(cmds[i], queue_id, placed[first:first + count],
-                                                     stamps[first:first + count] if stamps is not None else None,
-                                                     uniq)
-                for r in runs:
-                    if not send_native.answer(r, replies, placed, stamps, store_host):
-                        self._answer_run_slowly(r, cmds, replies, placed)
-            else:
-                base = req.first_index if req is not None else -1
-                for i, first, count, _, _ in parts:
-                    replies[i] = self._failure(cmds[i], failed, records[first:first + count],
-                                               base + first if base >= 0 else -1)
-                for r in runs:
-                    for k, i in enumerate(r.at):
-                        first = r.first + k
-                        replies[i] = self._failure(cmds[i], failed, records[first:first + 1],
-                                                   base + first if base >= 0 else -1)
-            return replies
-
-        return finish
-
-    def _answer_run_slowly(self, run, cmds, replies, placed) -> None:
-        """A native run's answers the general way (no stamps to answer from)."""
-        for k, i in enumerate(run.at):
-            first = run.first + k
-            o, n = run.uniq_off[k], run.uniq_len[k]
-            replies[i] = self._success_frame(cmds[i].command(), run.queue_ids[k], placed[first:first + 1], None,
-                                             run.records[o:o + n].decode())
+    def burst_records(self, request: RemotingCommand, born_host: M.HostAddr) -> tuple | None:
+        """One send of a burst the general way: (queueId, records, UNIQ_KEY),
+        or None when its topic must be auto-created first or is not
+        writable (process() serves it and says why).  Raises REFUSALS."""
+        header = parse_send_header(request)
+        validate_topic(header.topic)
+        topic_cfg = self.metadata.topic_config(header.topic)
+        if topic_cfg is None or not topic_cfg.perm & PERM_WRITE:
+            return None
+        queue_id = self._queue_id(header, topic_cfg)
+        recs, uniq = self._records(header, topic_cfg, queue_id, request.body, born_host)
+        return queue_id, recs, uniq
 
     # --- steps --------------------------------------------------------------------
 
@@ -656,9 +572,3 @@ class SendProcessor:
         who = describe_leader(exc.leader_id, exc.leader_addr, broker_addr)
         return f"broker {self.cfg.broker_name}/{self.cfg.self_id} is not the DLedger leader (master); {who}"
 
-
-def _answered(replies: list):
-    """The async half of a burst answered already in its synchronous half."""
-    async def finish() -> list:
-        return replies
-    return finish

@@ -378,6 +378,49 @@ class RawSend:
         return f"RawSend(opaque={self.opaque}, index={self.index})"
 
 
+class SendRun:
+    """Consecutive plain SEND_MESSAGE_V2 requests, frames [lo, hi) of one
+    scan, handed out as one item so that a pipelined burst costs no Python
+    object per message on its way to the send processor (which checks and
+    encodes the run in C, send_native.py).  It counts as len() requests
+    wherever requests are counted; whoever needs them one by one takes
+    sends() (RawSends).  Its answer is either one bytes object holding
+    every answer of the run back to back, or a list with one answer (or
+    None) per request, as sends() lists them."""
+
+    __slots__ = ("scan", "lo", "hi")
+
+    code = int(RequestCode.SEND_MESSAGE_V2)
+    serialize_type = SerializeType.JSON
+    is_response = False
+
+    def __init__(self, scan, lo: int, hi: int) -> None:
+        self.scan, self.lo, self.hi = scan, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def sends(self) -> list[RawSend]:
+        reqs, scan = self.scan.reqs, self.scan
+        return [RawSend(scan, i, reqs[i].opaque, reqs[i].flag) for i in range(self.lo, self.hi)]
+
+    def split(self, k: int) -> tuple["SendRun", "SendRun"]:
+        """The first k requests and the rest (0 < k < len)."""
+        return SendRun(self.scan, self.lo, self.lo + k), SendRun(self.scan, self.lo + k, self.hi)
+
+    def __repr__(self) -> str:
+        return f"SendRun({self.lo}..{self.hi})"
+
+
+def request_count(items) -> int:
+    """Requests in a list of commands and SendRuns."""
+    n = len(items)
+    for item in items:
+        if type(item) is SendRun:
+            n += item.hi - item.lo - 1
+    return n
+
+
 # --- the stream decoder -----------------------------------------------------------
 
 class CommandDecoder(ByteStreamDecoder):
@@ -395,7 +438,7 @@ class CommandDecoder(ByteStreamDecoder):
         self._scan = None  # the frames scanned at _pos and after; _scan_next is the next one's index
         self._scan_next = 0
 
-    def next_command(self) -> RemotingCommand | RawSend | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+    def next_command(self) -> RemotingCommand | SendRun | Literal[_Event.NEED_DATA, _Event.CLOSED]:
         if self._error is not None:
             raise self._error
         if self.raw_sends:
@@ -405,11 +448,14 @@ class CommandDecoder(ByteStreamDecoder):
                 self._scan_next = 0
             if scan is not None:
                 i = self._scan_next
+                end = sendpath.run_end(scan, i)
+                if end > i:  # plain sends: one run
+                    self._scan_next = end
+                    reqs = scan.reqs
+                    last = reqs[end - 1]
+                    self._pos += last.frame_off + last.frame_len - reqs[i].frame_off
+                    return SendRun(scan, i, end)
                 self._scan_next = i + 1
-                r = scan.reqs[i]
-                if r.status == sendpath.SEND_OK:
-                    self._pos += r.frame_len
-                    return RawSend(scan, i, r.opaque, r.flag)
                 # Declined: the frame at _pos is this one; decoded below as always.
         avail = len(self._buf) - self._pos
         if avail < 8:

@@ -35,8 +35,10 @@ from broker.remoting.codec import (
     DEFAULT_MAX_FRAME_SIZE,
     NEED_DATA,
     CommandDecoder,
+    SendRun,
     encode_command,
     encode_request,
+    request_count,
 )
 from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, SerializeType, code_name
 from broker.remoting.command import RemotingCommand
@@ -51,7 +53,8 @@ from broker.remoting.errors import (
 log = logging.getLogger(__name__)
 
 RequestHandler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
-# The async half of a burst: one answer per request, in order (None: none).
+# The async half of a burst: one answer per item, in order (None: none; for
+# a codec.SendRun, its answers as one bytes object or a list, see SendRun).
 BurstFinish = Callable[[], Awaitable[list]]
 
 
@@ -133,7 +136,7 @@ class Connection:
         self.close_reason: str | None = None
         self._handler = handler or not_supported
         self._bursts = bursts
-        # raw_sends: plain SEND_MESSAGE_V2 requests arrive as RawSend (see
+        # raw_sends: plain SEND_MESSAGE_V2 requests arrive as SendRuns (see
         # codec); only a server whose burst handler takes them asks for that.
         self._decoder = CommandDecoder(max_frame_size, raw_sends=raw_sends)
         self._send_lock = trio.Lock()
@@ -305,17 +308,18 @@ class Connection:
 
     async def _read_loop(self, tasks: trio.Nursery) -> RemoteProtocolError | str | None:
         """Returns None on a clean EOF, else why reading stopped."""
-        requests: list[RemotingCommand] = []  # those of the bytes read so far
+        requests: list = []  # those of the bytes read so far: commands and SendRuns
+        count = 0  # the requests in them
         while True:
             try:
                 cmd = self._decoder.next_command()
             except RemoteProtocolError as e:
                 self.close_reason = f"malformed frame: {e}"
-                await self._dispatch(tasks, requests)  # the ones before it are answered
+                await self._dispatch(tasks, requests, count)  # the ones before it are answered
                 return e
             if cmd is NEED_DATA:
-                await self._dispatch(tasks, requests)
-                requests = []
+                await self._dispatch(tasks, requests, count)
+                requests, count = [], 0
                 try:
                     data = await self.stream.receive_some(RECV_CHUNK)
                 except _CONN_ERRORS as e:
@@ -325,15 +329,19 @@ class Connection:
                 self._unbilled += len(data)
                 continue
             if cmd is CLOSED:
-                await self._dispatch(tasks, requests)
+                await self._dispatch(tasks, requests, count)
                 self.close_reason = self.close_reason or "closed by peer"
                 return None
-            if cmd.is_response:
+            if type(cmd) is SendRun:
+                count += cmd.hi - cmd.lo
+            elif cmd.is_response:
                 self._deliver(cmd)
                 continue
+            else:
+                count += 1
             requests.append(cmd)
 
-    async def _dispatch(self, tasks: trio.Nursery, requests: list[RemotingCommand]) -> None:
+    async def _dispatch(self, tasks: trio.Nursery, requests: list, count: int) -> None:
         """Hand over the requests of one read: as many as max_in_flight
         admits at once, bursts first (in order), then a task each for the
         rest; then wait for room for the next ones (backpressure: the
@@ -341,7 +349,8 @@ class Connection:
         read whole, not one awaited acquire per request, keeps a pipelined
         burst together until the log's group commit; admitting it in
         pieces keeps a read of more requests than the limit from waiting
-        for answers to requests it has not handed over."""
+        for answers to requests it has not handed over (a SendRun is cut
+        where the room ends)."""
         start = 0
         while start < len(requests):
             room = self.max_in_flight - self._in_flight
@@ -349,18 +358,21 @@ class Connection:
                 self._room = trio.Event()
                 await self._room.wait()
                 continue
-            part = requests if start == 0 and room >= len(requests) else requests[start:start + room]
-            start += len(part)
-            self._in_flight += len(part)
-            self._hand_over(tasks, part)
+            if start == 0 and room >= count:
+                part, n, start = requests, count, len(requests)
+            else:
+                part, n, start = _admit(requests, start, room)
+            count -= n
+            self._in_flight += n
+            self._hand_over(tasks, part, n)
         while self._max_held is not None and self._held > self._max_held:
             self._held_dropped = trio.Event()
             await self._held_dropped.wait()
 
-    def _hand_over(self, tasks: trio.Nursery, requests: list) -> None:
+    def _hand_over(self, tasks: trio.Nursery, requests: list, count: int) -> None:
         bill = None
         if self._max_held is not None:
-            bill = [len(requests), self._unbilled]  # requests not yet answered, bytes
+            bill = [count, self._unbilled]  # requests not yet answered, bytes
             self._held += self._unbilled
             self._unbilled = 0
         singles = requests
@@ -373,6 +385,10 @@ class Connection:
             for cmds, finish in bursts:
                 tasks.start_soon(self._serve_burst, cmds, finish, bill)
         for cmd in singles:
+            if type(cmd) is SendRun:  # (no burst handler took it) one by one
+                for one in cmd.sends():
+                    tasks.start_soon(self._serve, one, bill)
+                continue
             tasks.start_soon(self._serve, cmd, bill)
 
     def _settle(self, bill: list | None, n: int) -> None:
@@ -424,31 +440,45 @@ class Connection:
             self._answered(1)
             self._settle(bill, 1)
 
-    async def _serve_burst(self, cmds: list[RemotingCommand], finish: BurstFinish,
-                           bill: list | None = None) -> None:
+    async def _serve_burst(self, cmds: list, finish: BurstFinish, bill: list | None = None) -> None:
+        n = request_count(cmds)
         try:
             try:
                 responses = await finish()
             except Exception as e:
-                log.exception("%s: burst of %d requests failed", self.remote_address, len(cmds))
-                responses = [cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e)) for cmd in cmds]
+                log.exception("%s: burst of %d requests failed", self.remote_address, n)
+                responses = [[one.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e)) for one in cmd.sends()]
+                             if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e))
+                             for cmd in cmds]
             frames = []
             for cmd, response in zip(cmds, responses):
-                if response is None or cmd.is_oneway:
+                if response is None:
                     continue
-                try:
-                    frames.append(response if isinstance(response, bytes) else
-                                  encode_command(response.as_response_to(cmd), self.max_frame_size))
-                except LocalProtocolError as e:
-                    frames.append(encode_command(cmd.make_response(
-                        ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {e}"), self.max_frame_size))
+                if type(cmd) is SendRun:
+                    if type(response) is bytes:  # the whole run's answers
+                        frames.append(response)
+                        continue
+                    for one, answer in zip(cmd.sends(), response):
+                        self._frame_answer(frames, one, answer)
+                    continue
+                self._frame_answer(frames, cmd, response)
             if frames:
                 await self._send_bytes(b"".join(frames))  # one write for the burst's answers
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
         finally:
-            self._answered(len(cmds))
-            self._settle(bill, len(cmds))
+            self._answered(n)
+            self._settle(bill, n)
+
+    def _frame_answer(self, frames: list, cmd, response) -> None:
+        if response is None or cmd.is_oneway:
+            return
+        try:
+            frames.append(response if isinstance(response, bytes) else
+                          encode_command(response.as_response_to(cmd), self.max_frame_size))
+        except LocalProtocolError as e:
+            frames.append(encode_command(cmd.make_response(
+                ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {e}"), self.max_frame_size))
 
     async def _reject(self, error: RemoteProtocolError) -> None:
         log.warning("%s: %s; closing the connection", self.remote_address, error)
@@ -464,3 +494,22 @@ class Connection:
                     pass
             except _CONN_ERRORS:
                 pass
+
+
+def _admit(requests: list, start: int, room: int) -> tuple[list, int, int]:
+    """Up to `room` requests from requests[start:] (a SendRun is cut where
+    the room ends, its rest left at requests[start]): (the part, its
+    request count, where the next part starts)."""
+    part, n, i = [], 0, start
+    while i < len(requests) and n < room:
+        item = requests[i]
+        size = len(item) if type(item) is SendRun else 1
+        if n + size > room:
+            item, requests[i] = item.split(room - n)
+            part.append(item)
+            n += len(item)
+            break
+        part.append(item)
+        n += size
+        i += 1
+    return part, n, i

@@ -27,6 +27,7 @@
 import logging
 from collections.abc import Callable, Sequence
 
+from broker.remoting.codec import SendRun, request_count
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 
@@ -55,6 +56,15 @@ class InFlightLimiter:
         self.peak = max(self.peak, self.in_flight)
         return True
 
+    def try_acquire_many(self, n: int) -> int:
+        """Acquire up to n at once; returns how many (the rest count as
+        rejected)."""
+        k = max(0, min(n, self.limit - self.in_flight))
+        self.rejected += n - k
+        self.in_flight += k
+        self.peak = max(self.peak, self.in_flight)
+        return k
+
     def release(self, n: int = 1) -> None:
         self.in_flight -= n
 
@@ -72,11 +82,14 @@ class GuardedDispatcher:
             if refusal is not None:
                 return refusal
         if self.limiter is not None and not self.limiter.try_acquire():
-            return cmd.make_response(
-                ResponseCode.SYSTEM_BUSY,
-                f"[OVERLOAD]system busy, start flow control for a while ({self.limiter.limit} requests "
-                f"in flight)")
+            return self._overload(cmd)
         return None
+
+    def _overload(self, cmd) -> RemotingCommand:
+        return cmd.make_response(
+            ResponseCode.SYSTEM_BUSY,
+            f"[OVERLOAD]system busy, start flow control for a while ({self.limiter.limit} requests "
+            f"in flight)")
 
     def _release(self, n: int) -> None:
         if self.limiter is not None and n:
@@ -94,9 +107,12 @@ class GuardedDispatcher:
             self._release(1)
 
     def split_burst(self, conn, cmds: list[RemotingCommand]) -> tuple[list, list]:
-        admitted: list[RemotingCommand] = []
+        admitted: list = []
         refused: list[tuple[RemotingCommand, RemotingCommand]] = []
         for cmd in cmds:
+            if type(cmd) is SendRun:
+                self._admit_run(conn, cmd, admitted, refused)
+                continue
             refusal = self._refusal(conn, cmd)
             if refusal is None:
                 admitted.append(cmd)
@@ -112,7 +128,7 @@ class GuardedDispatcher:
             noted = conn.attributes.setdefault(_ADMITTED, {})
             for cmd in singles:
                 noted[id(cmd)] = cmd
-        out = [(group, self._counted(finish, len(group))) for group, finish in bursts]
+        out = [(group, self._counted(finish, request_count(group))) for group, finish in bursts]
         if refused:
             answers = [refusal for _cmd, refusal in refused]
 
@@ -120,6 +136,27 @@ class GuardedDispatcher:
                 return answers
             out.append(([cmd for cmd, _ in refused], answer_refused))
         return singles, out
+
+    def _admit_run(self, conn, run: SendRun, admitted: list, refused: list) -> None:
+        """A run of plain sends: with checks, one by one; else what the
+        limiter admits of it at once, the rest refused one by one."""
+        if self.checks:
+            for one in run.sends():
+                refusal = self._refusal(conn, one)
+                if refusal is None:
+                    admitted.append(one)
+                else:
+                    refused.append((one, refusal))
+            return
+        k = len(run) if self.limiter is None else self.limiter.try_acquire_many(len(run))
+        if k == len(run):
+            admitted.append(run)
+            return
+        if k:
+            head, run = run.split(k)
+            admitted.append(head)
+        for one in run.sends():
+            refused.append((one, self._overload(one)))
 
     def forget(self, conn) -> None:
         """A closed connection's admitted requests that never reached

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import trio
 
-from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
+from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, SendRun
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -73,7 +73,10 @@ class RequestDispatcher:
         for cmd in cmds:
             processor = bursts.get(cmd.code)
             if processor is None:
-                singles.append(cmd)
+                if type(cmd) is SendRun:  # served one by one
+                    singles.extend(cmd.sends())
+                else:
+                    singles.append(cmd)
             else:
                 groups.setdefault(id(processor), (processor, []))[1].append(cmd)
         return singles, [(group, processor.accept_burst(conn, group)) for processor, group in groups.values()]

@@ -1,12 +1,12 @@
-# The native C send path (RawSend, broker/processors/send_native.py) skips
+# The native C send path (SendRun, broker/processors/send_native.py) skips
 # the per-request header decoding the ACL needs to check a signature, so the
 # broker turns it off when aclEnable.  Checked on a one-member group served
 # in process: with ACL off the pipelined SEND_MESSAGE_V2s of one write reach
-# admission as RawSends (the C path is on by default); with ACL on none do,
+# admission as SendRuns (the C path is on by default); with ACL on none do,
 # and unsigned, wrongly signed and tampered sends -- one by one and
 # pipelined -- are refused with RocketMQ's remark and store nothing, while a
 # correctly signed burst is stored from queue offset 0.  (The ACL check
-# would also refuse a RawSend -- it decodes the header on first use -- but a
+# would also refuse a SendRun's sends -- each decodes its header -- but a
 # broker enforcing ACL must not depend on that: the C path stays off.)
 import attrs
 import pytest
@@ -15,7 +15,7 @@ import trio
 from broker.acl.signing import Credentials
 from broker.config import BrokerConfig
 from broker.remoting.client import open_remoting_client
-from broker.remoting.codec import NEED_DATA, CommandDecoder, RawSend, encode_command
+from broker.remoting.codec import NEED_DATA, CommandDecoder, RawSend, SendRun, encode_command
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.server import serve_broker
@@ -65,7 +65,7 @@ async def solo_broker(nursery, cfg):
     broker = await nursery.start(lambda task_status: serve_broker(cfg, bind_host="127.0.0.1",
                                                                   task_status=task_status))
     await broker.gate.wait_writable(timeout=20)
-    seen: list[type] = []  # what admission is handed: RawSend (C path) or RemotingCommand
+    seen: list[type] = []  # what admission is handed: SendRun (C path) or RemotingCommand
     split = broker.guard.split_burst
 
     def spy(conn, cmds):
@@ -80,7 +80,7 @@ async def test_without_acl_sends_take_the_native_path(tmp_path, nursery):
     broker, seen = await solo_broker(nursery, broker_config(tmp_path, acl=False))
     answers = await burst(broker.server.port, numbered([send_request(i) for i in range(8)]))
     assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 8, [a.remark for a in answers]
-    assert RawSend in seen  # the C path is on by default
+    assert SendRun in seen  # the C path is on by default
     assert broker.acl is None
 
 
@@ -114,5 +114,5 @@ async def test_with_acl_unsigned_or_wrongly_signed_sends_are_refused(tmp_path, n
     ok = await burst(port, numbered([PRODUCER.sign(send_request(i, queue_id=0)) for i in range(6)]))
     assert [a.code for a in ok] == [ResponseCode.SUCCESS] * 6, [a.remark for a in ok]
     assert sorted(int(a.ext_fields["queueOffset"]) for a in ok) == list(range(6))
-    assert seen and RawSend not in seen  # with ACL the C path never took a send
+    assert seen and SendRun not in seen and RawSend not in seen  # with ACL the C path never took a send
     assert broker.acl.refused >= 2 + 18

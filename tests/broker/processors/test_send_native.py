@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from broker.common.msgid import UniqKeyGenerator, offset_msg_id, parse_offset_msg_id
 from broker.processors.send import SendProcessor, host_of, parse_send_header
-from broker.remoting.codec import CommandDecoder, RawSend, decode_header, encode_command, encode_response
+from broker.remoting.codec import CommandDecoder, RawSend, SendRun, decode_header, encode_command, encode_response
 from broker.remoting.codes import CURRENT_VERSION, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemoteProtocolError
@@ -311,9 +311,12 @@ def test_decoder_hands_out_the_same_requests_with_raw_sends(headers, data):
                     cmd = dec.next_command()
                 except RemoteProtocolError as e:
                     return out, str(e)
-                if not isinstance(cmd, (RemotingCommand, RawSend)):
+                if isinstance(cmd, SendRun):  # a run of plain sends: the same commands, in order
+                    out.extend(one.command() for one in cmd.sends())
+                    continue
+                if not isinstance(cmd, RemotingCommand):
                     break
-                out.append(cmd.command() if isinstance(cmd, RawSend) else cmd)
+                out.append(cmd)
         return out, None
 
     assert drain(True) == drain(False)
@@ -369,7 +372,7 @@ def _raw(cmds: list[RemotingCommand]) -> list:
     dec = CommandDecoder(raw_sends=True)
     dec.receive_data(b"".join(encode_command(c.as_request(c.opaque, c.is_oneway)) for c in cmds))
     out = []
-    while isinstance(cmd := dec.next_command(), (RemotingCommand, RawSend)):
+    while isinstance(cmd := dec.next_command(), (RemotingCommand, SendRun)):
         out.append(cmd)
     return out
 
@@ -388,11 +391,37 @@ def _decode_answer(reply, request) -> RemotingCommand:
     return reply.as_response_to(request)
 
 
+def _flat(burst: list, replies: list) -> list[tuple]:
+    """(request, its answer) one by one, SendRuns taken apart: a run's
+    answer in one piece is split into its frames, one per request that is
+    not oneway."""
+    out = []
+    for c, r in zip(burst, replies):
+        if not isinstance(c, SendRun):
+            out.append((c, r))
+            continue
+        ones = c.sends()
+        if isinstance(r, bytes):
+            dec = CommandDecoder()
+            dec.receive_data(r)
+            frames = []
+            while isinstance(cmd := dec.next_command(), RemotingCommand):
+                frames.append(cmd)
+            answered = [one for one in ones if not one.is_oneway]
+            assert [f.opaque for f in frames] == [one.opaque for one in answered]
+            got = dict(zip(map(id, answered), frames))
+            out.extend((one, got.get(id(one))) for one in ones)
+        else:
+            assert len(r) == len(ones)
+            out.extend(zip(ones, r))
+    return out
+
+
 async def _serve(send: SendProcessor, burst: list) -> list[RemotingCommand]:
     """A burst as the connection serves it (no answer to a oneway request)."""
     finish = send.accept_burst(_Conn(), burst)
     replies = await finish()
-    return [None if r is None or c.is_oneway else _decode_answer(r, c) for r, c in zip(replies, burst)]
+    return [None if r is None or c.is_oneway else _decode_answer(r, c) for c, r in _flat(burst, replies)]
 
 
 def _comparable(resp: RemotingCommand | None, leader) -> tuple | None:
@@ -446,7 +475,7 @@ async def test_mixed_bursts_answer_in_order_as_the_general_path(tmp_path, autoju
             _v2(opaque=21, e="01"),                                       # native: plain digits
         ]
         got_native = await _serve(native, _raw(burst))
-        assert sum(isinstance(c, RawSend) for c in _raw(burst)) == 10
+        assert sum(len(c) for c in _raw(burst) if isinstance(c, SendRun)) == 10
         assert b"TopicA" in native._native.topics and not general._native.topics  # each took its path
         got_general = await _serve(general, burst)
         await g.settle()

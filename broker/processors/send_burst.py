@@ -1,0 +1,137 @@
+# Owns the send processor's burst path: the sends one read brought from a
+# connection (accept_burst runs in the connection's read loop, so bursts
+# keep the connection's order).  Each message is checked and encoded on its
+# own -- runs of plain SEND_MESSAGE_V2 (codec.SendRun) in C a run at a time
+# (send_native.py), every other request by the general path in send.py --
+# and one that fails is answered alone; all records go to the log as ONE
+# append, and the async half returned waits for the commit and answers
+# them all (the connection writes the answers in one write).  Sends to a
+# topic that must be auto-created first take the one-at-a-time path
+# (SendProcessor.process).  What it needs of the general path it asks the
+# processor for (burst_hosts, burst_records, REFUSALS, _failure, ...):
+# send.py imports this module, not the other way round.
+from broker.processors import send_native
+from broker.remoting.codec import RawSend, SendRun
+from broker.remoting.command import RemotingCommand
+from commitlog.errors import CommitLogError
+
+
+def accept_burst(proc, conn, cmds: list):
+    """The synchronous half of a burst of sends read together from one
+    connection (see the module comment); returns the async half, which
+    answers each item in order.  The requests of a SendRun the native
+    path takes are checked and encoded a run at a time
+    (send_native.py); every other request, and every one of a SendRun
+    it does not take, is served here one by one (a SendRun's answer is
+    then a list, see codec.SendRun)."""
+    replies: list = [None] * len(cmds)
+    try:
+        proc.gate.check_writable()
+    except CommitLogError as exc:  # not the writable leader: all of them alike
+        for i, cmd in enumerate(cmds):
+            replies[i] = ([proc._failure(one, exc, []) for one in cmd.sends()] if type(cmd) is SendRun
+                          else proc._failure(cmd, exc, []))
+        return _answered(replies)
+    born_host, born, born_v6, store_host = proc.burst_hosts(conn.remote_address)
+    # (i, k, request, first record, count, queueId, uniq); k: its place in a SendRun, else None
+    parts: list[tuple] = []
+    records: list[bytes] = []
+    slow: list[tuple[int, int | None, RemotingCommand]] = []
+    runs: list[send_native.NativeRun] = []
+    cluster = proc.cfg.broker_cluster_name.encode()
+    props_fixed, props_uniq = send_native.props_room(cluster, proc.uniq_keys.prefix)
+    rules: dict = {}
+
+    def general(i: int, k: int | None, request: RemotingCommand) -> None:
+        try:
+            made = proc.burst_records(request, born_host)
+        except proc.REFUSALS as exc:
+            _put(replies, cmds, i, k, proc._failure(request, exc, []))
+            return
+        if made is None:
+            slow.append((i, k, request))  # auto-create first, or answer why not
+            return
+        queue_id, recs, uniq = made
+        parts.append((i, k, request, len(records), len(recs), queue_id, uniq))
+        records.extend(recs)
+
+    for i, cmd in enumerate(cmds):
+        if type(cmd) is not SendRun:
+            general(i, None, cmd)
+            continue
+        lo = cmd.lo
+        while lo < cmd.hi:
+            run, lo = proc._native.take(proc, cmd, lo, i, born_v6, rules, props_fixed, props_uniq)
+            if run is not None:  # records stay in arrival order
+                send_native.encode(run, records, born, store_host, proc.clock_ms(), cluster, proc.uniq_keys)
+                runs.append(run)
+            if lo < cmd.hi:  # this one the general path serves
+                general(i, lo - cmd.lo, RawSend(cmd.scan, lo, cmd.scan.reqs[lo].opaque,
+                                                cmd.scan.reqs[lo].flag).command())
+                lo += 1
+    req, error = None, None
+    if records:
+        try:
+            req = proc.replica.submit(records)  # now, so bursts reach the log in arrival order
+        except CommitLogError as exc:
+            error = exc
+
+    async def finish() -> list:
+        for i, k, request in slow:
+            _put(replies, cmds, i, k, await proc.process(request, conn.remote_address))
+        failed = error
+        if req is not None:
+            try:
+                await proc.replica.wait(req)
+            except CommitLogError as exc:
+                failed = exc
+        if failed is None and req is not None:
+            placed, stamps = req.result, req.stamped
+            for i, k, request, first, count, queue_id, uniq in parts:
+                _put(replies, cmds, i, k, proc._success_frame(
+                    request, queue_id, placed[first:first + count],
+                    stamps[first:first + count] if stamps is not None else None, uniq))
+            for r in runs:
+                if not send_native.answer(r, cmds[r.item], replies, placed, stamps, store_host):
+                    _answer_run_slowly(proc, r, cmds[r.item], replies, placed)
+        else:
+            base = req.first_index if req is not None else -1
+            for i, k, request, first, count, _, _ in parts:
+                _put(replies, cmds, i, k, proc._failure(request, failed, records[first:first + count],
+                                                        base + first if base >= 0 else -1))
+            for r in runs:
+                sends = cmds[r.item].sends()
+                out = send_native.run_replies(replies, r.item, cmds[r.item])
+                for j in range(r.n):
+                    first = r.first + j
+                    out[r.k0 + j] = proc._failure(sends[r.k0 + j], failed, records[first:first + 1],
+                                                  base + first if base >= 0 else -1)
+        return replies
+
+    return finish
+
+def _answer_run_slowly(proc, run, sends: SendRun, replies, placed) -> None:
+    """A native run's answers the general way (no stamps to answer from)."""
+    out = send_native.run_replies(replies, run.item, sends)
+    ones = sends.sends()
+    for j in range(run.n):
+        first = run.first + j
+        o, n = run.uniq_off[j], run.uniq_len[j]
+        out[run.k0 + j] = proc._success_frame(ones[run.k0 + j].command(), run.queue_ids[j],
+                                              placed[first:first + 1], None,
+                                              run.records[o:o + n].decode())
+
+
+def _answered(replies: list):
+    """The async half of a burst answered already in its synchronous half."""
+    async def finish() -> list:
+        return replies
+    return finish
+
+
+def _put(replies: list, cmds: list, i: int, k: int | None, reply) -> None:
+    """The answer to item i, or to request k of the SendRun at item i."""
+    if k is None:
+        replies[i] = reply
+    else:
+        send_native.run_replies(replies, i, cmds[i])[k] = reply
