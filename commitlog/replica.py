@@ -631,7 +631,7 @@ class ReplicaNode:
         outbox, self._outbox = self._outbox, []
         send = self.transport.send
         for msg in outbox:
-            if not send(msg.dst, wire.encode(msg)):
+            if not send(msg.dst, wire.encode_scatter(msg)):
                 self.stats["send_dropped"] += 1
         if self._new_commit is not None:
             commit, self._new_commit = self._new_commit, None

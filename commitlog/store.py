@@ -209,6 +209,11 @@ class SegmentedStore(StoreReads):
     # leader reads the same range once per follower.  Dropped whenever
     # entries change under an unchanged end (truncate, reset, retention).
     _last_batch: tuple | None = None
+    # The last leader append's entries as written -- (first index, their
+    # positions, body lengths, the position the bytes start at, the bytes,
+    # term) -- from which read_batch ships them without reading back what
+    # this process has just sealed.  Dropped with _last_batch.
+    _fresh: tuple | None = None
     _released_at: int = 0  # _end_pos at the last _release_pages()
 
     # --- lifecycle -----------------------------------------------------------
@@ -405,6 +410,7 @@ class SegmentedStore(StoreReads):
         chain = layout_seal(out, positions, start, self._end_chain, True, units)
         self._write(start, out, first, units)
         self._advance(first + n - 1, term, end, chain, True)
+        self._fresh = (first, positions, lens, start, out, term)
         return list(zip(range(first, first + n), positions))
 
 
@@ -527,7 +533,7 @@ class SegmentedStore(StoreReads):
             raise IndexBelowBeginError(index, max(self._begin, 0))
         if index <= self._committed:
             raise CommittedTruncateError(index, self._committed)
-        self._last_batch = None
+        self._last_batch = self._fresh = None
         if index > self._begin:
             h = self._header(index - 1)[0]
             new_pos, term, chain, crc_mode = h.pos + h.size, h.term, h.chain_crc, h.has_crc
@@ -568,7 +574,7 @@ class SegmentedStore(StoreReads):
         if self._seg_end(begin_pos) - begin_pos < MIN_BLANK_LEN:
             raise ValueError(f"position {begin_pos} leaves no room for a blank filler in its segment")
         self.flush()
-        self._last_batch = None
+        self._last_batch = self._fresh = None
         self.data.remove_all()
         self.index.remove_all()
         self._base = metafiles.StoreBase(begin_index, begin_pos, prev_term, prev_chain_crc & 0xFFFFFFFF)
@@ -693,4 +699,4 @@ class SegmentedStore(StoreReads):
     def _retention_done(self, begin_index: int) -> None:
         """Called by retention after it deleted leading segments."""
         self._begin = begin_index
-        self._last_batch = None
+        self._last_batch = self._fresh = None

@@ -42,13 +42,14 @@ class QueueOffsetTable:
         g = be.group(view, res)
         firsts = array("q", bytes(8 * g.ngroups))
         names, assign, recs = self._names, self.assign, self._recs
+        starts, order, topic_queue = g.starts, g.order, be.topic_queue
         for k in range(g.ngroups):
-            r = be.record(recs, g.order[g.starts[k]])
-            raw = bytes(view[r.topic_off:r.topic_off + r.topic_len])
+            toff, tlen, queue_id = topic_queue(recs, order[starts[k]])
+            raw = bytes(view[toff:toff + tlen])
             topic = names.get(raw)
             if topic is None:
                 topic = names[raw] = raw.decode("utf-8", "replace")
-            firsts[k] = assign(topic, r.queue_id, g.starts[k + 1] - g.starts[k])
+            firsts[k] = assign(topic, queue_id, starts[k + 1] - starts[k])
         be.stamp_offsets(view, base, res, g, firsts, first_index, stamps)
 
     def next_offset(self, topic: str, queue_id: int) -> int:

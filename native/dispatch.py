@@ -145,6 +145,12 @@ class NativeBackend(Backend):
         r = recs[i]
         return DispatchRecord(*(getattr(r, f) for f in _FIELDS))
 
+    def topic_queue(self, recs, i: int) -> tuple[int, int, int]:
+        """(topic_off, topic_len, queue_id) of record i: what the append
+        hook needs per queue, without a whole DispatchRecord."""
+        r = recs[i]
+        return r.topic_off, r.topic_len, r.queue_id
+
     def group(self, buf, res: ScanResult) -> Grouping:
         order = ffi.new("int32_t[]", max(res.n, 1))
         starts = ffi.new("int32_t[]", res.n + 1)

@@ -153,7 +153,7 @@ class Grouping:
 
 class Backend:
     """The interface both backends implement, with identical results:
-    new_records(cap), raw_records(recs, n), record(recs, i),
+    new_records(cap), raw_records(recs, n), record(recs, i), topic_queue(recs, i),
     scan(buf, base_pos, recs, mode=, options=, expect_index=, max_entries=, delay_levels=),
     group(buf, res), order_slice(g, a, b), cq_pack(res, g, a, b),
     cq_pack_groups(res, g), cq_valid_units(buf),

@@ -197,6 +197,10 @@ class PythonBackend(Backend):
 
     _rec = record
 
+    def topic_queue(self, recs, i: int) -> tuple[int, int, int]:
+        r = self.record(recs, i)
+        return r.topic_off, r.topic_len, r.queue_id
+
     def scan(self, buf, base_pos: int, recs, *, mode: int = MODE_DLEDGER, options: int = 0,
              expect_index: int = -1, max_entries: int = -1, delay_levels: Sequence[int] = ()) -> ScanResult:
         cap = len(recs) // REC_SIZE

@@ -72,7 +72,28 @@ def encode(msg: Message) -> bytes:
         raise WireError(f"cannot encode {msg!r:.200}: {e}") from None
 
 
+def encode_scatter(msg: Message) -> bytes | tuple:
+    """encode(), except that a push carrying entries comes as a tuple of
+    pieces whose concatenation is encode()'s bytes -- (the bytes before the
+    entries, the entries' bytes as the log handed them, the bytes after) --
+    so that a transport can write the entries without copying them into
+    one payload first (Transport.send takes either)."""
+    if type(msg) is PushRequest and msg.batch is not None:
+        try:
+            parts = _encode_parts(5, msg)
+        except struct.error as e:
+            raise WireError(f"cannot encode {msg!r:.200}: {e}") from None
+        raw = msg.batch.raw
+        at = next(i for i, part in enumerate(parts) if part is raw)
+        return b"".join(parts[:at]), raw, b"".join(parts[at + 1:])
+    return encode(msg)
+
+
 def _encode(t: int, msg: Message) -> bytes:
+    return b"".join(_encode_parts(t, msg))
+
+
+def _encode_parts(t: int, msg: Message) -> list:
     parts = [_HEAD.pack(VERSION, t), _id(msg.src), _id(msg.dst), _TERM.pack(msg.term)]
     if t == 5:
         b = msg.batch
@@ -98,7 +119,7 @@ def _encode(t: int, msg: Message) -> bytes:
         parts.append(_TERM.pack(msg.commit_index))
     elif t == 4:
         parts.append(_HB_RESP.pack(msg.code))
-    return b"".join(parts)
+    return parts
 
 
 class _Reader:

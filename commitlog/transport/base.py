@@ -145,7 +145,9 @@ class Transport(Protocol):
     identity: dict[str, str]
 
     def send(self, peer_id: str, payload: bytes) -> bool:
-        """Queue `payload` for `peer_id` without blocking.  True if queued
+        """Queue `payload` for `peer_id` without blocking (a tuple of bytes-like
+        pieces is one payload, their concatenation, which the transport may
+        write piece by piece instead of joining).  True if queued
         (delivery is still not guaranteed), False if dropped because the
         peer's queue is full or the transport is closed.  Raises
         UnknownPeerError for an id that is not a peer, FrameError for a

@@ -217,7 +217,7 @@ class MemoryTransport:
             if peer_id in self._removed:
                 return False
             raise UnknownPeerError(peer_id, tuple(self._links))
-        payload = bytes(payload)
+        payload = b"".join(payload) if type(payload) is tuple else bytes(payload)
         if len(payload) > self.network.max_frame_size:
             raise FrameError(f"payload of {len(payload)} bytes exceeds max_frame_size "
                              f"{self.network.max_frame_size}")

@@ -102,7 +102,7 @@ class _Peer:
     peer_id: str
     addr: tuple[str, int]
     dials: bool
-    # (enqueue time, payload), oldest first.
+    # (enqueue time, payload, its length), oldest first.
     queue: collections.deque = attrs.field(factory=collections.deque)
     queued_bytes: int = 0
     wakeup: trio.Event = attrs.field(factory=trio.Event)
@@ -213,8 +213,11 @@ class PeerTransport:
         if peer_id in self._removed:
             return False  # a peer that left the configuration; the core's last words to it
         peer = self._peer(peer_id)
-        payload = bytes(payload)
-        n = len(payload)
+        if type(payload) is tuple:  # scattered (wire.encode_scatter): written part by part, never joined whole
+            n = sum(map(len, payload))
+        else:
+            payload = bytes(payload)
+            n = len(payload)
         if n > self.cfg.max_frame_size:
             raise FrameError(f"payload of {n} bytes exceeds max_frame_size {self.cfg.max_frame_size}")
         if self._closed:
@@ -224,7 +227,7 @@ class PeerTransport:
             if peer.queue and self._queue_full(peer, n):
                 peer.counters.dropped_full += 1
                 return False
-        peer.queue.append((trio.current_time(), payload))
+        peer.queue.append((trio.current_time(), payload, n))
         peer.queued_bytes += n
         peer.wakeup.set()
         return True
@@ -285,19 +288,19 @@ class PeerTransport:
     def _drop_stale(self, peer: _Peer, now: float) -> None:
         q = peer.queue
         while q and now - q[0][0] > self.cfg.max_queue_age:
-            _, payload = q.popleft()
-            peer.queued_bytes -= len(payload)
+            _, _, n = q.popleft()
+            peer.queued_bytes -= n
             peer.counters.dropped_stale += 1
 
-    def _take_batch(self, peer: _Peer) -> list[bytes]:
+    def _take_batch(self, peer: _Peer) -> list[tuple]:
         self._drop_stale(peer, trio.current_time())
         batch, size = [], 0
         q = peer.queue
         while q and size < self.cfg.write_batch_bytes:
-            _, payload = q.popleft()
-            peer.queued_bytes -= len(payload)
-            batch.append(payload)
-            size += len(payload) + 8
+            _, payload, n = q.popleft()
+            peer.queued_bytes -= n
+            batch.append((payload, n))
+            size += n + 8
         return batch
 
     def _notify(self) -> None:
@@ -315,18 +318,20 @@ class PeerTransport:
                 continue
             parts: list[bytes] = []
             frames = nbytes = 0
-            for payload in self._take_batch(peer):
-                parts.append(frame_header(FrameKind.DATA, len(payload), self.cfg.max_frame_size))
+            limit = self.cfg.join_limit
+            for payload, n in self._take_batch(peer):
+                parts.append(frame_header(FrameKind.DATA, n, self.cfg.max_frame_size))
                 frames += 1
-                nbytes += len(payload)
-                if len(payload) > self.cfg.join_limit:
-                    # Header (plus any small frames before it) in one write,
-                    # then the big payload as is: no copy of megabytes.
-                    await self._write(c, stream, b"".join(parts))
-                    await self._write(c, stream, payload)
-                    parts = []
-                else:
-                    parts.append(payload)
+                nbytes += n
+                for piece in (payload if type(payload) is tuple else (payload,)):
+                    if len(piece) > limit:
+                        # Header (plus any small frames before it) in one write,
+                        # then the big piece as is: no copy of megabytes.
+                        await self._write(c, stream, b"".join(parts))
+                        await self._write(c, stream, piece)
+                        parts = []
+                    else:
+                        parts.append(piece)
                 if not parts:
                     c.sent_frames += frames
                     c.sent_bytes += nbytes

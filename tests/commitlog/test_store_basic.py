@@ -341,3 +341,33 @@ def test_replicas_with_truncations_stay_identical(ops, seg_size, data):
         leader.close()
         follower.close()
         assert verify_store(os.path.join(root, "dledger-F")).problems == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.integers(0, 12), sizes=st.lists(st.integers(0, 300), min_size=1, max_size=25),
+       limits=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 30)), min_size=1, max_size=4))
+def test_read_batch_ships_the_last_append_from_its_own_bytes(tmp_path, before, sizes, limits):
+    """The leader's last append is shipped from the bytes it sealed (a view,
+    no read back): the same bytes the disk path reads, as many entries as
+    the limits allow within the first entry's segment; after a truncate the
+    disk path serves again."""
+    with tempfile.TemporaryDirectory(dir=tmp_path) as d, SegmentedStore.open(cfg(d)) as s:
+        fill(s, before)
+        first = s.end_index + 1
+        s.append_leader([bytes([i % 251]) * n for i, n in enumerate(sizes)], term=2)
+        for index in range(first, s.end_index + 1):
+            for max_bytes, max_count in limits:
+                s._last_batch = None
+                fresh = s.read_batch(index, max_bytes, max_count)
+                kept, s._fresh, s._last_batch = s._fresh, None, None
+                disk = s.read_batch(index, max_bytes, max_count)
+                s._fresh = kept
+                assert isinstance(fresh.raw, memoryview) and isinstance(disk.raw, bytes)
+                assert 1 <= fresh.count <= disk.count and fresh.term_runs == disk.term_runs[:1] == ((index, 2),)
+                assert bytes(fresh.raw) == disk.raw[:len(fresh.raw)]
+                assert len(list(E.iter_batch(fresh))) == fresh.count
+                if fresh.count < disk.count:  # stopped where the segment ends
+                    assert s.pos_of(fresh.last_index + 1) // DATA_SEG != s.pos_of(index) // DATA_SEG
+        if s.end_index > first:
+            s.truncate_from(s.end_index)
+            assert s._fresh is None and isinstance(s.read_batch(first, 10**6, 100).raw, bytes)

@@ -120,6 +120,22 @@ async def test_three_nodes_exchange_both_ways_over_one_connection_per_pair(nurse
         t["n0"].send("n0", b"to self")
 
 
+@deadline
+async def test_scattered_payloads_arrive_as_their_concatenation(nursery):
+    """A payload given as a tuple of pieces (a push and its entries) is one
+    frame whose bytes are the pieces joined, small pieces and ones above
+    join_limit (written on their own) alike, in order with plain ones."""
+    nodes, _ = await mesh(nursery, ids=("n0", "n1"))
+    big = memoryview(bytes(range(256)) * 1200)  # > join_limit: written as is
+    sent = [(b"head", big, b"tail"), b"plain", (b"a", b"", b"b"), (b"x" * 10, big[:100], b"")]
+    for p in sent:
+        assert nodes["n0"].t.send("n1", p)
+    got = await recv_n(nodes["n1"].t, len(sent))
+    assert [p for _, p in got] == [b"".join(p) if isinstance(p, tuple) else p for p in sent]
+    st = nodes["n0"].t.stats().peers["n1"]
+    assert st.sent_bytes == sum(len(p) for _, p in got) and nodes["n0"].t._peers["n1"].queued_bytes == 0
+
+
 @pytest.mark.parametrize("victim", ["n2", "n0"])  # n2 only accepts, n0 only dials
 @deadline
 async def test_peer_restart_on_same_port_then_traffic_resumes(nursery, victim):
