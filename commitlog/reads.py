@@ -142,6 +142,30 @@ class StoreReads:
             if batch is not None:
                 self._last_batch = (key, batch)
                 return batch
+        pieces, i = self._pieces(first_index, max_bytes, max_count)
+        raw = b"".join(pieces)
+        count = i - first_index
+        self._verify_batch(raw, first_index, count)
+        batch = EntryBatch(first_index, count, self._term_runs(first_index, i - 1), raw)
+        self._last_batch = (key, batch)
+        return batch
+
+    def read_views(self, first_index: int, max_bytes: int, max_count: int) -> tuple[list[memoryview], int]:
+        """read_batch's entries as views of the segment maps, one per
+        segment (no copy), and their count -- NOT checked: for a reader of
+        entries this store wrote itself, sealed as leader or verified as
+        follower (the metadata applier), never for replication."""
+        self._check_index(first_index)
+        if self._fresh is not None:
+            batch = self._fresh_batch(first_index, max_bytes, max_count)
+            if batch is not None:
+                return [batch.raw], batch.count
+        pieces, i = self._pieces(first_index, max_bytes, max_count)
+        return pieces, i - first_index
+
+    def _pieces(self, first_index: int, max_bytes: int, max_count: int) -> tuple[list, int]:
+        """The entries read_batch takes from first_index, as one view per
+        segment, and the index after the last."""
         last = min(self._end, first_index + max(1, max_count) - 1)
         pieces, taken, i = [], 0, first_index
         while i <= last:
@@ -165,12 +189,7 @@ class StoreReads:
             i = k + 1
             if k < j:
                 break
-        raw = b"".join(pieces)
-        count = i - first_index
-        self._verify_batch(raw, first_index, count)
-        batch = EntryBatch(first_index, count, self._term_runs(first_index, i - 1), raw)
-        self._last_batch = (key, batch)
-        return batch
+        return pieces, i
 
     def _fresh_batch(self, first_index: int, max_bytes: int, max_count: int) -> EntryBatch | None:
         """read_batch from the last leader append's own bytes (_fresh), when

@@ -204,6 +204,8 @@ class SegmentedStore(StoreReads):
     _checkpointed: tuple[int, int] = (-2, -2)
     _flush_lock: threading.Lock = attrs.field(factory=threading.Lock)
     _activity: trio.Event | None = None
+    # Set on every write when a flusher thread waits on it (commitlog/flusher.py).
+    flush_wanted: threading.Event | None = None
     _closed: bool = False
     # The last read_batch result, keyed by its arguments and end_index: the
     # leader reads the same range once per follower.  Dropped whenever
@@ -431,6 +433,8 @@ class SegmentedStore(StoreReads):
         self._end, self._end_term, self._end_pos = end, term, end_pos
         self._end_chain, self._crc_mode = chain, crc_mode
         self._unflushed = True
+        if self.flush_wanted is not None:
+            self.flush_wanted.set()
         if end_pos >= self._released_at + RELEASE_STEP:
             self._release_pages()
         self._note_activity()

@@ -22,6 +22,7 @@ SEND_OK, SEND_GENERAL, SEND_PROPS, SEND_BAD_JSON, SEND_OTHER = range(5)
 # Frames scanned per call, and the most a record adds to its request's
 # bytes (fixed fields and hosts, UNIQ_KEY and CLUSTER aside).
 MAX_SCAN = 512
+SCRATCH_MAX = 96 * 1024
 _RECORD_OVERHEAD = 160
 _RESPONSE_ROOM = 400
 
@@ -75,13 +76,19 @@ def scan_requests(buf: bytearray, start: int, max_frame: int, max_n: int = MAX_S
     if avail < 8 or avail < 4 + int.from_bytes(buf[start:start + 4], "big", signed=True):
         return None
     reqs = _new("lmq_send_req[]", max_n)
-    scratch = _new("uint8_t[]", avail)  # unescaped strings are never longer than their JSON
+    # Unescaped strings are never longer than their JSON: room for every
+    # header of a read, bounded (a scan ends where it is full; the next
+    # scan goes on) so that a large read costs no large allocation.
+    room = min(avail, SCRATCH_MAX)
+    scratch = _new("uint8_t[]", room)
     with ffi.from_buffer(buf) as whole:
-        n = lib.lmq_scan_requests(whole + start, avail, max_frame, max_n, reqs, scratch, avail)
+        n = lib.lmq_scan_requests(whole + start, avail, max_frame, max_n, reqs, scratch, room)
     if n == 0:
         return None
     last = reqs[n - 1]
-    return SendScan(bytes(buf[start:start + last.frame_off + last.frame_len]), n, reqs, scratch)
+    with memoryview(buf) as view:  # one copy of the frames (released before the buffer moves on)
+        data = bytes(view[start:start + last.frame_off + last.frame_len])
+    return SendScan(data, n, reqs, scratch)
 
 
 class SendEnv:

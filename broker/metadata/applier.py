@@ -4,17 +4,18 @@
 # far it got as the `applied` watermark.
 #
 # Finding the metadata records costs no Python work per ordinary message:
-# each read batch (raw DLedger entries, as replication ships them) goes
-# through the native dispatch scanner once, which returns one fixed-size
+# each read (raw DLedger entries, views of the store's own maps, one per
+# segment: store.read_views) goes through the native dispatch scanner once, which returns one fixed-size
 # record per message with its topic's Java hash.  The hash column is cut
 # out of the record array with a strided memoryview and searched for the
 # three internal topics' hashes with bytes.find; only the hits (verified by
 # their topic bytes, hash collisions are possible) are decoded in Python.
 # NOOP entries (magic 2) and non-message bodies never produce a record.
 #
-# read_batch leaves out the blank filler at a segment's end, so positions
-# jump inside a batch; the scanner reports that as ERR_POS at the jump and
-# the scan restarts there with the entry's own position.
+# A view never holds a segment's blank filler, and a batch that did (the
+# filler left out, positions jumping) would be scanned in pieces: the
+# scanner reports ERR_POS at the jump and the scan restarts there with the
+# entry's own position.
 #
 # Failure: a gap (the log no longer holds entries the tables lack, e.g. a
 # follower that Raft reset past retention) or an undecodable metadata
@@ -91,7 +92,7 @@ def find_hits(col: bytes) -> list[int]:
 
 @attrs.define(eq=False)
 class MetadataApplier:
-    """Construct with the log (read_batch, begin_index), the committed
+    """Construct with the log (read_views, begin_index), the committed
     watermark and the state to continue from (a loaded snapshot)."""
 
     log: object
@@ -135,17 +136,26 @@ class MetadataApplier:
             if begin > first:
                 raise MetadataGapError(first, begin)
             count = min(last - first + 1, self.max_batch_entries)
-            batch = self.log.read_batch(first, self.max_batch_bytes, count)
-            self._apply_raw(memoryview(batch.raw), first, batch.count)
-            end = first + batch.count - 1
+            # Views of the log's own maps (no copy, no second CRC check: this
+            # store sealed or verified these entries when it appended them).
+            pieces, count = self.log.read_views(first, self.max_batch_bytes, count)
+            expect = first
+            for piece in pieces:
+                expect = self._apply_raw(piece, expect)
+            if expect != first + count:
+                raise MetadataApplyError(f"read {expect - first} entries from {first}, expected {count}")
+            self.stats["entries"] += count
+            end = first + count - 1
             self.state.applied_index = end
             self.applied.advance(end)
             self.topics_version.advance(self.state.topics.data_version.counter)
-            done += batch.count
+            done += count
             batches += 1
         return done
 
-    def _apply_raw(self, buf: memoryview, first: int, count: int) -> None:
+    def _apply_raw(self, buf: memoryview, first: int) -> int:
+        """Apply the entries in buf (from index `first`); returns the index
+        after the last."""
         off, expect = 0, first
         while off < len(buf):
             base_pos = _I64.unpack_from(buf, off + OFF_POS)[0]
@@ -162,9 +172,7 @@ class MetadataApplier:
                 continue  # a segment roll inside the batch
             reason = ERR_TEXT.get(res.err_code, STOP_NAMES[res.stop])
             raise MetadataApplyError(f"scan of committed entries from {first} stopped at entry {expect}: {reason}")
-        if expect != first + count:
-            raise MetadataApplyError(f"read {expect - first} entries from {first}, expected {count}")
-        self.stats["entries"] += count
+        return expect
 
     def _apply_records(self, res, view: memoryview, base_pos: int) -> None:
         col = memoryview(res.raw()).cast("i")[_HASH_FIELD::_REC_INTS].tobytes()

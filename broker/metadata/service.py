@@ -97,7 +97,7 @@ class _Flush:
 @attrs.define(eq=False)
 class MetadataService:
     node: object  # ReplicaNode-like: append(bodies), committed, is_leader, leader_error()
-    store: object  # the node's log: read_batch, begin_index, end_index
+    store: object  # the node's log: read_views, begin_index, end_index
     root: str  # storePathRootDir (snapshots go to <root>/config/)
     applier: MetadataApplier
     config: MetadataConfig = attrs.Factory(MetadataConfig)

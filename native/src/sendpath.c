@@ -425,6 +425,10 @@ int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, in
         const size_t pl = sizeof(SEND_V2_PREFIX) - 1;
         if (stype == 0 && (size_t)header_len >= pl && memcmp(buf + r->header_off, SEND_V2_PREFIX, pl) == 0) {
             if (scratch_cap - used < header_len) {
+                if (n > 1) { /* the scratch is full: end the scan here, the next one goes on */
+                    n--;
+                    break;
+                }
                 r->status = LMQ_SEND_GENERAL; /* no room to unescape it */
             } else {
                 int64_t mark = used;

@@ -136,6 +136,8 @@ def test_get_read_batch_and_terms_across_segments(tmp_path):
         for first in range(36):
             for max_bytes, max_count in ((1, 10), (300, 3), (700, 100), (10**6, 100)):
                 b = s.read_batch(first, max_bytes, max_count)
+                views, n = s.read_views(first, max_bytes, max_count)  # the same entries, uncopied
+                assert n == b.count and b"".join(bytes(v) for v in views) == bytes(b.raw)
                 got = list(E.iter_batch(b))
                 assert 1 <= b.count <= max_count and b.last_index <= 35
                 assert b.count == 1 or len(b.raw) <= max_bytes

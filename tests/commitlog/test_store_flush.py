@@ -1,4 +1,6 @@
 # Flush policies, checkpoints and the trio flusher service.
+import time
+
 import pytest
 import trio
 import trio.testing
@@ -61,11 +63,11 @@ async def test_flusher_groups_writes_and_sleeps_when_idle(tmp_path, lazy_clock):
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_flusher, s)
-            t0 = trio.current_time()
+            t0 = time.monotonic()  # (the flush thread sleeps in real time)
             for _ in range(3):  # three appends inside one interval: one fdatasync round
                 fill(s, 2)
             await s.flushed_watermark.wait_for(5, timeout=5)
-            assert s.flush_count == 1 and trio.current_time() - t0 >= 0.01
+            assert s.flush_count == 1 and time.monotonic() - t0 >= 0.01
             s.set_committed(5)
             # Idle: no flushes, and the checkpoint is written once its interval is up.
             t1 = trio.current_time()
@@ -152,4 +154,30 @@ async def test_appends_during_thread_flushes_are_never_left_unflushed(tmp_path):
         assert s.flushed_index == s.end_index == 599 and s.flushed_watermark.value == 599
         assert not any(seg.dirty for sl in (s.data, s.index) for seg in sl.segments)
     finally:
+        s.close()
+
+
+async def test_the_flush_thread_flushes_each_burst_without_trio_and_reports_failure(tmp_path, monkeypatch):
+    """Every write wakes the flush thread (no trio task per flush): bursts
+    apart by more than the interval get a flush each, and the watermark
+    advances in trio; a failing fdatasync ends serve_flusher with it."""
+    s = SegmentedStore.open(cfg(tmp_path, flush_interval_ms=5))
+    try:
+        with pytest.raises(BaseExceptionGroup) as failed:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_flusher, s)
+                for burst in range(3):
+                    fill(s, 2)
+                    await s.flushed_watermark.wait_for(2 * burst + 1, timeout=5)
+                assert s.flush_count == 3 and s.flush_wanted is not None
+
+                def broken(job):
+                    raise OSError(5, "injected")
+                monkeypatch.setattr("commitlog.store._run_flush", broken)
+                fill(s, 1)
+                await trio.sleep_forever()
+        assert failed.group_contains(OSError, match="injected")
+        assert s.flush_wanted is None  # the thread was told to stop
+    finally:
+        monkeypatch.undo()
         s.close()

@@ -539,3 +539,17 @@ def test_uniq_keys_reserved_for_a_burst_are_the_ones_next_would_make():
     made = [one_by_one.next() for _ in range(3)]
     assert made == [keys.prefix + struct.pack(">iH", diff, first + k).hex().upper() for k in range(3)]
     assert keys.reserve(1)[1] == one_by_one.reserve(1)[1] == first + 3
+
+
+def test_a_full_scratch_ends_the_scan_and_the_next_goes_on(monkeypatch):
+    """The scanner's scratch is bounded: when the headers of a read do not
+    fit, the scan ends before the one that does not (it is not declined)
+    and the decoder's next scan takes it up; every send is still plain."""
+    frames = [encode_command(_v2(opaque=i, body=b"x" * i)) for i in range(40)]
+    monkeypatch.setattr(sendpath, "SCRATCH_MAX", 1000)
+    scan = sendpath.scan_requests(bytearray(b"".join(frames)), 0, 1 << 24)
+    assert 1 < scan.n < 40 and all(scan.reqs[i].status == sendpath.SEND_OK for i in range(scan.n))
+    runs = _raw([_v2(opaque=i, body=b"x" * i) for i in range(40)])
+    assert len(runs) > 1 and all(isinstance(r, SendRun) for r in runs)
+    assert [s.opaque for r in runs for s in r.sends()] == list(range(40))
+    assert [s.body for r in runs for s in r.sends()] == [b"x" * i for i in range(40)]
