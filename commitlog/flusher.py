@@ -60,7 +60,7 @@ class _FlushThread:
                 return
             try:
                 flushed = store._sync_to_disk()
-            except BaseException as exc:
+            except Exception as exc:
                 if not (self.stopping or store.closed):
                     self._to_trio(self._failed, exc)
                 return

@@ -310,6 +310,12 @@ class Connection:
         """Returns None on a clean EOF, else why reading stopped."""
         requests: list = []  # those of the bytes read so far: commands and SendRuns
         count = 0  # the requests in them
+        # A stream enforcing a frame-read timeout learns from our decoder
+        # whether a frame is open (instead of following the framing again).
+        frames_read = getattr(self.stream, "frames_read", None)
+        if frames_read is not None:
+            self.stream.track_frames = False
+        decoded = False  # a frame ended since the last read
         while True:
             try:
                 cmd = self._decoder.next_command()
@@ -318,6 +324,9 @@ class Connection:
                 await self._dispatch(tasks, requests, count)  # the ones before it are answered
                 return e
             if cmd is NEED_DATA:
+                if frames_read is not None:
+                    frames_read(self._decoder.buffered > 0, decoded)
+                    decoded = False
                 await self._dispatch(tasks, requests, count)
                 requests, count = [], 0
                 try:
@@ -332,6 +341,7 @@ class Connection:
                 await self._dispatch(tasks, requests, count)
                 self.close_reason = self.close_reason or "closed by peer"
                 return None
+            decoded = True
             if type(cmd) is SendRun:
                 count += cmd.hi - cmd.lo
             elif cmd.is_response:

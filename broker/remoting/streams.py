@@ -169,6 +169,10 @@ class GuardedStream(StreamAdapter):
         self.limits = limits
         self.timed_out: str | None = None
         self._tracker = _FrameTracker()
+        # A Connection reports frames itself (frames_read, from its
+        # decoder's state) and turns this off: no second framing pass.
+        self.track_frames = True
+        self._was_mid = False
         self._frame_deadline = math.inf
         self._last_activity = trio.current_time()
         self._receive_scope: trio.CancelScope | None = None
@@ -204,16 +208,24 @@ class GuardedStream(StreamAdapter):
         return data
 
     def _track(self, data: bytes) -> None:
-        t = self.limits.frame_read_timeout
-        if t > 0:  # (about 0.3 us of CPU per frame; none with the timeout off)
-            was_mid = self._tracker.mid_frame
+        if self.track_frames and self.limits.frame_read_timeout > 0:  # (none with the timeout off)
             ended = self._tracker.feed(data)
-            if not self._tracker.mid_frame:
-                self._frame_deadline = math.inf
-            elif ended or not was_mid:
-                # A new frame began in this read; one still open keeps its start.
-                self._frame_deadline = trio.current_time() + t
+            self.frames_read(self._tracker.mid_frame, ended)
         self._active()
+
+    def frames_read(self, mid_frame: bool, ended: bool) -> None:
+        """After a read: whether a frame has begun and not ended, and
+        whether one ended in that read (a reader with a decoder of its own
+        says so instead of this stream following the framing)."""
+        t = self.limits.frame_read_timeout
+        if t <= 0:
+            return
+        if not mid_frame:
+            self._frame_deadline = math.inf
+        elif ended or not self._was_mid:
+            # A new frame began in this read; one still open keeps its start.
+            self._frame_deadline = trio.current_time() + t
+        self._was_mid = mid_frame
 
     async def send_all(self, data) -> None:
         self._active()

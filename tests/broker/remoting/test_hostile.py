@@ -62,6 +62,8 @@ async def test_slowloris_frame_is_cut_off(nursery):
     async with trio.open_nursery() as n:
         n.start_soon(trickle)
         await still_served(server)  # meanwhile, others are served
+        # the connection tells its stream when a frame is open (from its decoder)
+        assert server.connections and not any(c.stream.track_frames for c in server.connections)
         await read_until_eof(stream, timeout=5)
         n.cancel_scope.cancel()
     assert 0.4 < trio.current_time() - t0 < 3
