@@ -115,7 +115,7 @@ def record_props_len(scan: SendScan, i: int, env: SendEnv) -> int:
 
 
 def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array,
-                 env: SendEnv, n: int | None = None) -> tuple[bytearray, array, array, array, array, int]:
+                 env: SendEnv, n: int | None = None) -> tuple[object, array, array, array, array, int]:
     """The records of the requests `which` (indexes into the scan, 'i'),
     with their queue ids and sysflags ('i' arrays): (records buffer --
     larger than the records, which lie back to back from 0 --, record
@@ -126,7 +126,7 @@ def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array
     n = len(which) if n is None else n
     e = env.env
     cap = len(scan.data) + n * (_RECORD_OVERHEAD + e.cluster_len + e.uniq_prefix_len)
-    out = bytearray(cap)
+    out = ffi.buffer(_new("uint8_t[]", cap))  # not zeroed: the records are written whole
     rec_off, rec_len = array("q", bytes(8 * n)), array("i", bytes(4 * n))
     uniq_off, uniq_len = array("q", bytes(8 * n)), array("i", bytes(4 * n))
     counter = ffi.new("int32_t *")
@@ -148,16 +148,16 @@ def encode_send_responses(opaques: array, queue_ids: array, queue_offsets: array
     starts."""
     n = len(opaques) if n is None else n
     cap = n * _RESPONSE_ROOM + 6 * sum(uniq_len)
-    out = bytearray(cap)
+    out = _new("uint8_t[]", cap)  # not zeroed: the frames are written whole
     frame_off = array("q", bytes(8 * n))
     f = ffi.from_buffer
     used = lib.lmq_encode_send_responses(f("int32_t[]", opaques), f("int32_t[]", queue_ids),
                                          f("int64_t[]", queue_offsets), f("int64_t[]", phy_offsets), f(uniq_buf),
                                          f("int64_t[]", uniq_off), f("int32_t[]", uniq_len), n, f(store_host),
-                                         len(store_host), version, f(out), cap, f("int64_t[]", frame_off))
+                                         len(store_host), version, out, cap, f("int64_t[]", frame_off))
     if used < 0:  # pragma: no cover - the capacity above is an upper bound
         raise RuntimeError(f"lmq_encode_send_responses: no room for frame {-1 - used}")
-    return bytes(memoryview(out)[:used]), frame_off
+    return ffi.buffer(out, used)[:], frame_off
 
 
 BATCH_AVAILABLE = NATIVE_LOADED and hasattr(lib, "lmq_encode_batch")
@@ -184,7 +184,7 @@ def encode_batch(body: bytes, scanned, topic: bytes, magic: int, queue_id: int, 
     items, n, _missing, props = scanned
     e = env.env
     cap = len(body) + n * (_RECORD_OVERHEAD + len(topic) + e.cluster_len + e.uniq_prefix_len) + props
-    out = bytearray(cap)
+    out = ffi.buffer(_new("uint8_t[]", cap))  # not zeroed: the records are written whole
     rec_off = array("q", bytes(8 * (n + 1)))
     used = lib.lmq_encode_batch(ffi.from_buffer(body), items, n, topic, len(topic), magic, queue_id, sysflag,
                                 born_timestamp, reconsume_times, e, ffi.from_buffer(out), cap,
