@@ -49,6 +49,7 @@ from broker.remoting.errors import (
     RemotingTimeoutError,
     RequestError,
 )
+from broker.remoting.streams import direct_writer
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,9 @@ class Connection:
         # codec); only a server whose burst handler takes them asks for that.
         self._decoder = CommandDecoder(max_frame_size, raw_sends=raw_sends)
         self._send_lock = trio.Lock()
+        # Writes a frame straight to the socket when nothing else is being
+        # written (no lock, no trio socket round); None over TLS.
+        self._write_now = direct_writer(stream)
         self._outbox: list[bytes] = []  # frames waiting for the send lock
         self._queued = 0  # frames queued so far; the last one is frame number _queued
         self._written = 0  # frames 1.._written are written
@@ -211,12 +215,30 @@ class Connection:
         # during eof_grace (a half-closed peer may be reading).
         if self._closing or self._closed.is_set() or self._send_broken:
             raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
+        begun = False  # part of the frame is on the wire: the rest must follow
+        if self._write_now is not None and not self._outbox and not self._send_lock.locked():
+            try:
+                sent = self._write_now(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as e:
+                self._send_broken = True
+                self.close(f"send failed: {e!r}")
+                raise RemotingConnectionLostError(self.remote_address, f"send failed: {e!r}") from None
+            if sent == len(data):
+                return
+            if sent:
+                data, begun = memoryview(data)[sent:], True
         self._outbox.append(data)
         self._queued += 1
         seq = self._queued
         try:
             await self._send_lock.acquire()
         except trio.Cancelled:
+            if begun:  # half a frame is out: the stream is unusable
+                self._send_broken = True
+                self.close("a send was cancelled mid-frame")
+                raise
             # Withdraw it, unless the holder already took it into its write.
             if self._written < seq:
                 self._outbox = [d for d in self._outbox if d is not data]

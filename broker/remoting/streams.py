@@ -28,7 +28,9 @@
 import collections
 import logging
 import math
+import os
 import struct
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -227,6 +229,11 @@ class GuardedStream(StreamAdapter):
             self._frame_deadline = trio.current_time() + t
         self._was_mid = mid_frame
 
+    def write_now(self, data) -> int:
+        """Write to the socket without waiting (see direct_writer)."""
+        self._active()
+        return os.write(self.inner.socket.fileno(), data)
+
     async def send_all(self, data) -> None:
         self._active()
         t = self.limits.write_timeout
@@ -237,6 +244,20 @@ class GuardedStream(StreamAdapter):
                               f"(serverWriteTimeoutMillis): the peer does not read")
             raise trio.BrokenResourceError(self.timed_out)
         self._active()
+
+
+def direct_writer(stream) -> Callable[[bytes], int] | None:
+    """A function that writes bytes straight to the socket under `stream`
+    without waiting -- it returns how many went out, raises
+    BlockingIOError when none fit and OSError when the connection failed
+    -- for a plain TCP stream or a GuardedStream over one; None when TLS
+    (or anything else) is in between."""
+    if type(stream) is GuardedStream:
+        return stream.write_now if type(stream.inner) is trio.SocketStream else None
+    if type(stream) is trio.SocketStream:
+        sock = stream.socket
+        return lambda data: os.write(sock.fileno(), data)
+    return None
 
 
 @asynccontextmanager

@@ -13,6 +13,7 @@ from broker.remoting.codec import CLOSED, NEED_DATA, CommandDecoder, encode_comm
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import Connection
+from broker.remoting.streams import direct_writer
 
 CODE = 1001
 
@@ -140,3 +141,48 @@ async def test_a_read_of_more_requests_than_the_limit_is_admitted_in_parts(nurse
     await trio.testing.wait_all_tasks_blocked()
     assert most[0] == 8 and conn._in_flight == 0
     conn.close()
+
+
+async def test_frames_go_straight_to_a_tcp_socket_and_a_part_written_is_finished_first(nursery):
+    """Over plain TCP a frame is written to the socket at once when nothing
+    else is being written (no lock, no trio socket round); when the socket
+    takes only part of it (here: a writer that takes 1,000 bytes at most),
+    the rest goes out before any frame sent after it, and the peer reads
+    every frame whole."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    accepted = trio.Event()
+    peer = {}
+
+    async def serve():
+        peer["stream"] = await listeners[0].accept()
+        accepted.set()
+    nursery.start_soon(serve)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await accepted.wait()
+    assert direct_writer(stream) is not None and direct_writer(CountingStream(stream)) is None
+    conn = Connection(stream)
+    direct, parts = conn._write_now, []
+
+    def stingy(data):
+        n = direct(memoryview(data)[:1000])
+        parts.append((n, len(data)))
+        return n
+    conn._write_now = stingy
+    frames = [encode_command(RemotingCommand(CODE, opaque=i, body=bytes([i]) * (30_000 + i))) for i in range(8)]
+
+    async def send(i):
+        await conn._send_bytes(frames[i])
+    async with trio.open_nursery() as senders:
+        for i in range(8):
+            senders.start_soon(send, i)
+        got = await read_commands(peer["stream"], 8)
+    # (concurrent senders: any order, but never a frame cut by another)
+    assert sorted((c.opaque, c.body) for c in got) == [(i, bytes([i]) * (30_000 + i)) for i in range(8)]
+    assert parts and all(n == 1000 < size for n, size in parts)  # each direct write went out in part
+    small = encode_command(RemotingCommand(CODE, opaque=99, body=b"s"))
+    conn._write_now = direct
+    await conn._send_bytes(small)  # whole, at once
+    assert [c.opaque for c in await read_commands(peer["stream"], 1)] == [99]
+    await stream.aclose()
+    await peer["stream"].aclose()

@@ -5,6 +5,7 @@
 import functools
 import logging
 import random
+import socket
 
 import pytest
 import trio
@@ -134,6 +135,25 @@ async def test_scattered_payloads_arrive_as_their_concatenation(nursery):
     assert [p for _, p in got] == [b"".join(p) if isinstance(p, tuple) else p for p in sent]
     st = nodes["n0"].t.stats().peers["n1"]
     assert st.sent_bytes == sum(len(p) for _, p in got) and nodes["n0"].t._peers["n1"].queued_bytes == 0
+
+
+@deadline
+async def test_frames_written_in_part_by_send_are_finished_first_by_the_writer(nursery):
+    """send() writes a frame straight to the socket when nothing is queued;
+    a socket without room for all of it takes part, the writer task
+    finishes that frame before the ones queued behind it, and the peer
+    gets every payload whole and in order."""
+    nodes, _ = await mesh(nursery, ids=("n0", "n1"))
+    t0 = nodes["n0"].t
+    sock = t0._peers["n1"].conn.stream.socket
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # room for a part of a frame only
+    sent = [bytes([k]) * (50_000 + k) for k in range(20)] + [(b"h", memoryview(b"m" * 70_000), b"t")]
+    for p in sent:  # all at once, before the writer task can run
+        assert t0.send("n1", p)
+    assert t0._peers["n1"].rest is not None  # the first frame went out in part
+    got = await recv_n(nodes["n1"].t, len(sent))
+    assert [p for _, p in got] == [b"".join(p) if isinstance(p, tuple) else p for p in sent]
+    assert t0._peers["n1"].rest is None and not t0._peers["n1"].queue
 
 
 @pytest.mark.parametrize("victim", ["n2", "n0"])  # n2 only accepts, n0 only dials
