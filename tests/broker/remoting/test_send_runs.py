@@ -13,6 +13,7 @@ from broker.remoting.connection import _admit
 from broker.remoting.guard import GuardedDispatcher, InFlightLimiter
 from broker.remoting.server import RequestDispatcher, serve_remoting
 from native import sendpath
+from tests.broker.remoting.test_connection_coalescing import read_commands
 
 pytestmark = pytest.mark.skipif(not sendpath.AVAILABLE, reason="the native extension is not built (make native)")
 
@@ -93,15 +94,7 @@ async def exchange(port: int, cmds: list[RemotingCommand], expect: int) -> dict[
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         await stream.send_all(b"".join(encode_command(c) for c in cmds))
-        dec, got = CommandDecoder(), {}
-        with trio.fail_after(10):
-            while len(got) < expect:
-                cmd = dec.next_command()
-                if cmd is NEED_DATA:
-                    dec.receive_data(await stream.receive_some(65536))
-                    continue
-                got[cmd.opaque] = cmd
-        return got
+        return {cmd.opaque: cmd for cmd in await read_commands(stream, expect)}
 
 
 async def test_runs_through_a_capped_connection_and_a_limiter(nursery):
