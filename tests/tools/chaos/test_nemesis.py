@@ -7,8 +7,10 @@
 # jumps.  The checker's verdict must be clean: nothing acknowledged lost, no
 # phantom, contiguous queues, offsets and metadata kept, replicas equal,
 # stores verified, no fault without SEND_OK for longer than STALL_LIMIT.
-# LEDGERMQ_CHAOS_SEEDS="1 2 3" picks the seeds; a failure prints the command
-# that replays its seed.
+# LEDGERMQ_CHAOS_SEEDS="1 2 3" picks the seeds (one by default, to keep
+# `make test` within its 20 minutes; "14 41" was the default before, and
+# the soak runs any number); a failure prints the command that replays its
+# seed.
 import os
 
 import pytest
@@ -17,7 +19,7 @@ from tools.chaos.run import RunOptions, default_kinds, run_chaos
 
 pytestmark = pytest.mark.slow
 
-SEEDS = [int(s) for s in os.environ.get("LEDGERMQ_CHAOS_SEEDS", "14 41").split()]
+SEEDS = [int(s) for s in os.environ.get("LEDGERMQ_CHAOS_SEEDS", "14").split()]
 CYCLES = int(os.environ.get("LEDGERMQ_CHAOS_CYCLES", "6"))
 FAST = {"hold": (1.5, 2.5), "quiet": (0.5, 1.5), "senders": 4, "settle": 60.0}
 
