@@ -173,7 +173,7 @@ async def test_the_flush_thread_flushes_each_burst_without_trio_and_reports_fail
 
                 def broken(job):
                     raise OSError(5, "injected")
-                monkeypatch.setattr("commitlog.store._run_flush", broken)
+                monkeypatch.setattr("commitlog.durability._run_flush", broken)
                 fill(s, 1)
                 await trio.sleep_forever()
         assert failed.group_contains(OSError, match="injected")
