@@ -15,9 +15,11 @@
 #   mqadmin removeDLedgerPeer -b broker-a -p n0
 #   (stop n0)
 import click
+import trio
 
+from broker.remoting.codes import ResponseCode
 from commitlog.config import ConfigError, parse_peers
-from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError
+from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError, RequestFailedError
 from tools.mqadmin.dledger_cmds import _group_nodes, _statuses
 from tools.mqadmin.online import online
 from tools.mqadmin.render import Output
@@ -108,9 +110,35 @@ async def remove_peer(admin: MQAdmin, out: Output, group, peer_id, wait):
         await admin.transfer_leadership(leader_addr, target)
         if not out.as_json:
             out.line(f"leadership of {group} handed from {peer_id} to {target}")
-        leader_addr = live[target]["brokerAddr"]
-    answer = await admin.change_membership(leader_addr, "remove", peer_id, timeout=wait)
+        answer = await _on_new_leader(admin, group, peer_id, wait)
+    else:
+        answer = await admin.change_membership(leader_addr, "remove", peer_id, timeout=wait)
     _report(out, group, f"removed {peer_id}", answer, note=f"stop {peer_id} now: it is no longer a member")
+
+
+async def _on_new_leader(admin: MQAdmin, group: str, peer_id: str, wait: float) -> dict:
+    """The removal, once the group has its new leader.  The handover is
+    answered when the old leader steps down, which can be before the
+    target has won its election (it answers "not leader" meanwhile): find
+    the leader again and retry, for up to `wait` seconds."""
+    deadline = trio.current_time() + wait
+    while True:
+        leader = None
+        try:
+            _, leader_addr, leader = await _group(admin, group)
+        except AdminError:  # no leader right now: the election is still on
+            if trio.current_time() >= deadline:
+                raise
+        if leader is not None:
+            if leader["selfId"] == peer_id:
+                raise AdminError(f"{peer_id} leads {group} again; the handover did not hold")
+            try:
+                return await admin.change_membership(leader_addr, "remove", peer_id,
+                                                     timeout=max(1.0, deadline - trio.current_time()))
+            except RequestFailedError as e:
+                if e.code != ResponseCode.SERVICE_NOT_AVAILABLE or trio.current_time() >= deadline:
+                    raise
+        await trio.sleep(0.2)  # pacing between tries against another process; no event to wait on
 
 
 def register(group: click.Group) -> None:
