@@ -11,7 +11,7 @@
 # processor for (burst_hosts, burst_records, REFUSALS, _failure, ...):
 # send.py imports this module, not the other way round.
 from broker.processors import send_native
-from broker.remoting.codec import RawSend, SendRun
+from broker.remoting.codec import SendRun
 from broker.remoting.command import RemotingCommand
 from commitlog.errors import CommitLogError
 
@@ -66,8 +66,7 @@ def accept_burst(proc, conn, cmds: list):
                 send_native.encode(run, records, born, store_host, proc.clock_ms(), cluster, proc.uniq_keys)
                 runs.append(run)
             if lo < cmd.hi:  # this one the general path serves
-                general(i, lo - cmd.lo, RawSend(cmd.scan, lo, cmd.scan.reqs[lo].opaque,
-                                                cmd.scan.reqs[lo].flag).command())
+                general(i, lo - cmd.lo, cmd.send(lo).command())
                 lo += 1
     req, error = None, None
     if records:

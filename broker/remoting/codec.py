@@ -401,8 +401,12 @@ class SendRun:
         return self.hi - self.lo
 
     def sends(self) -> list[RawSend]:
-        reqs, scan = self.scan.reqs, self.scan
-        return [RawSend(scan, i, reqs[i].opaque, reqs[i].flag) for i in range(self.lo, self.hi)]
+        return [self.send(i) for i in range(self.lo, self.hi)]
+
+    def send(self, i: int) -> RawSend:
+        """Frame i of the scan (lo <= i < hi) as a RawSend."""
+        r = self.scan.reqs[i]
+        return RawSend(self.scan, i, r.opaque, r.flag)
 
     def split(self, k: int) -> tuple["SendRun", "SendRun"]:
         """The first k requests and the rest (0 < k < len)."""
