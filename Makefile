@@ -32,10 +32,12 @@ native: $(STAMP)
 	flock .native.lock $(VPY) native/_build.py
 
 # The layer contract (pyproject.toml, import-linter) first: an upward import
-# fails the suite before any test runs.
+# fails the suite before any test runs.  The suite runs as two pytest
+# processes side by side (tests/run_suite.py: the `slow` tests, and the
+# others under nice); PYTEST_ARGS="..." runs plain `pytest ...` instead.
 test: setup native
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m tests.run_suite $(PYTEST_ARGS)
 
 # Screenshots of each page of the web console against a live 3-broker
 # group, into results/dashboard/ (not committed).
