@@ -57,9 +57,18 @@ async def test_console_pages_in_chromium(tmp_path):
                 return rows.length === 3 && [...rows].filter(r => r.dataset.role === 'MASTER').length === 1
                     && [...rows].every(r => r.dataset.role !== 'DOWN');
             }""", timeout=WAIT))
-            roles = await browser.run(nodes_state)
+            # On shared cores an election can move the leadership between the
+            # harness's read and the page's (its next refresh shows it): the
+            # page must agree with the group as it is, within a few refreshes.
+            for _ in range(20):
+                master = await cluster.wait_master()
+                roles = await browser.run(nodes_state)
+                shown = await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .master'))
+                if roles == {n: ("MASTER" if n == master else "SLAVE") for n in cluster.brokers} and shown == master:
+                    break
+                await trio.sleep(0.5)
             assert roles == {n: ("MASTER" if n == master else "SLAVE") for n in cluster.brokers}, roles
-            assert await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .master')) == master
+            assert shown == master
             term_before = int(await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .group-term')))
             if shots:
                 await browser.run(lambda p: p.screenshot(path=os.path.join(shots, "cluster.png"), full_page=True))
@@ -126,7 +135,7 @@ async def test_console_pages_in_chromium(tmp_path):
                     '#consumers-table tr[data-group="{GROUP}"] .lag').textContent === '0'""", timeout=WAIT)
             await browser.run(reset_offsets)
             admin = MQAdmin(cluster.remoting, cluster.namesrv_addr)
-            stats = await admin.consume_stats(cluster.addr(master), GROUP, TOPIC)
+            stats = await admin.consume_stats(cluster.addr(await cluster.wait_master()), GROUP, TOPIC)
             assert sum(w["brokerOffset"] for w in stats.values()) == 35
             assert all(w["consumerOffset"] == w["brokerOffset"] for w in stats.values()), stats
 
@@ -160,6 +169,8 @@ async def test_console_pages_in_chromium(tmp_path):
             # --- kill -9 the master; the open page shows the new master and the term change ----------
             await browser.run(lambda p: p.goto(url + "/#cluster"))
             await browser.run(lambda p: p.evaluate("window.__notReloaded = true"))
+            master = await cluster.wait_master()
+            term_before = int(await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .group-term')))
             cluster.kill(master)
             await browser.run(lambda p: p.wait_for_function("""(old) => {
                 const g = document.querySelector('.group[data-group="broker-a"]');
@@ -174,7 +185,7 @@ async def test_console_pages_in_chromium(tmp_path):
             assert roles.get(master) == "DOWN", roles          # still listed (the name server) or missing: DOWN
             term_after = int(await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .group-term')))
             assert term_after > term_before
-            change = await browser.run(lambda p: p.inner_text(".term-change"))
+            change = " | ".join(await browser.run(lambda p: p.locator(".term-change").all_inner_texts()))
             assert f"leader {master} → {new_master}" in change, change
             if shots:
                 await browser.run(lambda p: p.screenshot(path=os.path.join(shots, "failover.png"), full_page=True))
