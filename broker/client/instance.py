@@ -156,6 +156,15 @@ class ClientInstance:
             raise from_remoting(e, addr) from None
         return resp if ok is None else check_response(resp, addr, request.code, ok)
 
+    def submit(self, addr: str, request: RemotingCommand, timeout: float,
+               done: Callable[[RemotingCommand | None, ClientError | None], None]) -> bool:
+        """invoke() without a task waiting (RemotingClient.submit): `done`
+        gets the response, or the remoting failure as a ClientError; False
+        when there is no open connection to `addr` yet."""
+        def translated(resp, error) -> None:
+            done(resp, None if error is None else from_remoting(error, addr))
+        return self.remoting.submit(addr, request, timeout, translated)
+
     async def invoke_oneway(self, addr: str, request: RemotingCommand, timeout: float | None = None) -> None:
         try:
             await self.remoting.invoke_oneway(addr, request, self.timeout if timeout is None else timeout)
@@ -294,14 +303,14 @@ class ClientInstance:
                 addrs |= slot.route.all_addrs(masters_only)
         return addrs
 
-    def _heartbeat_current(self, addr: str) -> bool:
+    def heartbeat_current(self, addr: str) -> bool:
         conn = self.remoting.cached(addr)
         return conn is not None and self._hb_conns.get(addr) is conn
 
     async def heartbeat(self, addr: str, only_if_stale: bool = False) -> None:
         lock = self._hb_locks.setdefault(addr, anyio.Lock())
         async with lock:  # concurrent callers share one heartbeat
-            if only_if_stale and self._heartbeat_current(addr):
+            if only_if_stale and self.heartbeat_current(addr):
                 return
             req = RemotingCommand.create_request(RequestCode.HEART_BEAT, body=self.heartbeat_body(),
                                                  language=LanguageCode.PYTHON)
@@ -312,7 +321,7 @@ class ClientInstance:
         """Heartbeat `addr` if our connection to it is not the one the last
         heartbeat went over (new broker, redial after a restart); True if
         that had to wait."""
-        if self._heartbeat_current(addr):
+        if self.heartbeat_current(addr):
             return False
         await self.heartbeat(addr, only_if_stale=True)
         return True

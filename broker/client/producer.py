@@ -144,12 +144,89 @@ class Producer:
     def send_async(self, msg: Message, callback: SendCallback | None = None, *,
                    selector: Selector | None = None, timeout: float | None = None) -> None:
         """Start sending `msg` and return at once; `callback(result, error)`
-        runs in the producer's event loop when the send ends.  Many async
-        sends share one pipelined connection per broker."""
+        runs in the producer's event loop when the send ends (an async
+        callback is awaited in a task of its own).  Many async sends share
+        one pipelined connection per broker.  When the route and the
+        connection are ready, the request goes out now and its answer is
+        handled by the connection's reader: no task per send.  The first
+        attempt that fails retriably, and any send that must wait first
+        (route, dial, heartbeat, a full outbox), runs in a task as send()."""
         if self.closed:
             raise ClientClosedError("the producer is closed")
         self._pending_async += 1
-        self._nursery.start_soon(self._send_and_call, msg, callback, selector, timeout)
+        if not self._submit(msg, callback, selector, timeout):
+            self._nursery.start_soon(self._send_and_call, msg, callback, selector, timeout)
+
+    def _submit(self, msg: Message, callback, selector, timeout) -> bool:
+        """send_async's first attempt without a task, if nothing has to wait."""
+        inst = self.instance
+        route = inst.cached_route(msg.topic)
+        if route is None or not route.write_queues:
+            return False
+        try:
+            uniq, req = self._request(msg)
+            mq = self._choose(route, msg, selector, set(), None)
+        except ClientError:
+            return False  # send() raises it again, in the task, for the callback
+        addr = route.master(mq.broker_name)
+        if addr is None or not inst.heartbeat_current(addr):
+            return False
+        timeout = self.send_timeout if timeout is None else timeout
+        request = self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2)
+        started = time.monotonic()
+
+        def done(resp: RemotingCommand | None, error: ClientError | None) -> None:
+            if error is None:
+                try:
+                    check_response(resp, addr, request.code, _SENT_CODES)
+                except ClientError as e:
+                    error = e
+            if error is not None:
+                if self.faults.enabled and isinstance(error, (ConnectionFailedError, BrokerUnavailableError)):
+                    self.faults.record(mq.broker_name, 0.0, True, time.monotonic(), addr)
+                left = timeout - (time.monotonic() - started)
+                if error.retriable and self.retries > 0 and left > 0:  # the rest of send()'s attempts
+                    self._nursery.start_soon(self._send_and_call, msg, callback, selector, left,
+                                             (uniq, req, error, route, mq))
+                    return
+                self._async_ended(callback, None, SendFailedError(msg.topic, [error]))
+                return
+            if self.faults.enabled:
+                now = time.monotonic()
+                self.faults.record(mq.broker_name, now - started, False, now, addr)
+            self._async_ended(callback, self._result1(resp, mq, uniq), None)
+
+        inst.auto_create_topics.add(msg.topic)
+        return inst.submit(addr, request, timeout, done)
+
+    def _async_ended(self, callback, result, error) -> None:
+        """A send_async ended in its connection's reader: the callback, then
+        the count drain() waits on (after an async callback's own task)."""
+        if callback is None:
+            if error is not None:
+                log.warning("async send failed: %s", error)
+            self._async_done_one()
+            return
+        try:
+            out = callback(result, error)
+        except Exception:
+            self._async_done_one()
+            raise  # (the connection logs it)
+        if hasattr(out, "__await__"):
+            async def finish():
+                try:
+                    await out
+                finally:
+                    self._async_done_one()
+            self._nursery.start_soon(finish)
+            return
+        self._async_done_one()
+
+    def _async_done_one(self) -> None:
+        self._pending_async -= 1
+        if not self._pending_async:
+            self._async_done.set()
+            self._async_done = anyio.Event()
 
     async def drain(self) -> None:
         """Wait until every send_async so far has ended."""
@@ -158,10 +235,21 @@ class Producer:
 
     # --- internals ------------------------------------------------------------------
 
-    async def _send_and_call(self, msg, callback, selector, timeout) -> None:
+    async def _send_and_call(self, msg, callback, selector, timeout, failed: tuple | None = None) -> None:
+        """send_async in a task: the whole send(), or (`failed`: uniq, the
+        request, the error, route and queue of the first attempt _submit
+        made) the rest of its attempts."""
         try:
             try:
-                result, error = await self.send(msg, selector=selector, timeout=timeout), None
+                if failed is None:
+                    result = await self.send(msg, selector=selector, timeout=timeout)
+                else:
+                    uniq, req, first, route, mq = failed
+                    result = await self._send(msg.topic, msg,
+                                              lambda q: self._for_queue(req, q, RequestCode.SEND_MESSAGE_V2),
+                                              lambda resp, q: self._result1(resp, q, uniq), selector, timeout,
+                                              failed=(first, route, mq))
+                error = None
             except ClientError as e:
                 result, error = None, e
             if callback is not None:
@@ -171,10 +259,7 @@ class Producer:
             elif error is not None:
                 log.warning("async send to %s failed: %s", msg.topic, error)
         finally:
-            self._pending_async -= 1
-            if not self._pending_async:
-                self._async_done.set()
-                self._async_done = anyio.Event()
+            self._async_done_one()
 
     def _request(self, msg: Message, extra_properties: dict | None = None,
                  sysflag: int = 0) -> tuple[str, RemotingCommand]:
@@ -254,7 +339,9 @@ class Producer:
         return queues[next(self._counter) % n]
 
     async def _send(self, topic: str, msg: Message, build: Callable[[MessageQueue], RemotingCommand],
-                    parse, selector: Selector | None, timeout: float | None):
+                    parse, selector: Selector | None, timeout: float | None, failed: tuple | None = None):
+        """The attempts of one send; `failed` (error, route, queue): a first
+        attempt that was made elsewhere (send_async's) and failed so."""
         if self.closed:
             raise ClientClosedError("the producer is closed")
         inst = self.instance
@@ -265,6 +352,9 @@ class Producer:
         bad: set[str] = set()  # addresses that failed this send in a way that says the route is stale
         route: TopicRoute | None = None
         mq: MessageQueue | None = None
+        if failed is not None:
+            first, route, mq = failed
+            await self._failed(first, topic, errors, bad, route, mq, deadline)
         while True:
             try:
                 waited = bool(errors)
@@ -294,14 +384,20 @@ class Producer:
             except ClientError as e:
                 if mq is not None and isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
                     self.faults.record(mq.broker_name, 0.0, True, time.monotonic(), route.master(mq.broker_name))
-                errors.append(e)
-                if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
-                    raise SendFailedError(topic, errors) from e
-                log.debug("send to %s failed (attempt %d), retrying: %s", topic, len(errors), e)
-                if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
-                    bad.add(e.addr)
-                if not isinstance(e, BrokerBusyError):
-                    await inst.refresh_route(topic, route.version if route is not None else None)
+                await self._failed(e, topic, errors, bad, route, mq, deadline)
+
+    async def _failed(self, e: ClientError, topic: str, errors: list, bad: set, route: TopicRoute | None,
+                      mq: MessageQueue | None, deadline: float) -> None:
+        """After a failed attempt: SendFailedError when it was the last one,
+        else what the next attempt must avoid, and a fresh route."""
+        errors.append(e)
+        if not e.retriable or len(errors) > self.retries or anyio.current_time() >= deadline:
+            raise SendFailedError(topic, errors) from e
+        log.debug("send to %s failed (attempt %d), retrying: %s", topic, len(errors), e)
+        if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
+            bad.add(e.addr)
+        if not isinstance(e, BrokerBusyError):
+            await self.instance.refresh_route(topic, route.version if route is not None else None)
 
 
 def hash_selector(sharding_key) -> Selector:

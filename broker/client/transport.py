@@ -100,14 +100,19 @@ def _native_event_class() -> type:
     return asyncio.Event
 
 
+Done = Callable[[RemotingCommand | None, Exception | None], None]
+
+
 class _Waiter:
     """One request waiting for its response (a plain slotted class: one is
-    made per request)."""
+    made per request): a task parked on `event` (invoke), or a `done`
+    callback the connection calls itself (submit)."""
 
-    __slots__ = ("event", "response", "error", "code", "timeout", "deadline")
+    __slots__ = ("event", "response", "error", "code", "timeout", "deadline", "done")
 
-    def __init__(self, event, code: int, timeout: float) -> None:
+    def __init__(self, event, code: int, timeout: float, done: Done | None = None) -> None:
         self.event = event
+        self.done = done
         self.response: RemotingCommand | None = None
         self.error: Exception | None = None
         self.code = code
@@ -196,11 +201,16 @@ class ClientConnection:
                 continue
             await anyio.sleep(SWEEP_INTERVAL)
             now = anyio.current_time()
-            for waiter in list(self._pending.values()):
+            for opaque, waiter in list(self._pending.items()):
                 if waiter.deadline == math.inf:  # new since the last sweep: sent at most SWEEP_INTERVAL ago
                     waiter.deadline = now + waiter.timeout
-                if waiter.deadline <= now and not waiter.event.is_set():
-                    waiter.error = RemotingTimeoutError(self.remote_address, waiter.code, waiter.timeout)
+                if waiter.deadline > now:
+                    continue
+                error = RemotingTimeoutError(self.remote_address, waiter.code, waiter.timeout)
+                if waiter.done is not None:
+                    self._call_done(opaque, waiter, None, error)
+                elif not waiter.event.is_set():
+                    waiter.error = error
                     waiter.event.set()
 
     async def _writer(self) -> None:
@@ -245,6 +255,31 @@ class ClientConnection:
             raise waiter.error or RemotingTimeoutError(self.remote_address, cmd.code, timeout)
         finally:
             self._pending.pop(opaque, None)
+
+    def submit(self, cmd: RemotingCommand, timeout: float, done: Done) -> bool:
+        """Send a request without a task waiting for it: `done(response,
+        None)` or `done(None, error)` is called from this connection's read
+        loop (or its sweeper, or when it ends) exactly once.  False, and
+        nothing sent, when the connection is closed or its outbox full (the
+        caller takes the waiting path, invoke)."""
+        if self._closed or self._outbox_bytes >= OUTBOX_LIMIT:
+            return False
+        opaque = self._next_opaque()
+        data = encode_request(cmd, opaque, False, self.max_frame_size)
+        self._pending[opaque] = _Waiter(None, cmd.code, timeout, done)
+        self._queue(data)
+        if len(self._pending) == 1:
+            self._sweep.set()  # the sweeper was idle
+        return True
+
+    def _call_done(self, opaque: int, waiter: _Waiter, response, error) -> None:
+        """A submitted request's end: forgotten, then its callback (whose
+        failure is logged: it must not end the connection)."""
+        del self._pending[opaque]
+        try:
+            waiter.done(response, error)
+        except Exception:
+            log.exception("%s: the callback of request %d failed", self.remote_address, opaque)
 
     async def send_request_oneway(self, cmd: RemotingCommand, timeout: float = math.inf) -> None:
         data = encode_request(cmd, self._next_opaque(), True, self.max_frame_size)
@@ -291,16 +326,23 @@ class ClientConnection:
                 return
             if cmd.is_response:
                 waiter = self._pending.get(cmd.opaque)
-                if waiter is not None and not waiter.event.is_set():
+                if waiter is None:
+                    continue
+                if waiter.done is not None:
+                    self._call_done(cmd.opaque, waiter, cmd, None)
+                elif not waiter.event.is_set():
                     waiter.response = cmd
                     waiter.event.set()
                 continue
             tasks.start_soon(self._serve, cmd)
 
     def _fail_pending(self) -> None:
-        for waiter in self._pending.values():
-            if not waiter.event.is_set():
-                waiter.error = RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
+        for opaque, waiter in list(self._pending.items()):
+            error = RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
+            if waiter.done is not None:
+                self._call_done(opaque, waiter, None, error)
+            elif not waiter.event.is_set():
+                waiter.error = error
                 waiter.event.set()
 
     async def _serve(self, cmd: RemotingCommand) -> None:
@@ -412,6 +454,12 @@ class RemotingClient:
         except RemotingTimeoutError as e:
             e.addr, e.timeout = addr, timeout
             raise
+
+    def submit(self, addr: str, cmd: RemotingCommand, timeout: float, done: Done) -> bool:
+        """ClientConnection.submit on the cached connection to `addr`; False
+        when there is none (dialing waits: the caller takes invoke)."""
+        conn = self.cached(addr)
+        return conn is not None and conn.submit(self._outgoing(cmd), timeout, done)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> None:
         cmd = self._outgoing(cmd)

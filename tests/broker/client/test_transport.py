@@ -3,7 +3,9 @@
 # requests issued together go out in few writes, each answered to its own
 # caller; a request whose answer never comes times out alone; a server
 # that stops reading makes senders wait once OUTBOX_LIMIT bytes are queued
-# instead of queueing without bound.  Each test runs on asyncio and trio.
+# instead of queueing without bound; submitted requests (no task waits)
+# end in their callbacks: answer, timeout or the connection's end, once
+# each.  Each test runs on asyncio and trio.
 import socket
 import threading
 
@@ -127,5 +129,53 @@ async def test_senders_wait_when_the_peer_stops_reading(monkeypatch):
             server.read.set()  # the backlog drains: a request queued behind it is answered
             resp = await client.invoke(server.addr, RemotingCommand.create_request(CODE, body=b"after"), 30)
             assert resp.body == b"after" and conn._outbox_bytes == 0
+    finally:
+        server.close()
+
+
+async def test_submitted_requests_end_in_their_callbacks():
+    """submit(): no task waits; each callback is called once, from the
+    reader (answers), the sweeper (a timeout) or the connection's end (the
+    rest), and a callback that raises does not end the connection."""
+    server = EchoServer()
+    try:
+        async with open_remoting_client() as client:
+            request = RemotingCommand.create_request
+            assert not client.submit(server.addr, request(CODE, body=b"x"), 5, lambda r, e: None)  # not dialed
+            await client.invoke(server.addr, request(CODE, body=b"dial"), 5)
+            ended: dict = {}
+            all_in = anyio.Event()
+
+            def done_for(body: bytes):
+                def done(resp, error):
+                    assert body not in ended  # once
+                    ended[body] = resp.body if resp is not None else type(error).__name__
+                    if len(ended) == 102:
+                        all_in.set()
+                    if body == b"raises":
+                        raise RuntimeError("a callback's own bug")
+                return done
+            for i in range(100):
+                assert client.submit(server.addr, request(CODE, body=b"%d" % i), 5, done_for(b"%d" % i))
+            assert client.submit(server.addr, request(CODE, body=b"raises"), 5, done_for(b"raises"))
+            assert client.submit(server.addr, request(CODE, body=b"silent"), 0.2, done_for(b"silent"))
+            with anyio.fail_after(10):
+                await all_in.wait()
+            assert ended == {**{b"%d" % i: b"%d" % i for i in range(100)}, b"raises": b"raises",
+                             b"silent": "RemotingTimeoutError"}
+            resp = await client.invoke(server.addr, request(CODE, body=b"after"), 5)
+            assert resp.body == b"after"  # the raising callback did not end the connection
+            conn = client.cached(server.addr)
+            lost, gone = [], anyio.Event()
+
+            def on_lost(resp, error):
+                lost.append(error)
+                gone.set()
+            assert client.submit(server.addr, request(CODE, body=b"silent"), 30, on_lost)
+            conn.close("closed by the test")
+            with anyio.fail_after(5):
+                await gone.wait()
+            assert [type(e).__name__ for e in lost] == ["RemotingConnectionLostError"] and not conn._pending
+            assert not conn.submit(request(CODE, body=b"late"), 5, lambda r, e: None)
     finally:
         server.close()

@@ -82,12 +82,37 @@ async def client_single(producer, count: int, cap: float) -> dict:
 
 
 async def client_window(producer, count: int, in_flight: int, cap: float, batch: int = 1) -> dict:
-    """`in_flight` tasks sending one message each (batch=1), or
-    `in_flight` tasks each sending SEND_BATCH_MESSAGEs of `batch`."""
+    """producer.send_async with `in_flight` pending, each answer's callback
+    sending the next (batch=1: what nats-py's publish_async with a pending
+    limit does on the other side), or `in_flight` tasks each sending
+    SEND_BATCH_MESSAGEs of `batch`."""
     msg = client.Message(TOPIC, BODY, tags="bench")
     msgs = [msg] * batch
     tickets = iter(range(0, count, batch))
     ok, errors = [0], [0]
+    if batch == 1:
+        left, stop = [count], [False]
+
+        def again(result, error) -> None:
+            if error is None:
+                ok[0] += 1
+            else:
+                errors[0] += 1
+            if left[0] > 0 and not stop[0]:
+                left[0] -= 1
+                producer.send_async(msg, again)
+
+        t0 = time.perf_counter()
+        with trio.move_on_after(cap):
+            for _ in range(min(in_flight, count)):
+                left[0] -= 1
+                producer.send_async(msg, again)
+            await producer.drain()
+        elapsed = time.perf_counter() - t0
+        done = ok[0]
+        stop[0] = True
+        await producer.drain()  # (past the cap: the last answers, not counted)
+        return {"count": done, "errors": errors[0], "seconds": round(elapsed, 3), "mps": rate(done, elapsed)}
 
     async def sender() -> None:
         for _ in tickets:
