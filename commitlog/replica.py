@@ -71,6 +71,7 @@ log = logging.getLogger("ledgermq.replica")
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_LOG_EVERY = 10.0  # seconds between repeats of the out-of-space error
+STALL_TICKS = 5  # a ticker this many ticks late was stalled: the missed ticks are dropped (_ticker)
 
 
 @attrs.define(eq=False)
@@ -408,10 +409,24 @@ class ReplicaNode:
         # appends past their deadline fail (one sweep per tick instead of a
         # cancel scope per append; here rather than in the driver so a driver
         # stuck in a slow fdatasync still times its callers out).
+        # Ticks missed while the process could not run (stopped, starved, a
+        # paused VM) are dropped, as a Go time.Ticker drops them for etcd's
+        # raft: replayed on waking, they would time a follower out before
+        # the heartbeats that arrived meanwhile were read, and every member
+        # of a group stalled together would call an election for nothing.
+        # A leader that really died is still noticed within the election
+        # timeout of the followers' own, running, clocks.  Lateness of a few
+        # ticks (a busy event loop) is caught up, so the clock keeps time
+        # under ordinary load.
         next_at = trio.current_time()
+        late_limit = STALL_TICKS * self.tick_seconds
         while True:
             next_at += self.tick_seconds
             await trio.sleep_until(next_at)
+            now = trio.current_time()
+            if now - next_at > late_limit:
+                self.stats["ticks_dropped"] += int((now - next_at) / self.tick_seconds)
+                next_at = now
             self._ticks_due += 1
             self._wake()
             self._expire(trio.current_time())

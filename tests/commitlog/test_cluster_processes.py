@@ -1,8 +1,10 @@
 # Three real node processes over TCP on 127.0.0.1 (python -m commitlog.node):
 # kill -9 the leader while clients append, and check that a new leader takes
 # over and that every acknowledged append is on the survivors and on the
-# restarted node, with identical chain CRCs (identical histories).
+# restarted node, with identical chain CRCs (identical histories); and a
+# stall of the whole group (every process SIGSTOPped together) elects nobody.
 import base64
+import time
 
 import pytest
 import trio
@@ -124,5 +126,30 @@ async def test_preferred_leader_takes_leadership_back(tmp_path):
         assert interim != "n2"
         await cluster.start("n2")
         await until_leader_is("n2")
+    finally:
+        await cluster.stop_all()
+
+
+async def test_a_stall_of_the_whole_group_elects_nobody(tmp_path):
+    """Every node SIGSTOPped together for 1.5 s (a starved machine, a paused
+    VM), then resumed: the timers wake long overdue, and the ticks they
+    missed are dropped (commitlog/replica.py _ticker), so the leader's next
+    heartbeat keeps its term.  Replayed, those ticks flipped the leader in
+    5 stalls of 6."""
+    cluster = LocalCluster(str(tmp_path), extra_conf=SMALL_SEGMENTS)
+    await cluster.start()
+    try:
+        leader = await cluster.wait_leader()
+        term = (await cluster.call(leader, {"op": "status"}))["term"]
+        for _ in range(3):
+            for node in cluster.nodes:
+                cluster.pause(node)
+            time.sleep(1.5)  # blocks this test's loop too: nothing of the group runs
+            for node in cluster.nodes:
+                cluster.resume(node)
+            await trio.sleep(2.0)  # (an election would take 0.3-0.6 s)
+            sts = await cluster.statuses()
+            assert {st["term"] for st in sts.values()} == {term}, sts
+            assert [n for n, st in sts.items() if st["role"] == "leader"] == [leader], sts
     finally:
         await cluster.stop_all()

@@ -168,3 +168,28 @@ async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump
         [(idx, _)] = await leader.node.append([b"y"])  # and the group carries on
         await follower.committed.wait_for(idx, timeout=5)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stalled_ticker_drops_the_ticks_it_missed(autojump_clock):
+    """A ticker that wakes STALL_TICKS or more late (the process was
+    stopped) counts one tick, not the ones it missed (those would time the
+    followers out before the heartbeats that came meanwhile are read);
+    lateness below that is caught up."""
+    from commitlog.replica import STALL_TICKS
+    net = MemoryNetwork(seed=3)
+    members = [Member(i) for i in IDS]
+    async with trio.open_nursery() as nursery:
+        for k, m in enumerate(members):
+            await nursery.start(run_member, m, net, k)
+        leader = await wait_leader(members)
+        node = leader.node
+        assert node.stats["ticks_dropped"] == 0
+        autojump_clock.jump((STALL_TICKS - 2) * node.tick_seconds)  # a busy loop: caught up
+        await trio.sleep(0.5)
+        assert node.stats["ticks_dropped"] == 0
+        autojump_clock.jump(2.0)  # 200 ticks missed
+        await trio.sleep(0.5)
+        assert 190 <= node.stats["ticks_dropped"] <= 200
+        assert all(m.node.stats["ticks_dropped"] >= 190 for m in members)
+        assert leader.node.is_leader
+        nursery.cancel_scope.cancel()
