@@ -330,6 +330,10 @@ class BrokerCollector:
         for kind in ("pending_full", "quorum_timeout", "refused_appends"):
             errors.add_metric(bv + [kind], counts.get(kind, 0))
         yield errors
+        stalled = CounterMetricFamily("ledgermq_dledger_ticks_dropped", "Raft clock ticks (10 ms) the process "
+                                      "missed while it could not run (stopped, starved) and dropped", labels=bl)
+        stalled.add_metric(bv, counts.get("ticks_dropped", 0))
+        yield stalled
 
         # --- storage, dispatch, connections
         yield _gauge("rocketmq_brokeruntime_commitlog_disk_ratio", "Used fraction of the disk holding the store",

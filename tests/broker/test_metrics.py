@@ -110,6 +110,7 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
         assert 0 < value(s, "rocketmq_brokeruntime_commitlog_disk_ratio") < 1
         assert value(s, "ledgermq_dispatch_lag_bytes") >= 0
         assert value(s, "ledgermq_dledger_append_errors_total", type="quorum_timeout") == 0
+        assert value(s, "ledgermq_dledger_ticks_dropped_total") >= 0
         follower = next(x for x in cluster.brokers if x != master)
 
         async def follower_dispatched():
