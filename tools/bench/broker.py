@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import resource
+import struct
 import sys
 import tempfile
 import time
@@ -119,11 +120,25 @@ def cpu_us_per(before: float | None, after: float | None, count: int) -> float |
     return round((after - before) / count * 1e6, 1) if before is not None and after is not None and count else None
 
 
+_SIZE_MAGIC = struct.Struct(">ii")
+
+
 def count_records(body: bytes) -> int:
+    """The records in a pull's body, walked by their TOTALSIZE and MAGICCODE
+    only (0.16 µs a record; parsing each layout cost 4, most of the raw
+    consumer's CPU, and the consume rows measured the load generator);
+    ValueError when they do not tile the body."""
     n = pos = 0
-    while pos < len(body):
-        pos += M.parse_layout(body, pos).total_size
+    end = len(body)
+    unpack = _SIZE_MAGIC.unpack_from
+    while pos < end:
+        size, magic = unpack(body, pos) if pos + 8 <= end else (0, 0)
+        if size < M.POS_MAGIC + 4 or magic not in (M.MAGIC_V1, M.MAGIC_V2):
+            raise ValueError(f"no record at byte {pos} of a pull's body (size {size}, magic {magic:#x})")
+        pos += size
         n += 1
+    if pos != end:
+        raise ValueError(f"the last record runs {pos - end} bytes past the pull's body")
     return n
 
 
