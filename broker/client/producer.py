@@ -47,6 +47,7 @@ from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue,
 from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import CURRENT_VERSION, LanguageCode, RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand
+from broker.remoting.errors import LocalProtocolError
 from consumequeue import batch as batches
 from consumequeue import record as M
 from native.hashing import java_hash_str
@@ -154,7 +155,11 @@ class Producer:
         if self.closed:
             raise ClientClosedError("the producer is closed")
         self._pending_async += 1
-        if not self._submit(msg, callback, selector, timeout):
+        try:
+            submitted = self._submit(msg, callback, selector, timeout)
+        except LocalProtocolError:  # not encodable: send() says so, to the callback
+            submitted = False
+        if not submitted:
             self._nursery.start_soon(self._send_and_call, msg, callback, selector, timeout)
 
     def _submit(self, msg: Message, callback, selector, timeout) -> bool:
