@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 import attrs
 import trio
 
+from commitlog.appends import AppendRequest, RefusedLeader
 from commitlog.entry import iter_batch
 from commitlog.errors import (
     AppendRejectedError,
@@ -72,59 +73,6 @@ log = logging.getLogger("ledgermq.replica")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_LOG_EVERY = 10.0  # seconds between repeats of the out-of-space error
 STALL_TICKS = 5  # a ticker this many ticks late was stalled: the missed ticks are dropped (_ticker)
-
-
-@attrs.define(eq=False)
-class _AppendRequest:
-    """One append, from submit() until it is resolved -- released on commit,
-    failed, timed out, or abandoned by a cancelled waiter -- exactly once:
-    `done` turns True there, and that is where its entries leave the
-    pending count.  `task` is the waiter parked in wait(), if one is (with
-    trio.lowlevel.wait_task_rescheduled rather than an Event and a cancel
-    scope: at tens of thousands of appends per second those were most of
-    the append path's cost)."""
-
-    bodies: Sequence[bytes]
-    deadline: float  # trio time after which the caller gets QuorumTimeoutError
-    task: object = None  # the waiter's trio.lowlevel.Task while parked
-    done: bool = False
-    term: int = -1
-    first_index: int = -1
-    # The store's [(index, pos)] of the write holding these entries, and
-    # where they start in it (no per-request copy until the caller asks);
-    # the store hooks' per-entry stamps of that write (queue offsets), if any.
-    placed: list | None = None
-    stamps: object = None
-    offset: int = 0
-    error: BaseException | None = None
-
-    @property
-    def result(self) -> list[tuple[int, int]]:
-        """[(index, pos)] of this request's entries (once resolved)."""
-        return self.placed[self.offset:self.offset + len(self.bodies)]
-
-    @property
-    def stamped(self):
-        """The stamps of this request's entries (None without a stamping hook)."""
-        if self.stamps is None:
-            return None
-        return self.stamps[self.offset:self.offset + len(self.bodies)]
-
-    @property
-    def last_index(self) -> int:
-        return self.first_index + len(self.bodies) - 1
-
-
-@attrs.frozen
-class RefusedLeader:
-    """A leader whose entries this follower could not place, and why."""
-
-    leader: str
-    term: int
-    reason: str
-
-    def to_json(self) -> dict:
-        return {"leader": self.leader, "term": self.term, "reason": self.reason}
 
 
 @attrs.define(eq=False)
@@ -164,7 +112,7 @@ class ReplicaNode:
     max_inbox: int = 1024  # received messages the driver has not taken; then readers wait
     _inbox_room: trio.Event | None = None
     _ticks_due: int = 0
-    _proposals: list[_AppendRequest] = attrs.Factory(list)
+    _proposals: list[AppendRequest] = attrs.Factory(list)
     _commands: list = attrs.Factory(list)
     # Requests with assigned indexes, oldest first, waiting for commit.
     _waiting: collections.deque = attrs.Factory(collections.deque)
@@ -228,7 +176,7 @@ class ReplicaNode:
             return []
         return (await self.wait(self.submit(bodies))).result
 
-    def submit(self, bodies: Sequence[bytes]) -> _AppendRequest:
+    def submit(self, bodies: Sequence[bytes]) -> AppendRequest:
         """The synchronous half of append(): queue the entries for the next
         driver round (so requests submitted one after another are appended
         in that order) and return the request to wait() on.  Raises
@@ -239,13 +187,13 @@ class ReplicaNode:
         if self._pending_entries + n > self.max_pending:
             self.stats["pending_full"] += 1
             raise PendingFullError(self._pending_entries, self.max_pending)
-        req = _AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000)
+        req = AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000)
         self._pending_entries += n
         self._proposals.append(req)
         self._wakeup.set()
         return req
 
-    async def wait(self, req: _AppendRequest) -> _AppendRequest:
+    async def wait(self, req: AppendRequest) -> AppendRequest:
         """Park until `req` is committed (or failed: its error is raised);
         returns it, with `result` and `stamped`.  One waiter per request."""
         if not req.done:
@@ -444,12 +392,12 @@ class ReplicaNode:
                 break
             self._time_out(r)
 
-    def _time_out(self, r: _AppendRequest) -> None:
+    def _time_out(self, r: AppendRequest) -> None:
         if not r.done:
             self.stats["quorum_timeout"] += 1
             self._resolve(r, QuorumTimeoutError(r.last_index, self.max_wait_ack_ms))
 
-    def _resolve(self, r: _AppendRequest, error: BaseException | None = None) -> None:
+    def _resolve(self, r: AppendRequest, error: BaseException | None = None) -> None:
         """Hand the outcome to the request (once; later calls no-op) and
         wake its waiter if one is parked."""
         if not r.done:
