@@ -1,6 +1,7 @@
 # The trio shell (commitlog/replica.py) driving three pure cores over the
 # in-memory transport, on trio's MockClock: election, group-committed appends,
 # leader loss, and the typed errors of the client-facing append API.
+import functools
 import random
 
 import pytest
@@ -55,6 +56,15 @@ async def wait_leader(members, exclude=()):
         await trio.sleep(0.01)
 
 
+async def start_group(nursery, net: MemoryNetwork, **options) -> tuple[list, Member]:
+    """A member per id of IDS running in `nursery` (run_member's `options`),
+    and the one they elected."""
+    members = [Member(i) for i in IDS]
+    for k, m in enumerate(members):
+        await nursery.start(functools.partial(run_member, m, net, k, **options))
+    return members, await wait_leader(members)
+
+
 @pytest.fixture
 def autojump_clock():
     return trio.testing.MockClock(autojump_threshold=0)
@@ -62,11 +72,8 @@ def autojump_clock():
 
 async def test_elect_append_and_fail_over(autojump_clock):
     net = MemoryNetwork(seed=1)
-    members = [Member(i) for i in IDS]
     async with trio.open_nursery() as nursery:
-        for k, m in enumerate(members):
-            await nursery.start(run_member, m, net, k)
-        leader = await wait_leader(members)
+        members, leader = await start_group(nursery, net)
         # Concurrent callers are group-committed; each gets its own indexes.
         results = {}
 
@@ -104,12 +111,8 @@ async def test_elect_append_and_fail_over(autojump_clock):
 
 async def test_quorum_timeout_then_pending_full(autojump_clock):
     net = MemoryNetwork(seed=2)
-    members = [Member(i) for i in IDS]
     async with trio.open_nursery() as nursery:
-        for k, m in enumerate(members):
-            await nursery.start(lambda m=m, k=k, task_status=trio.TASK_STATUS_IGNORED: run_member(
-                m, net, k, task_status=task_status, max_pending=5, max_wait_ack_ms=300))
-        leader = await wait_leader(members)
+        members, leader = await start_group(nursery, net, max_pending=5, max_wait_ack_ms=300)
         await leader.node.append([b"warm-up"])
         for m in members:
             if m is not leader:
@@ -141,11 +144,8 @@ async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump
     max_inbox messages wait for the driver; the driver's next round takes
     them all and sets it (the TCP reader waits on it: test_tcp)."""
     net = MemoryNetwork(seed=2)
-    members = [Member(i) for i in IDS]
     async with trio.open_nursery() as nursery:
-        for k, m in enumerate(members):
-            await nursery.start(run_member, m, net, k)
-        leader = await wait_leader(members)
+        members, leader = await start_group(nursery, net)
         follower = next(m for m in members if m is not leader).node
         captured = []
         deliver = follower._deliver
@@ -177,11 +177,8 @@ async def test_a_stalled_ticker_drops_the_ticks_it_missed(autojump_clock):
     lateness below that is caught up."""
     from commitlog.replica import STALL_TICKS
     net = MemoryNetwork(seed=3)
-    members = [Member(i) for i in IDS]
     async with trio.open_nursery() as nursery:
-        for k, m in enumerate(members):
-            await nursery.start(run_member, m, net, k)
-        leader = await wait_leader(members)
+        members, leader = await start_group(nursery, net)
         node = leader.node
         assert node.stats["ticks_dropped"] == 0
         autojump_clock.jump((STALL_TICKS - 2) * node.tick_seconds)  # a busy loop: caught up
