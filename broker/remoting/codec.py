@@ -14,8 +14,27 @@
 # over the limit is reported as soon as the header behind it has arrived (so
 # the error can carry the opaque and the server can answer it) but the body
 # is never buffered.  Decoding is tolerant where stock clients differ
-# (client-compat #1, #2): numeric strings for ints, any JSON type in
+# (client-compat #1, #2): numeric strings for ints, any scalar JSON type in
 # extFields, unknown languages, missing fields with Java's defaults.
+#
+# Limits on outside bytes.  Each refusal is a RemoteProtocolError (with the
+# opaque when it could be read), which the connection answers with
+# SYSTEM_ERROR and then closes; no input raises anything else here.
+#   MAX_HEADER_SIZE  1 MiB per header, JSON or ROCKETMQ, refused from the
+#                    frame prefix: nothing of it is buffered or parsed.  The
+#                    largest a stock client writes is a send with 32 KiB of
+#                    properties, under 200 KiB even with every byte escaped.
+#   MAX_EXT_FIELDS   1024 extFields (a stock request carries under 30).
+#   MAX_VALUE_DEPTH  16 levels of arrays/objects in a non-text extFields
+#                    value or remark, checked before it is turned into text
+#                    (stock clients send numbers and booleans; the C
+#                    scanner skips values to the same depth).
+#   The JSON header as a whole nests at most 1024 deep: orjson refuses more
+#   while parsing, without recursion.  Fields nobody reads are not walked.
+#   Keys and values have no bound of their own below the header's (a
+#   ROCKETMQ key: its i16 length).  The common frame -- integers where they
+#   belong, every extFields value text -- takes the fast path below, which
+#   checks only the count; every other check is on the slow path.
 #
 # Raw sends: a decoder made with raw_sends=True scans the whole frames of
 # each read at once in C (native/sendpath.py); a plain SEND_MESSAGE_V2
@@ -37,16 +56,20 @@ from broker.remoting.codes import (
     RequestCode,
     SerializeType,
 )
-from broker.remoting.command import RemotingCommand, coerce_fields
+from broker.remoting.command import RemotingCommand, coerce_fields, java_text
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
+from broker.remoting.jsonbound import nests_deeper_than
 from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, _Event
 from native import sendpath
 
-__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "CommandDecoder", "RawSend", "encode_command",
-           "encode_header", "decode_header"]
+__all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "MAX_EXT_FIELDS", "MAX_HEADER_SIZE", "MAX_VALUE_DEPTH",
+           "CommandDecoder", "RawSend", "encode_command", "encode_header", "decode_header"]
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
-MAX_HEADER_LEN = 0xFFFFFF  # 24 bits next to the serialize type
+MAX_HEADER_LEN = 0xFFFFFF  # 24 bits next to the serialize type: what the encoder can write
+MAX_HEADER_SIZE = 1 << 20  # what the decoder reads (native/src/sendpath.h LMQ_MAX_HEADER_SIZE)
+MAX_EXT_FIELDS = 1024  # (native/src/sendpath.h LMQ_MAX_EXT_FIELDS)
+MAX_VALUE_DEPTH = 16
 
 _I32 = struct.Struct(">i")
 _PREFIX = struct.Struct(">ii")            # length, headerLenAndType
@@ -209,7 +232,6 @@ def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) 
     return value
 
 
-_STR_ONLY = frozenset((str,))
 _LANGUAGES = {m.name: m for m in LanguageCode}  # (Enum's own name lookup costs more than a frame's header)
 
 
@@ -226,22 +248,53 @@ def _json_language(value: object) -> LanguageCode:
     return LanguageCode.JAVA if value is None else LanguageCode.OTHER
 
 
+def _parse_json_slowly(raw: bytes) -> object:
+    """A header orjson refused as it came.  Java decodes malformed UTF-8 to
+    U+FFFD: so do we, then parse again; json last, for what orjson refuses
+    and json reads (NaN, integers over 64 bits), and to name the position
+    of a syntax error.  json recurses: past the interpreter's depth it
+    raises RecursionError, which is a refusal like any other."""
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        refused = e  # (it names a nesting too deep as such)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _HeaderError(f"header is not valid JSON: {str(refused)[:200]}") from None
+    except ValueError as e:
+        raise _HeaderError(f"header is not valid JSON: {str(e)[:200]}") from None
+
+
+def _value_text(name: str, value: object) -> str:
+    """A non-text header value as Java's toString() gives it, refused if it
+    nests deeper than MAX_VALUE_DEPTH."""
+    if (type(value) is list or type(value) is dict) and nests_deeper_than(value, MAX_VALUE_DEPTH):
+        raise _HeaderError(f"{name} nests arrays/objects deeper than {MAX_VALUE_DEPTH}")
+    return java_text(value)
+
+
+def _ext_text(ext: dict) -> dict[str, str]:
+    """extFields with values that are not all text: each as text, null dropped."""
+    if len(ext) > MAX_EXT_FIELDS:
+        raise _HeaderError(f"{len(ext)} extFields, more than {MAX_EXT_FIELDS}")
+    return {k: v if type(v) is str else _value_text(f"extFields[{k[:64]!r}]", v)
+            for k, v in ext.items() if v is not None}
+
+
 def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
     try:
         obj = orjson.loads(raw)  # the usual case: valid UTF-8, strict JSON
     except orjson.JSONDecodeError:
-        # Java decodes malformed UTF-8 to U+FFFD: so do we, then parse again
-        # (json also names the position of a syntax error).
-        try:
-            obj = json.loads(raw.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError) as e:
-            raise _HeaderError(f"header is not valid JSON: {e}") from None
+        obj = _parse_json_slowly(raw)
     if not isinstance(obj, dict):
         raise _HeaderError(f"header is JSON {type(obj).__name__}, not an object")
     code, opaque, flag, ext = obj.get("code"), obj.get("opaque"), obj.get("flag"), obj.get("extFields")
     if (type(code) is int and type(opaque) is int and type(flag) is int and type(ext) is dict
             and -0x80000000 <= code <= 0x7FFFFFFF and -0x80000000 <= opaque <= 0x7FFFFFFF
-            and -0x80000000 <= flag <= 0x7FFFFFFF and set(map(type, ext.values())) <= _STR_ONLY):
+            and -0x80000000 <= flag <= 0x7FFFFFFF and (n := len(ext)) <= MAX_EXT_FIELDS
+            and list(map(type, ext.values())).count(str) == n):  # (every value text; cheaper than a set of types)
         # The usual frame, as every RocketMQ party writes it: the checks
         # below would pass; only version, language and remark are left.
         version, remark = obj.get("version"), obj.get("remark")
@@ -255,12 +308,16 @@ def _decode_json_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand
     if ext is not None and not isinstance(ext, dict):
         raise _HeaderError(f"extFields is JSON {type(ext).__name__}, not an object")
     remark = obj.get("remark")
+    if ext is None:
+        ext = {}
+    elif len(ext) > MAX_EXT_FIELDS or not all(type(v) is str for v in ext.values()):
+        ext = _ext_text(ext)
     # Every field below is already converted: skip RemotingCommand's converters.
     return RemotingCommand.trusted(
         _json_int(obj, "code", 0), _json_language(obj.get("language")), _json_int(obj, "version", 0),
-        opaque, _json_int(obj, "flag", 0), None if remark is None else coerce_fields({"r": remark})["r"],
-        ext if ext is not None and all(type(v) is str for v in ext.values()) else coerce_fields(ext),
-        body, SerializeType.JSON)  # (a decoded extFields of text values is used as is: nobody else holds it)
+        opaque, _json_int(obj, "flag", 0), remark if remark is None or type(remark) is str
+        else _value_text("remark", remark),
+        ext, body, SerializeType.JSON)  # (a decoded extFields of text values is used as is: nobody else holds it)
 
 
 def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingCommand:
@@ -306,6 +363,8 @@ def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingComma
             raise _HeaderError(f"extFields value length {vlen} runs past the map")
         fields[key] = ext_raw[epos:epos + vlen].decode("utf-8", "replace")
         epos += vlen
+        if len(fields) > MAX_EXT_FIELDS:
+            raise _HeaderError(f"more than {MAX_EXT_FIELDS} extFields")
     try:
         language = LanguageCode(lang)
     except ValueError:
@@ -316,7 +375,9 @@ def _decode_binary_header(raw: bytes, body: bytes, found: dict) -> RemotingComma
 
 def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> RemotingCommand:
     """Header bytes (and the body) to a command; RemoteProtocolError if the
-    header is malformed, with the opaque attached when it could be read."""
+    header is malformed or over the limits above, with the opaque attached
+    when it could be read.  (MAX_HEADER_SIZE is the stream decoder's: it
+    refuses a longer header from the frame prefix, before reading it.)"""
     found: dict = {}
     try:
         if serialize_type == SerializeType.JSON:
@@ -472,8 +533,9 @@ class CommandDecoder(ByteStreamDecoder):
         if length < 4:
             self._fail(f"frame length {length} is too small (at least 4)")
         stype, header_len = (len_and_type >> 24) & 0xFF, len_and_type & 0xFFFFFF
-        if header_len > length - 4:
-            self._fail(f"header length {header_len} exceeds the frame length {length}")
+        if header_len > length - 4 or header_len > MAX_HEADER_SIZE:
+            self._fail(f"header length {header_len} exceeds the frame length {length}" if header_len > length - 4
+                       else f"header of {header_len} bytes exceeds the maximum of {MAX_HEADER_SIZE}")
         if stype not in (SerializeType.JSON, SerializeType.ROCKETMQ):
             self._fail(f"unknown serialize type {stype}")
         if length + 4 > self.max_frame_size:

@@ -288,7 +288,8 @@ static int32_t parse_one(const uint8_t *hdr, int64_t hlen, lmq_send_req *r, uint
             if (c.p < c.end && *c.p == '}') {
                 c.p++;
             } else {
-                for (;;) {
+                for (int entries = 1;; entries++) {
+                    if (entries > LMQ_MAX_EXT_FIELDS) return LMQ_SEND_GENERAL; /* the general decoder refuses it */
                     int64_t fstart = *used;
                     if (!string_into(&c, scratch, cap, used)) return LMQ_SEND_GENERAL;
                     int64_t flen = *used - fstart;
@@ -409,8 +410,8 @@ int64_t lmq_scan_requests(const uint8_t *buf, int64_t len, int64_t max_frame, in
         uint32_t lt = (uint32_t)lmq_r32(buf + pos + 4);
         int64_t header_len = lt & 0xFFFFFF;
         int32_t stype = (int32_t)(lt >> 24);
-        if (length < 4 || header_len > length - 4 || (stype != 0 && stype != 1) || length + 4 > max_frame ||
-            len - pos < 4 + length)
+        if (length < 4 || header_len > length - 4 || header_len > LMQ_MAX_HEADER_SIZE || (stype != 0 && stype != 1) ||
+            length + 4 > max_frame || len - pos < 4 + length)
             break;
         lmq_send_req *r = &out[n++];
         memset(r, 0, sizeof(*r));

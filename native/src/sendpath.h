@@ -12,6 +12,12 @@
 #define LMQ_SEND_BAD_JSON 3 /* not JSON this parser reads: the general path (and its errors) */
 #define LMQ_SEND_OTHER 4    /* not a SEND_MESSAGE_V2 request in JSON: the general path */
 
+/* The remoting decoder's limits (broker/remoting/codec.py MAX_HEADER_SIZE,
+ * MAX_EXT_FIELDS): a frame whose header is longer ends the scan, a header
+ * with more extFields entries is declined; the general decoder refuses both. */
+#define LMQ_MAX_HEADER_SIZE 1048576
+#define LMQ_MAX_EXT_FIELDS 1024
+
 typedef struct {
     int64_t frame_off;       /* where the frame starts in the scanned buffer */
     int64_t frame_len;       /* 4 + its length field */
