@@ -9,6 +9,18 @@
 # server turns into the response.  Fields a handler does not ask for
 # (AccessKey, OnsChannel, Signature from C++ clients, client-compat #6, or
 # the 5.x RPC fields ns/nsd/bname/oway/lo) are simply never read.
+#
+# JSON bodies (decode_json) are outside bytes too.  Limits, each refused
+# with RequestError(SYSTEM_ERROR) naming the body, never another error:
+#   size   MAX_JSON_BODY (1 MiB) before parsing, or the body's own bound in
+#          _BODY_LIMITS: those that grow with the topics of a cluster
+#          (RegisterBrokerBody, TopicList, ClusterInfo) are bounded only by
+#          the frame (16 MiB).  A stock client's HeartbeatData or lock body
+#          is a few KiB.
+#   depth  MAX_JSON_DEPTH (32) levels of arrays/objects, checked after
+#          parsing without recursion (broker/remoting/jsonbound.py); json's
+#          own recursion past the interpreter's limit is a refusal too.
+#          RocketMQ's bodies nest 5 deep at most.
 from __future__ import annotations  # the methods named str/int/bool shadow builtins in annotations
 
 import json
@@ -17,6 +29,7 @@ from collections.abc import Mapping
 
 from broker.remoting.codes import ResponseCode
 from broker.remoting.errors import RequestError
+from broker.remoting.jsonbound import nests_deeper_than
 
 _REQUIRED = object()
 _INT = re.compile(r"[+-]?[0-9]+")
@@ -79,9 +92,27 @@ def encode_json(obj: object) -> bytes:
     return _JSON_BODY.encode(obj).encode("utf-8")
 
 
-def decode_json(body: bytes, what: str) -> object:
-    """A JSON body; RequestError(SYSTEM_ERROR) naming `what` if it is not."""
+MAX_JSON_BODY = 1 << 20
+MAX_JSON_DEPTH = 32
+_FRAME_BOUND = 16 << 20
+_BODY_LIMITS = {"RegisterBrokerBody": _FRAME_BOUND, "TopicList": _FRAME_BOUND, "ClusterInfo": _FRAME_BOUND}
+
+
+def decode_json(body: bytes, what: str, max_size: int | None = None) -> object:
+    """A JSON body (`what` names its Java class); RequestError(SYSTEM_ERROR)
+    naming `what` if it is not JSON or exceeds the limits above (max_size:
+    the size bound, by default the body's)."""
+    limit = _BODY_LIMITS.get(what, MAX_JSON_BODY) if max_size is None else max_size
+    if len(body) > limit:
+        raise _bad(f"{what} of {len(body)} bytes exceeds the maximum of {limit}")
     try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _bad(f"{what} is not valid JSON: {e}") from None
+        text = bytes(body).decode("utf-8")
+        obj = json.loads(text)
+    except RecursionError:
+        raise _bad(f"{what} nests arrays/objects deeper than {MAX_JSON_DEPTH}") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _bad(f"{what} is not valid JSON: {str(e)[:200]}") from None
+    # Fewer brackets than the bound cannot nest past it: most bodies skip the walk.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and nests_deeper_than(obj, MAX_JSON_DEPTH):
+        raise _bad(f"{what} nests arrays/objects deeper than {MAX_JSON_DEPTH}")
+    return obj
