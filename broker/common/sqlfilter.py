@@ -22,6 +22,15 @@
 # Three-valued logic, as SQL and RocketMQ's evaluator: a missing property
 # makes a comparison unknown (None); NOT unknown is unknown; AND/OR follow
 # Kleene's tables; a message matches only when the whole expression is TRUE.
+#
+# Limits (expressions come from consumers: outside text).  An expression
+# longer than MAX_SQL_LENGTH (16384) characters, or nesting parentheses and
+# NOTs deeper than MAX_SQL_DEPTH (32), is refused with SqlFilterError, like
+# any other that does not parse -- the broker answers
+# SUBSCRIPTION_PARSE_FAILED.  AND and OR chains are flat (one predicate over
+# all their operands), so neither parsing nor evaluation recurses deeper
+# than the nesting the limit allows, however many terms there are.  A
+# compiled expression takes about 80 bytes of memory per character of text.
 import re
 from collections.abc import Callable
 
@@ -29,6 +38,9 @@ import attrs
 
 Props = dict[str, str]
 Pred = Callable[[Props], object]  # -> True, False or None (unknown)
+
+MAX_SQL_LENGTH = 16384
+MAX_SQL_DEPTH = 32
 
 _KEYWORDS = {"AND", "OR", "NOT", "BETWEEN", "IN", "IS", "NULL", "TRUE", "FALSE", "CONTAINS", "STARTSWITH",
              "ENDSWITH"}
@@ -50,7 +62,9 @@ class SqlFilterError(ValueError):
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.reason} at position {self.position} of {self.expression!r}"
+        shown = self.expression if len(self.expression) <= 200 else \
+            f"{self.expression[:200]}... ({len(self.expression)} characters)"
+        return f"{self.reason} at position {self.position} of {shown!r}"
 
 
 @attrs.frozen
@@ -72,7 +86,10 @@ def _tokens(text: str) -> list[_Tok]:
             out.append(_Tok("str", raw[1:-1].replace("''", "'"), pos))
         elif kind == "num":
             is_float = any(c in raw for c in ".eE")
-            out.append(_Tok("num", float(raw) if is_float else int(raw), pos))
+            try:
+                out.append(_Tok("num", float(raw) if is_float else int(raw), pos))
+            except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits)
+                raise SqlFilterError(text, pos, f"number of {len(raw)} characters") from None
         elif kind == "name":
             upper = raw.upper()
             out.append(_Tok("kw", upper, pos) if upper in _KEYWORDS else _Tok("name", raw, pos))
@@ -127,6 +144,7 @@ class _Parser:
         self.text = text
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0  # parentheses and NOTs open around the current token
 
     @property
     def tok(self) -> _Tok:
@@ -160,31 +178,39 @@ class _Parser:
             raise self.error(f"unexpected {self.tok.value!r}")
         return pred
 
+    def deeper(self, tok: _Tok) -> None:
+        self.depth += 1
+        if self.depth > MAX_SQL_DEPTH:
+            raise self.error(f"parentheses and NOTs nest deeper than {MAX_SQL_DEPTH}", tok)
+
     def or_expr(self) -> Pred:
-        left = self.and_expr()
+        terms = [self.and_expr()]
         while self.take("kw", "OR"):
-            right = self.and_expr()
-            left = _or(left, right)
-        return left
+            terms.append(self.and_expr())
+        return terms[0] if len(terms) == 1 else _any_of(terms)
 
     def and_expr(self) -> Pred:
-        left = self.not_expr()
+        terms = [self.not_expr()]
         while self.take("kw", "AND"):
-            right = self.not_expr()
-            left = _and(left, right)
-        return left
+            terms.append(self.not_expr())
+        return terms[0] if len(terms) == 1 else _all_of(terms)
 
     def not_expr(self) -> Pred:
+        t = self.tok
         if self.take("kw", "NOT"):
+            self.deeper(t)
             inner = self.not_expr()
+            self.depth -= 1
             return lambda p: None if (v := inner(p)) is None else not v
         return self.predicate()
 
     def predicate(self) -> Pred:
         start = self.tok
         if self.take("op", "("):
+            self.deeper(start)
             inner = self.or_expr()
             self.need("op", ")")
+            self.depth -= 1
             return inner
         left, left_kind = self.value()
         t = self.tok
@@ -292,16 +318,36 @@ def _and(a: Pred, b: Pred) -> Pred:
     return both
 
 
-def _or(a: Pred, b: Pred) -> Pred:
-    def either(p):
-        x = a(p)
-        if x is True:
-            return True
-        y = b(p)
-        if y is True:
-            return True
-        return None if x is None or y is None else False
-    return either
+def _all_of(preds: list[Pred]) -> Pred:
+    """a AND b AND ... in one step (Kleene: FALSE wins, then unknown)."""
+    preds = tuple(preds)
+
+    def all_true(p):
+        unknown = False
+        for pred in preds:
+            x = pred(p)
+            if x is False:
+                return False
+            if x is None:
+                unknown = True
+        return None if unknown else True
+    return all_true
+
+
+def _any_of(preds: list[Pred]) -> Pred:
+    """a OR b OR ... in one step (Kleene: TRUE wins, then unknown)."""
+    preds = tuple(preds)
+
+    def any_true(p):
+        unknown = False
+        for pred in preds:
+            x = pred(p)
+            if x is True:
+                return True
+            if x is None:
+                unknown = True
+        return None if unknown else False
+    return any_true
 
 
 def _not(a: Pred) -> Pred:
@@ -325,7 +371,11 @@ class SqlFilter:
 
 
 def compile_sql(expression: str) -> SqlFilter:
-    """Parse `expression`; SqlFilterError if it is not valid SQL92 filter text."""
+    """Parse `expression`; SqlFilterError if it is not valid SQL92 filter
+    text or exceeds the limits above."""
     if not isinstance(expression, str):
-        raise SqlFilterError(str(expression), 0, "the expression must be text")
+        raise SqlFilterError(str(expression)[:200], 0, "the expression must be text")
+    if len(expression) > MAX_SQL_LENGTH:
+        raise SqlFilterError(expression, MAX_SQL_LENGTH,
+                             f"expression of {len(expression)} characters exceeds {MAX_SQL_LENGTH}")
     return SqlFilter(expression, _Parser(expression).parse())

@@ -4,7 +4,16 @@
 # PullSysFlag bits of PULL_MESSAGE.  SQL92 expressions (MessageSelector.
 # bySql) are compiled by broker.common.sqlfilter; the broker decides whether
 # it filters by them (enablePropertyFilter), this module only parses.
-import functools
+#
+# Limits (expressions come from consumers): a tag expression of more than
+# MAX_TAG_EXPRESSION_LENGTH (16384) characters is refused with
+# SUBSCRIPTION_PARSE_FAILED, as a SQL92 one past sqlfilter's limits is; so
+# one subscription holds at most about 5,500 tags.  Compiled SQL92
+# expressions are cached for the pulls that repeat them, at most
+# _CACHE_ENTRIES of them and _CACHE_CHARS characters of text in all (a
+# compiled expression takes about 80 bytes a character: ~20 MiB at most).
+import collections
+import threading
 
 import attrs
 
@@ -22,6 +31,7 @@ FLAG_LITE_PULL = 0x10
 SUB_ALL = "*"
 TAG = "TAG"
 SQL92 = "SQL92"
+MAX_TAG_EXPRESSION_LENGTH = 16384
 
 
 class SubscriptionError(ValueError):
@@ -68,6 +78,10 @@ def parse_subscription(expression: str | None, sub_version: int = 0,
         raise SubscriptionError(ResponseCode.NO_PERMISSION,
                         f"The broker does not support consumer to filter message by {etype}")
     text = (expression or "").strip()
+    if len(text) > MAX_TAG_EXPRESSION_LENGTH:
+        raise SubscriptionError(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                f"parse the consumer's subscription[{text[:200]}...] failed: a tag expression of "
+                                f"{len(text)} characters exceeds {MAX_TAG_EXPRESSION_LENGTH}")
     if not text or text == SUB_ALL:
         return Subscription(SUB_ALL, sub_version=sub_version)
     # Java keeps every non-empty trimmed tag; `*` is special only as the
@@ -76,10 +90,53 @@ def parse_subscription(expression: str | None, sub_version: int = 0,
     return Subscription(text, frozenset(tags), frozenset(java_hash_str(t) for t in tags), sub_version)
 
 
-@functools.lru_cache(maxsize=1024)  # pulls repeat a few expressions: compile each once
+_CACHE_ENTRIES = 1024
+_CACHE_CHARS = 256 * 1024
+
+
+class _CompiledCache:
+    """Least recently used compiled expressions, bounded by count and by
+    their text's total length (a lock: the blocking client parses from
+    several threads)."""
+
+    def __init__(self, entries: int, chars: int) -> None:
+        self.entries, self.chars = entries, chars
+        self._lru: collections.OrderedDict[str, SqlFilter] = collections.OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get(self, expression: str) -> SqlFilter | None:
+        with self._lock:
+            found = self._lru.get(expression)
+            if found is not None:
+                self._lru.move_to_end(expression)
+            return found
+
+    def put(self, expression: str, compiled: SqlFilter) -> None:
+        if len(expression) > self.chars // 8:
+            return  # one expression never takes more than an eighth of the budget
+        with self._lock:
+            if expression in self._lru:
+                return
+            self._lru[expression] = compiled
+            self._held += len(expression)
+            while len(self._lru) > self.entries or self._held > self.chars:
+                old, _ = self._lru.popitem(last=False)
+                self._held -= len(old)
+
+
+_CACHE = _CompiledCache(_CACHE_ENTRIES, _CACHE_CHARS)
+
+
 def _compiled(expression: str) -> SqlFilter:
+    found = _CACHE.get(expression)  # pulls repeat a few expressions: compile each once
+    if found is not None:
+        return found
     try:
-        return compile_sql(expression)
+        compiled = compile_sql(expression)
     except SqlFilterError as exc:
+        shown = expression if len(expression) <= 200 else f"{expression[:200]}..."
         raise SubscriptionError(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                f"parse the consumer's subscription[{expression}] failed: {exc}") from None
+                                f"parse the consumer's subscription[{shown}] failed: {exc}") from None
+    _CACHE.put(expression, compiled)
+    return compiled

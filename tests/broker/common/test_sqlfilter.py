@@ -88,3 +88,39 @@ def test_subscription_parse_failed_code():
     with pytest.raises(SubscriptionError) as info:
         parse_subscription("a >>> 5", expression_type=SQL92)
     assert info.value.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+# --- limits --------------------------------------------------------------------------
+
+def test_length_and_depth_limits_refuse_with_the_filters_error():
+    from broker.common.sqlfilter import MAX_SQL_DEPTH, MAX_SQL_LENGTH
+    for expression in ("(" * 10_000 + "a=1" + ")" * 10_000, " AND ".join(["a=1"] * 100_000),
+                       "x" * (MAX_SQL_LENGTH + 1), "NOT " * (MAX_SQL_DEPTH + 1) + "a=1",
+                       "(" * (MAX_SQL_DEPTH + 1) + "a=1" + ")" * (MAX_SQL_DEPTH + 1), "a = " + "7" * 5000):
+        with pytest.raises(SqlFilterError) as info:
+            compile_sql(expression)
+        assert len(str(info.value)) < 400  # the text is not echoed whole
+    # At the limits: parsed, and evaluated without recursion per term.
+    assert compile_sql("(" * MAX_SQL_DEPTH + "a=1" + ")" * MAX_SQL_DEPTH).matches({"a": "1"})
+    assert compile_sql("NOT " * MAX_SQL_DEPTH + "a=1").matches({"a": "1"})  # an even number of NOTs
+    chain = " AND ".join(["a=1"] * ((MAX_SQL_LENGTH - 3) // 8 + 1))
+    assert len(chain) <= MAX_SQL_LENGTH
+    f = compile_sql(chain)
+    assert f.matches({"a": "1"}) and not f.matches({"a": "2"}) and f.evaluate({}) is None
+    g = compile_sql(" OR ".join(["a=2"] * 2000 + ["b=1"]))
+    assert g.matches({"b": "1"}) and g.evaluate({"a": "3"}) is None and g.evaluate({"a": "3", "b": "2"}) is False
+
+
+def test_flat_chains_keep_kleenes_tables():
+    # AND: FALSE wins over unknown, unknown over TRUE; OR: TRUE wins over unknown.
+    three = {"t": {"a": "1"}, "f": {"a": "2"}, "u": {}}
+    for x in "tfu":
+        for y in "tfu":
+            for z in "tfu":
+                props = {"a": three[x].get("a"), "b": three[y].get("a"), "c": three[z].get("a")}
+                props = {k: v for k, v in props.items() if v is not None}
+                vals = [{"t": True, "f": False, "u": None}[v] for v in (x, y, z)]
+                want_and = False if False in vals else (None if None in vals else True)
+                want_or = True if True in vals else (None if None in vals else False)
+                assert compile_sql("a=1 AND b=1 AND c=1").evaluate(props) is want_and, (x, y, z)
+                assert compile_sql("a=1 OR b=1 OR c=1").evaluate(props) is want_or, (x, y, z)
