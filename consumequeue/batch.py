@@ -1,6 +1,14 @@
 # Owns SEND_BATCH_MESSAGE bodies (spec §1.10): what a producer sends as
 # one request (MessageDecoder.encodeMessages) and its messages back, and
 # the stored records a batch becomes.
+#
+# Limits on outside bytes, each refused with MessageFormatError: every
+# message's TOTALSIZE, BODYLEN and PROPLEN must agree and fit the body (so a
+# message's body and properties are bounded by the batch, whose size the
+# send path bounds by maxMessageSize); at most MAX_BATCH_MESSAGES (16384)
+# messages, each becoming a log entry.  The C scanner
+# (native/src/sendpath_batch.c) declines whatever this refuses, so the two
+# paths agree.
 import struct
 
 import attrs
@@ -13,6 +21,7 @@ from consumequeue.record import (
     properties_to_string,
     string_to_properties,
 )
+from native.sendpath import MAX_BATCH_MESSAGES
 
 
 @attrs.frozen
@@ -44,6 +53,8 @@ def decode_batch_raw(buf) -> list[tuple[bytes, int, bytes]]:
     items = []
     off, n = 0, len(buf)
     while off < n:
+        if len(items) == MAX_BATCH_MESSAGES:
+            raise MessageFormatError(f"batch of more than {MAX_BATCH_MESSAGES} messages", off)
         if n - off < 20:
             raise MessageFormatError("truncated batch message header", off)
         total, _magic, _crc, flag, body_len = struct.unpack_from(">iiiii", buf, off)

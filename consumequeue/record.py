@@ -9,6 +9,12 @@
 # record is accepted only if every length fits and TOTALSIZE equals the
 # recomputed length.  Strings decode as Java's `new String(b, UTF_8)` does
 # (malformed bytes become U+FFFD), so tag and key hashes agree with Java.
+#
+# Limits on outside bytes, each refused with MessageFormatError: a record's
+# lengths must fit its TOTALSIZE (and its bytes); a properties string is at
+# most MAX_PROPERTIES_LEN (32767, the record's i16) characters wherever it
+# comes from -- a record, a batch body or a send header -- so it holds at
+# most 8192 properties (a name, 0x01, a value, 0x02: 4 characters at least).
 import functools
 import ipaddress
 import struct
@@ -172,7 +178,11 @@ def properties_to_string(props: dict) -> str:
 def string_to_properties(text: str) -> dict[str, str]:
     """string2messageProperties, rule for rule: split on 0x02; a segment under
     3 chars is ignored; it splits at the first 0x01 and needs a non-empty name
-    and value; a later duplicate name wins (HashMap.put)."""
+    and value; a later duplicate name wins (HashMap.put).  MessageFormatError
+    for a string longer than MAX_PROPERTIES_LEN characters (no record can
+    carry it: a UTF-8 byte is at most one character)."""
+    if len(text) > MAX_PROPERTIES_LEN:
+        raise MessageFormatError(f"properties of {len(text)} characters exceed {MAX_PROPERTIES_LEN}")
     # The usual string, every segment `name 0x01 value` with both non-empty
     # (so none is under 3 chars): split at once.  Anything else: the walk.
     out: dict[str, str] = {}

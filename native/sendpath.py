@@ -161,13 +161,17 @@ def encode_send_responses(opaques: array, queue_ids: array, queue_offsets: array
 
 
 BATCH_AVAILABLE = NATIVE_LOADED and hasattr(lib, "lmq_encode_batch")
+# The most messages one SEND_BATCH body may hold (consumequeue/batch.py
+# refuses more; the scanner declines them, so the general path refuses).
+MAX_BATCH_MESSAGES = 16384
 
 
 def scan_batch(body: bytes):
     """A SEND_BATCH body split into its messages (native/src/sendpath_batch.c)
-    if every message's properties are plain: (items, count, messages
-    without a UNIQ_KEY, properties bytes), else None (the general path)."""
-    max_n = len(body) // 22 + 1
+    if every message's properties are plain and there are at most
+    MAX_BATCH_MESSAGES: (items, count, messages without a UNIQ_KEY,
+    properties bytes), else None (the general path)."""
+    max_n = min(len(body) // 22 + 1, MAX_BATCH_MESSAGES)
     items = _new("lmq_batch_item[]", max_n)
     missing, props = ffi.new("int64_t *"), ffi.new("int64_t *")
     n = lib.lmq_scan_batch(ffi.from_buffer(body), len(body), items, max_n, missing, props)

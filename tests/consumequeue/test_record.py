@@ -220,3 +220,66 @@ def test_delay_tags_code_matches_the_schedule_rule():
     for bad in ("x", "", "+", "2147483648", "１"):
         with pytest.raises(M.MessageFormatError):
             M.delay_tags_code(bad, 0)
+
+
+# --- limits on outside bytes -------------------------------------------------------
+
+def test_properties_longer_than_a_record_can_hold_are_refused():
+    at_limit = "a\x01" + "v" * (M.MAX_PROPERTIES_LEN - 3) + "\x02"
+    assert M.string_to_properties(at_limit) == {"a": "v" * (M.MAX_PROPERTIES_LEN - 3)}
+    many = "".join(f"k{i}\x01v\x02" for i in range(100_000))
+    for text in (at_limit + "b", many):
+        with pytest.raises(M.MessageFormatError):
+            M.string_to_properties(text)
+    # The densest string within the limit holds at most 8192 properties.
+    dense = "".join(f"{chr(0x100 + i)}\x01v\x02" for i in range(M.MAX_PROPERTIES_LEN // 4))
+    assert len(M.string_to_properties(dense)) == M.MAX_PROPERTIES_LEN // 4 <= 8192
+
+
+def test_batch_message_count_limit_c_and_general_path_agree():
+    from native import sendpath
+    limit = sendpath.MAX_BATCH_MESSAGES
+    at_limit = batches.encode_batch([batches.BatchItem(b"", {"a": "1"})] * limit)
+    over = at_limit + batches.encode_batch([batches.BatchItem(b"", {"a": "1"})])
+    assert len(batches.decode_batch_raw(at_limit)) == limit
+    with pytest.raises(M.MessageFormatError) as info:
+        batches.decode_batch_raw(over)
+    assert str(limit) in str(info.value)
+    if sendpath.BATCH_AVAILABLE:
+        scanned = sendpath.scan_batch(at_limit)
+        assert scanned is not None and scanned[1] == limit
+        assert sendpath.scan_batch(over) is None  # declined: the general path refuses it
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.dictionaries(st.text("abUNIQ_KEY", min_size=1, max_size=9),
+                                                                  st.text(max_size=6), max_size=3),
+                          st.integers(-2 ** 31, 2 ** 31 - 1)), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4), st.integers(0, 400))
+def test_batch_scanner_and_general_decoder_agree_on_damaged_bodies(messages, damage, cut):
+    """Whatever the C scanner takes, the general decoder reads to the same
+    messages; a body the decoder refuses, the scanner declines."""
+    from native import sendpath
+    try:
+        body = bytearray(batches.encode_batch([batches.BatchItem(b, p, f) for b, p, f in messages]))
+    except M.MessageFormatError:
+        return
+    for at, value in damage:
+        if at < len(body):
+            body[at] = value
+    body = bytes(body[:max(1, len(body) - cut % 5)])
+    try:
+        general = batches.decode_batch_raw(body)
+    except M.MessageFormatError:
+        general = None
+    if not sendpath.BATCH_AVAILABLE:
+        return
+    scanned = sendpath.scan_batch(body)
+    if scanned is None:
+        return  # declined: the general path decides (above, without an unexpected error)
+    items, n, _missing, _props = scanned
+    assert general is not None and n == len(general)
+    for k in range(n):
+        it = items[k]
+        assert (body[it.body_off:it.body_off + it.body_len], it.flag,
+                body[it.props_off:it.props_off + it.props_len]) == general[k]
