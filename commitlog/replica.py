@@ -27,6 +27,16 @@
 # node stays up, acknowledges nothing it could not write, and replicates
 # again as soon as the leader retries into freed space.
 #
+# Peer input: every received message passes admission.py (sent by the
+# peer the connection handshook with, to this node, terms and indexes in
+# range, a sane shape) before the driver sees it; what does not is dropped,
+# counted (stats peer_messages_undecodable, peer_messages_refused) and
+# logged at a bounded rate.  A message the core still raises on (a push that
+# would cut committed entries: a forged or broken leader) is dropped and the
+# core rebuilt from what is durable, as after a restart
+# (peer_messages_failed); a push also fences its leader for its term, as
+# entries this node cannot place do.  Nothing a peer sends ends the process.
+#
 # Append path cost: a caller is one slotted request parked on its own task
 # (no Event, no cancel scope); the driver releases every committed request in
 # one sweep, and the ticker fails expired ones (QuorumTimeoutError) once per
@@ -49,6 +59,7 @@ from typing import Callable, Sequence
 import attrs
 import trio
 
+from commitlog.admission import refusal
 from commitlog.appends import AppendRequest, RefusedLeader
 from commitlog.entry import iter_batch
 from commitlog.errors import (
@@ -65,7 +76,9 @@ from commitlog.members import recover
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
 from commitlog.raft.membership import ConfChange, ConfigEntry, MembershipChangeError, MembershipLog
+from commitlog.raft.messages import PushRequest
 from commitlog.raft.state import HardState, Ready, Role, SoftState
+from commitlog.ratelog import LogBudget
 from commitlog.watermark import Watermark
 
 log = logging.getLogger("ledgermq.replica")
@@ -128,6 +141,7 @@ class ReplicaNode:
     stats: collections.Counter = attrs.Factory(collections.Counter)
     _durable_hard: HardState | None = None
     _no_space_logged: float | None = None
+    _log_budget: LogBudget = attrs.Factory(LogBudget)  # lines about what peers sent
     # trio time a message of the current term last arrived from each peer:
     # a leader's evidence, in real time, that it still leads (a leader that
     # was SIGSTOPped or cut off has not run its check-quorum ticks yet).
@@ -332,17 +346,23 @@ class ReplicaNode:
         self._wakeup.set()
 
     def _deliver(self, src: str, payload: bytes) -> trio.Event | None:
-        """The transport's sink: decode and queue for the driver; returns an
-        Event to wait for while the driver's inbox is full."""
+        """The transport's sink: decode, admit (admission.py: `src` is the
+        peer the connection handshook with) and queue for the driver;
+        returns an Event to wait for while the driver's inbox is full.
+        Never raises on a peer's bytes: what does not decode or is not
+        admitted is dropped, counted and logged at a bounded rate."""
         try:
             msg = wire.decode(payload)
-        except wire.WireError as exc:
-            self.stats["bad_messages"] += 1
-            log.warning("%s: dropping undecodable message from %s: %s", self.node_id, src, exc)
+        except Exception as exc:  # WireError, or anything else the bytes provoke
+            self._drop("peer_messages_undecodable", "%s: dropping an undecodable message from %s: %s",
+                       self.node_id, src, exc)
             return None
-        if msg.src != src:
-            self.stats["bad_messages"] += 1
-            log.warning("%s: message claims to be from %s but came from %s", self.node_id, msg.src, src)
+        core = self.core
+        reason = refusal(msg, src, core.node_id, core.term,
+                         core.log.end_index if core.role is Role.LEADER else None)
+        if reason is not None:
+            self._drop("peer_messages_refused", "%s: dropping %s from %s: %s", self.node_id,
+                       type(msg).__name__, src, reason)
             return None
         self._inbox.append(msg)
         self._wakeup.set()
@@ -429,7 +449,11 @@ class ReplicaNode:
                     if msg.term <= self.refused.term:
                         continue  # fenced: see the module comment
                     self.refused = None
-                self.core.step(msg)
+                try:
+                    self.core.step(msg)
+                except Exception as exc:
+                    self._step_failed(msg, exc)
+                    continue
                 self._take_ready()
             commands, self._commands = self._commands, []
             for command in commands:
@@ -531,18 +555,12 @@ class ReplicaNode:
         self.stats["refused_appends"] += 1
         log.error("%s: cannot place entries from leader %s (term %d): %s; not replicating from it in this term "
                   "(fix this store and restart the node)", self.node_id, self.refused.leader, old.term, exc)
-        self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
-                             hard_state=HardState(old.term, old.voted_for), committed_index=self.committed.value,
-                             membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
-        ss = self.core.soft_state()
-        if ss != self.soft_state:
-            self._on_soft_state(ss)
+        self._rebuild_core(HardState(old.term, old.voted_for))
 
     def _no_space(self, exc: Exception) -> None:
         """A write of the current Ready found no space: drop the Ready (its
         messages would promise what is not on disk) and rebuild the core
         from what is durable, as _refuse_leader does but without a fence."""
-        old = self.core
         self.out_of_space = DiskFullError(getattr(self.log, "store_dir", "?"), 1.0)
         self.stats["out_of_space"] += 1
         now = trio.current_time()
@@ -550,8 +568,34 @@ class ReplicaNode:
             self._no_space_logged = now
             log.error("%s: no space left to write (%s; %d times so far): nothing written or acknowledged; "
                       "replicating again once space is freed", self.node_id, exc, self.stats["out_of_space"])
+        self._rebuild_core(self._durable_hard)
+
+    def _step_failed(self, msg, exc: Exception) -> None:
+        """The core raised on an admitted peer message (a push that would
+        drop committed entries, a check admission.py lacks, a bug): the
+        message is dropped and the core, which may have stopped half-way
+        through it, is rebuilt from what is durable, as after a restart.
+        A push that failed fences its leader for its term, as entries this
+        node cannot place do.  The node keeps running."""
+        self.stats["peer_messages_failed"] += 1
+        self._log_budget.log(log, logging.ERROR, trio.current_time(),
+                             "%s: %s from %s (term %d) failed in the Raft core (%s: %s); dropped, core rebuilt "
+                             "from the durable state", self.node_id, type(msg).__name__, msg.src, msg.term,
+                             type(exc).__name__, exc, exc_info=exc)
+        if isinstance(msg, PushRequest):
+            self.refused = RefusedLeader(msg.src, msg.term, f"{type(exc).__name__}: {exc}")
+        self._rebuild_core(self._durable_hard)
+
+    def _drop(self, stat: str, msg: str, *args) -> None:
+        self.stats[stat] += 1
+        self._log_budget.log(log, logging.WARNING, trio.current_time(), msg, *args)
+
+    def _rebuild_core(self, hard_state: HardState) -> None:
+        """A new core from `hard_state`, the log as it is, the published
+        commit and the configurations the log holds (what a restart reads)."""
+        old = self.core
         self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
-                             hard_state=self._durable_hard, committed_index=self.committed.value,
+                             hard_state=hard_state, committed_index=self.committed.value,
                              membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
         ss = self.core.soft_state()
         if ss != self.soft_state:

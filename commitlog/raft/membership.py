@@ -172,8 +172,14 @@ class Membership:
             raise ValueError("not a ledgermq configuration entry body")
         try:
             doc = json.loads(body[len(BODY_PREFIX):])
-            return cls(tuple(doc["voters"]), tuple(doc.get("learners", ())), doc.get("addresses", {}))
-        except (ValueError, KeyError, TypeError) as e:
+            voters, learners = doc["voters"], doc.get("learners", [])
+            addresses = doc.get("addresses", {})
+            if not (isinstance(voters, list) and isinstance(learners, list) and isinstance(addresses, dict)
+                    and all(isinstance(x, str) and x for x in voters + learners)
+                    and all(isinstance(v, str) for v in addresses.values())):
+                raise TypeError("voters and learners must be lists of ids, addresses an object of strings")
+            return cls(tuple(voters), tuple(learners), addresses)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise ValueError(f"malformed configuration entry body: {e}") from None
 
     def describe(self) -> str:

@@ -16,13 +16,16 @@
 #     node's configuration history names exactly the configuration entries
 #     of its log (checked after every restart, which recovers it the way
 #     the disk shell does, and at the end), and removed or joining nodes
-#     follow the same rules.
+#     follow the same rules,
+#   * the shell's admission (commitlog/admission.py) refuses no message
+#     an honest group sends, whatever the network does to it.
 import heapq
 import random
 from typing import Callable
 
 import attrs
 
+from commitlog.admission import refusal
 from commitlog.entry import MAGIC_CONFIG_CHANGE
 from commitlog.members import config_entries, recover
 from commitlog.raft import wire
@@ -274,7 +277,12 @@ class Cluster:
         for msg in self.net.due():
             n = self.nodes[msg.dst]
             if n.core is not None:
-                n.core.step(msg)
+                core = n.core
+                reason = refusal(msg, msg.src, core.node_id, core.term,
+                                 core.log.end_index if core.role is Role.LEADER else None)
+                if reason is not None:
+                    raise InvariantError(f"seed {self.seed}: admission refused an honest {msg!r:.300}: {reason}")
+                core.step(msg)
                 self.drain(n)
         self.settle_clients()
 
