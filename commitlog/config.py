@@ -13,8 +13,14 @@
 # "did you mean" for likely typos), because a broker.conf carries many broker
 # keys and a typo must not take a node down.  Keys that belong to the broker
 # rather than to replication (BROKER_KEYS) are passed over silently.
+#
+# The peer secret is on by default where it matters: a group whose
+# dLegerPeers reach beyond loopback does not validate without
+# dLegerPeerSecret (or dLegerPeerSecretFile) unless dLegerPeerInsecure=true
+# says the operator means it (ReplicationConfig.check_peer_secret).
 import difflib
 import enum
+import ipaddress
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -196,6 +202,16 @@ def parse_peers(text: str, key: str = "dLegerPeers") -> tuple[Peer, ...]:
     return tuple(peers)
 
 
+def is_loopback(host: str) -> bool:
+    """A peer host only this machine reaches: `localhost`, 127.0.0.0/8, ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def format_peers(peers) -> str:
     return ";".join(f"{p.peer_id}-{p.address}" for p in peers)
 
@@ -253,6 +269,13 @@ class ReplicationConfig:
     # dLegerPeerSecretFile): when set, the peer port admits only nodes that
     # prove they hold it (transport/framing.py, "peer authentication").
     peer_secret: str | None = attrs.field(default=None, repr=False)
+    # dLegerPeerInsecure: run a group whose peers listen beyond loopback
+    # without a secret (refused otherwise: see check_peer_secret).
+    peer_insecure: bool = False
+    # The peer port's caps on connections still in their handshake
+    # (TransportConfig.max_handshakes, max_handshakes_per_address).
+    peer_max_handshakes: int = 64
+    peer_max_handshakes_per_address: int = 16
 
     def __attrs_post_init__(self) -> None:
         ids = [p.peer_id for p in self.peers]
@@ -281,6 +304,22 @@ class ReplicationConfig:
         if not 10 <= self.disk_max_used_space_ratio <= 95:
             raise ConfigError("diskMaxUsedSpaceRatio", self.disk_max_used_space_ratio,
                               "must be in 10..95")
+        self.check_peer_secret()
+
+    def check_peer_secret(self) -> None:
+        """A group's peer ports admit anyone who reaches them unless a
+        secret is set: without one, every peer must listen on loopback
+        (nothing else can reach it), or the operator says so with
+        dLegerPeerInsecure=true."""
+        if self.peer_secret or self.peer_insecure:
+            return
+        exposed = [p.address for p in self.peers if not is_loopback(p.host)]
+        if exposed:
+            raise ConfigError("dLegerPeerSecret", None,
+                              f"not set, and dLegerPeers lists peers beyond loopback ({', '.join(exposed)}), whose "
+                              f"peer ports would let anyone who reaches them vote, append and truncate: set "
+                              f"dLegerPeerSecret (or dLegerPeerSecretFile), the same on every member, or "
+                              f"dLegerPeerInsecure=true to run the group unauthenticated")
 
     # --- derived values --------------------------------------------------------
 
@@ -328,8 +367,10 @@ class ReplicationConfig:
         return PeerAuth(self.peer_secret, self.group) if self.peer_secret else None
 
     def transport_config(self, **overrides) -> TransportConfig:
-        return TransportConfig(max_frame_size=self.peer_max_frame_size,
-                               send_queue_messages=self.peer_send_queue_size, **overrides)
+        return TransportConfig(**{
+            "max_frame_size": self.peer_max_frame_size, "send_queue_messages": self.peer_send_queue_size,
+            "max_handshakes": self.peer_max_handshakes,
+            "max_handshakes_per_address": self.peer_max_handshakes_per_address, **overrides})
 
     # --- parsing -------------------------------------------------------------
 
@@ -472,6 +513,9 @@ KEYS = {
     "peerMaxFrameSize": ("peer_max_frame_size", _int(1024, 0xFFFFFFFF)),
     "dLegerPeerSecret": ("peer_secret", _secret),
     "dLegerPeerSecretFile": ("peer_secret", _secret_file),
+    "dLegerPeerInsecure": ("peer_insecure", _bool),
+    "peerMaxHandshakes": ("peer_max_handshakes", _int(1, _JAVA_INT)),
+    "peerMaxHandshakesPerAddress": ("peer_max_handshakes_per_address", _int(1, _JAVA_INT)),
 }
 REQUIRED = ("dLegerGroup", "dLegerPeers", "dLegerSelfId")
 # Old RocketMQ spellings still found in broker.conf files.

@@ -165,6 +165,10 @@ class _AdminView:
         st["ledgerEndTerm"] = self.store.end_term
         st["ledgerEndPos"] = self.store.end_pos
         st["connectedPeers"] = sorted(self.transport.connected_peers())
+        ts = self.transport.stats()
+        st["peerPort"] = {"rejectedConnections": ts.rejected_connections, "cappedConnections": ts.capped_connections,
+                          "failedConnections": ts.failed_connections, "handshakes": ts.handshakes,
+                          "unfinishedBytes": ts.unfinished_bytes}
         return st
 
     def __getattr__(self, name):

@@ -44,6 +44,23 @@ class TransportConfig:
     recv_chunk_bytes: int = attrs.field(default=256 * 1024, validator=_positive)
     connect_timeout: float = attrs.field(default=1.0, validator=_positive)
     handshake_timeout: float = attrs.field(default=1.0, validator=_positive)
+    # Budgets against strangers (tcp.py): before the handshake completes a
+    # frame (HELLO, HELLO_OK, AUTH, REJECT) carries at most
+    # handshake_max_frame_size bytes, on both ends; at most max_handshakes
+    # inbound connections are in their handshake at once, and
+    # max_handshakes_per_address from one address (the rest are closed at
+    # once).  Established connections are one per member pair.
+    handshake_max_frame_size: int = attrs.field(default=8 * 1024, validator=_positive)
+    max_handshakes: int = attrs.field(default=64, validator=_positive)
+    max_handshakes_per_address: int = attrs.field(default=16, validator=_positive)
+    # After the handshake: bytes of DATA frames begun and not finished,
+    # across all connections (a reader waits for room before it reads on a
+    # frame that does not fit, and TCP pushes back on its sender; at least
+    # max_frame_size, so that any allowed frame fits), and how long one
+    # such frame may take to arrive before its connection is closed.
+    recv_budget_bytes: int = attrs.field(
+        default=attrs.Factory(lambda self: self.max_frame_size, takes_self=True), validator=_positive)
+    frame_read_timeout: float = attrs.field(default=30.0, validator=_positive)
     # Reconnect delay: min(backoff_max, backoff_initial * 2**attempt) scaled by
     # a uniform [0.5, 1) jitter so peers restarted together do not redial in
     # lockstep.  A connection that lived backoff_reset_after seconds resets
@@ -58,6 +75,8 @@ class TransportConfig:
             raise ValueError("max_frame_size must fit the u32 length field")
         if self.backoff_initial > self.backoff_max:
             raise ValueError("backoff_initial must be <= backoff_max")
+        if self.recv_budget_bytes < self.max_frame_size:
+            raise ValueError("recv_budget_bytes must be >= max_frame_size (a frame of any allowed size must fit)")
 
 
 def backoff_delay(cfg: TransportConfig, attempt: int, rng: random.Random) -> float:
@@ -91,6 +110,7 @@ class PeerStats:
     duplicated: int = 0
     reordered: int = 0
     bad_frames: int = 0
+    failures: int = 0  # connections ended by an unexpected error (logged with its traceback)
     last_error: str | None = None
 
     @property
@@ -103,8 +123,18 @@ class TransportStats:
     self_id: str
     peers: dict[str, PeerStats]
     # Inbound connections closed before or at the handshake: garbage, wrong
-    # group, unknown peer id, wrong dialing direction, handshake timeout.
+    # group, unknown peer id, wrong dialing direction, handshake timeout,
+    # a failed proof, an oversized handshake frame.
     rejected_connections: int = 0
+    # Inbound connections closed at once because max_handshakes (or the
+    # per-address cap) were under way.
+    capped_connections: int = 0
+    # Connections (inbound or dialled) ended by an unexpected error, each
+    # logged with its traceback; the transport itself keeps running.
+    failed_connections: int = 0
+    handshakes: int = 0          # inbound handshakes under way now
+    unfinished_bytes: int = 0    # recv_budget_bytes taken now by frames being read
+    budget_waits: int = 0        # times a reader waited for room in recv_budget_bytes
 
 
 @attrs.define
@@ -124,6 +154,7 @@ class Counters:
     duplicated: int = 0
     reordered: int = 0
     bad_frames: int = 0
+    failures: int = 0
     last_error: str | None = None
 
     def snapshot(self, peer_id: str, *, connected: bool, queued_messages: int = 0,

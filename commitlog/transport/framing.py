@@ -135,6 +135,15 @@ class FrameDecoder(ByteStreamDecoder):
         super().__init__()
         self.max_frame_size = max_frame_size
 
+    @property
+    def pending_length(self) -> int | None:
+        """The payload length of the frame whose header is in but whose
+        payload is not all in yet (None when no header waits; meaningful
+        after next_frame() returned NEED_DATA, which checked that header)."""
+        if len(self._buf) - self._pos < HEADER_SIZE:
+            return None
+        return HEADER.unpack_from(self._buf, self._pos)[3]
+
     def next_frame(self) -> Frame | Literal[_Event.NEED_DATA, _Event.CLOSED]:
         if self._error is not None:
             raise self._error

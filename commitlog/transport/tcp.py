@@ -29,7 +29,24 @@
 #
 # Failure handling: a bad frame, a reset, EOF or a write error ends that one
 # connection with a logged reason; the peer's queue survives for the next
-# connection.  Nothing a remote sends can end the transport's own tasks.
+# connection.  Any other exception in a connection's tasks (handshake,
+# reader, writer, the sink the reader hands messages to, a dial) ends that
+# connection the same way, counted (failed_connections) and logged with its
+# traceback.  Nothing a remote sends can end the transport's own tasks, and
+# lines a remote can cause at will are logged at a bounded rate.
+#
+# Budgets (TransportConfig): until the handshake completes -- for a node
+# with a secret, until the other end proved it -- a connection reads at
+# most one small frame (handshake_max_frame_size) at a time, must finish
+# within handshake_timeout, and holds one of max_handshakes slots (at most
+# max_handshakes_per_address from one address; a connection finding them
+# full is closed at once).  Established connections are one per member.
+# After the handshake a frame may be as large as max_frame_size, but the
+# bytes of frames begun and not finished, over all connections, stay within
+# recv_budget_bytes (a reader waits for room before reading on, and TCP
+# pushes back on its sender), and such a frame must be finished within
+# frame_read_timeout -- a member of a group without a secret may be a
+# stranger too.
 #
 # Membership changes: set_peers() replaces the peer set while running (the
 # replica shell calls it with the members of its configuration, addresses
@@ -53,6 +70,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from commitlog.ratelog import LogBudget
 from commitlog.transport.base import Counters, TransportConfig, TransportStats, backoff_delay
 from commitlog.transport.errors import FrameError, HandshakeError, UnknownPeerError
 from commitlog.transport.framing import HEADER_SIZE as FRAME_HEADER_SIZE
@@ -74,7 +92,8 @@ from commitlog.transport.framing import (
 
 log = logging.getLogger(__name__)
 
-# What a dying connection raises; anything else is a bug and propagates.
+# What a dying connection raises.  Anything else (a bug, or bytes nothing
+# here expected) ends that connection too, logged with its traceback.
 _CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                 FrameError, HandshakeError, trio.TooSlowError)
 
@@ -137,6 +156,28 @@ async def _read_frame(stream: trio.SocketStream, decoder: FrameDecoder, chunk: i
     return frame
 
 
+@attrs.define(eq=False)
+class _RecvBudget:
+    """Bytes of DATA frames begun and not finished, over all connections
+    (TransportConfig.recv_budget_bytes)."""
+
+    limit: int
+    used: int = 0
+    waits: int = 0
+    _freed: trio.Event = attrs.Factory(trio.Event)
+
+    async def take(self, n: int) -> None:
+        while self.used + n > self.limit:
+            self.waits += 1
+            await self._freed.wait()
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        freed, self._freed = self._freed, trio.Event()
+        freed.set()
+
+
 async def _send_reject(stream: trio.SocketStream, reason: str) -> None:
     # Best effort: the other side may already be gone or be no peer at all.
     with trio.move_on_after(0.2):
@@ -169,6 +210,11 @@ class PeerTransport:
         self._removed: set[str] = set()
         self._nursery: trio.Nursery | None = None  # where dial loops run (serve_peer_transport)
         self.rejected_connections = 0
+        self.capped_connections = 0
+        self.failed_connections = 0
+        self._handshakes: collections.Counter = collections.Counter()  # remote address -> under way
+        self._budget = _RecvBudget(cfg.recv_budget_bytes)
+        self._log = LogBudget()  # lines strangers can cause
         self.listen_addresses: list[tuple[str, int]] = []
 
     # --- public API ------------------------------------------------------
@@ -296,8 +342,9 @@ class PeerTransport:
 
     async def wait_state(self, predicate: Callable[[TransportStats], bool]) -> TransportStats:
         """Wait until predicate(stats()) holds; re-checked whenever a
-        connection comes up, goes down or a dial attempt fails (not per
-        frame).  Returns the stats that satisfied it."""
+        connection comes up, goes down, begins or ends its handshake, is
+        refused at the caps, or a dial attempt fails (not per frame).
+        Returns the stats that satisfied it."""
         while not predicate(stats := self.stats()):
             await self._changed.wait()
         return stats
@@ -307,7 +354,8 @@ class PeerTransport:
             p.peer_id: p.counters.snapshot(p.peer_id, connected=p.conn is not None,
                                            queued_messages=len(p.queue),
                                            queued_bytes=p.queued_bytes)
-            for p in self._peers.values()}, self.rejected_connections)
+            for p in self._peers.values()}, self.rejected_connections, self.capped_connections,
+            self.failed_connections, sum(self._handshakes.values()), self._budget.used, self._budget.waits)
 
     # --- queue -----------------------------------------------------------
 
@@ -398,7 +446,9 @@ class PeerTransport:
     async def _reader(self, peer: _Peer, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
         c = peer.counters
         while True:
-            frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+            frame = decoder.next_frame()
+            if frame is NEED_DATA:
+                frame = await self._finish_frame(stream, decoder)
             if frame is CLOSED:
                 raise _PeerClosed("closed by peer")
             if frame.kind != FrameKind.DATA:
@@ -412,6 +462,34 @@ class PeerTransport:
                 full = sink(peer.peer_id, frame.payload)
                 if full is not None:
                     await full.wait()
+
+    async def _finish_frame(self, stream: trio.SocketStream, decoder: FrameDecoder):
+        """Read until the decoder holds a whole frame (or the stream ended).
+        A frame whose payload is not all in takes its length out of the
+        receive budget before more is read, and gives it back once it is
+        whole or its connection is gone; it must be finished within
+        frame_read_timeout."""
+        cfg = self.cfg
+        chunk = cfg.recv_chunk_bytes
+        taken = 0
+        deadline = 0.0
+        try:
+            while (frame := decoder.next_frame()) is NEED_DATA:
+                if not taken and (need := decoder.pending_length):
+                    await self._budget.take(need)
+                    taken = need
+                    deadline = trio.current_time() + cfg.frame_read_timeout
+                if not taken:  # between frames: a connection may idle
+                    decoder.receive_data(await stream.receive_some(chunk))
+                    continue
+                with trio.move_on_at(deadline):
+                    decoder.receive_data(await stream.receive_some(chunk))
+                    continue
+                raise FrameError(f"a frame of {taken} bytes not finished within {cfg.frame_read_timeout} s")
+            return frame
+        finally:
+            if taken:
+                self._budget.give(taken)
 
     async def _run_connection(self, peer: _Peer, stream: trio.SocketStream,
                               decoder: FrameDecoder, remote: str) -> None:
@@ -440,6 +518,10 @@ class PeerTransport:
                 reason = str(exc)
             except _CONN_ERRORS as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                reason = f"unexpected {type(exc).__name__}: {exc}"
+                peer.counters.failures += 1
+                self._failed(f"connection with {peer.peer_id} ({remote})", exc)
             nursery.cancel_scope.cancel()
 
         try:
@@ -455,10 +537,19 @@ class PeerTransport:
             if peer.conn is conn:
                 peer.conn = None
                 self._notify()
-            level = logging.WARNING if reason.startswith("bad frame") else logging.INFO
-            log.log(level, "%s: connection with %s (%s) closed: %s", self.self_id,
-                    peer.peer_id, remote, reason)
+            if reason.startswith(("bad frame", "unexpected")):
+                self._log.log(log, logging.WARNING, trio.current_time(), "%s: connection with %s (%s) closed: %s",
+                              self.self_id, peer.peer_id, remote, reason)
+            else:
+                log.info("%s: connection with %s (%s) closed: %s", self.self_id, peer.peer_id, remote, reason)
             await trio.aclose_forcefully(stream)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """An unexpected error ended one connection: count it, log it with
+        its traceback (at a bounded rate); the transport goes on."""
+        self.failed_connections += 1
+        self._log.log(log, logging.ERROR, trio.current_time(), "%s: %s failed: %s: %s", self.self_id, what,
+                      type(exc).__name__, exc, exc_info=exc)
 
     # --- dialing -----------------------------------------------------------
 
@@ -472,11 +563,15 @@ class PeerTransport:
         while True:
             try:
                 stream, decoder, remote = await self._dial(peer)
-            except _CONN_ERRORS as exc:
-                reason = str(exc) or type(exc).__name__
-                # Log the first failure of a streak; a peer that is down
-                # would otherwise log every backoff step.
-                if peer.counters.last_error != reason:
+            except Exception as exc:
+                expected = isinstance(exc, _CONN_ERRORS)
+                reason = (str(exc) or type(exc).__name__) if expected else f"unexpected {type(exc).__name__}: {exc}"
+                if not expected:
+                    peer.counters.failures += 1
+                    self._failed(f"dialling {peer.peer_id} at {peer.addr[0]}:{peer.addr[1]}", exc)
+                elif peer.counters.last_error != reason:
+                    # Log the first failure of a streak; a peer that is down
+                    # would otherwise log every backoff step.
                     level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.INFO
                     log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.self_id,
                             peer.peer_id, *peer.addr, reason)
@@ -497,12 +592,12 @@ class PeerTransport:
         try:
             _set_nodelay(stream)
             remote = _peername(stream)
-            decoder = FrameDecoder(self.cfg.max_frame_size)
+            decoder = FrameDecoder(self._handshake_max)
             nonce = PeerAuth.new_nonce() if self.auth is not None else ""
             hello = Hello(self.group, self.self_id, peer.peer_id, self._identity_text, nonce=nonce)
             await stream.send_all(encode_frame(hello.encode(), FrameKind.HELLO))
             with trio.fail_after(self.cfg.handshake_timeout):
-                frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+                frame = await _read_frame(stream, decoder, self._handshake_chunk)
             if frame is CLOSED:
                 raise HandshakeError(f"{peer.peer_id} closed the connection during the handshake")
             if frame.kind == FrameKind.REJECT:
@@ -529,6 +624,7 @@ class PeerTransport:
             mismatch = identity_mismatch(self.self_id, self.identity, peer.peer_id, decode_identity(reply.identity))
             if mismatch is not None:
                 raise _IdentityMismatch(mismatch)
+            decoder.max_frame_size = self.cfg.max_frame_size  # a member now: DATA frames of any allowed size
             return stream, decoder, remote
         except BaseException:
             await trio.aclose_forcefully(stream)
@@ -560,7 +656,7 @@ class PeerTransport:
         proof = self.auth.proof("acceptor", hello.src, self.self_id, hello.nonce, nonce)
         reply = Hello(self.group, self.self_id, hello.src, self._identity_text, nonce=nonce, proof=proof)
         await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
-        frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
+        frame = await _read_frame(stream, decoder, self._handshake_chunk)
         if frame is CLOSED:
             raise HandshakeError("closed during peer authentication")
         if frame.kind != FrameKind.AUTH:
@@ -571,51 +667,97 @@ class PeerTransport:
             raise _AuthFailed(f"peer authentication failed: the dialer claiming to be {hello.src!r} does not "
                               f"hold this group's dLegerPeerSecret")
 
+    @property
+    def _handshake_max(self) -> int:
+        return min(self.cfg.handshake_max_frame_size, self.cfg.max_frame_size)
+
+    @property
+    def _handshake_chunk(self) -> int:
+        # Reads before the handshake completes take no more than one
+        # handshake frame's worth at a time.
+        return min(self.cfg.recv_chunk_bytes, self._handshake_max + FRAME_HEADER_SIZE)
+
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         remote = _peername(stream)
         try:
-            _set_nodelay(stream)
-            decoder = FrameDecoder(self.cfg.max_frame_size)
-            try:
-                with trio.fail_after(self.cfg.handshake_timeout):
-                    frame = await _read_frame(stream, decoder, self.cfg.recv_chunk_bytes)
-                    if frame is CLOSED:
-                        raise HandshakeError("closed before the handshake")
-                    if frame.kind != FrameKind.HELLO:
-                        raise HandshakeError(f"expected HELLO, got {frame.kind.name}")
-                    hello = decode_hello(frame.payload)
-                    # With a secret, nothing the dialer claims (its log
-                    # identity included) is believed before it proved itself.
-                    reason = self._check_hello(hello, identity=self.auth is None)
-                    if reason is None and self.auth is not None:
-                        await self._authenticate(stream, decoder, hello)
-                        reason = self._check_hello(hello)
-                    if reason is not None:
-                        if reason.startswith("log identity differs"):
-                            self._peers[hello.src].counters.last_error = reason
-                            raise _IdentityMismatch(reason)
-                        raise HandshakeError(reason)
-                    if self.auth is None:
-                        reply = Hello(self.group, self.self_id, hello.src, self._identity_text)
-                        await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
-            except _CONN_ERRORS as exc:
-                self.rejected_connections += 1
-                if isinstance(exc, FrameError):
-                    reason = f"bad frame: {exc}"
-                elif isinstance(exc, trio.TooSlowError):
-                    reason = f"no handshake within {self.cfg.handshake_timeout} s"
-                else:
-                    reason = str(exc) or type(exc).__name__
-                level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.WARNING
-                log.log(level, "%s: rejected inbound connection from %s: %s", self.self_id,
-                        remote, reason)
-                await _send_reject(stream, reason)
-                return
-            peer = self._peers.get(hello.src)
-            if peer is not None:  # (unless removed during the handshake)
-                await self._run_connection(peer, stream, decoder, remote)
+            accepted = await self._accept(stream, remote)
+            if accepted is not None:
+                hello, decoder = accepted
+                peer = self._peers.get(hello.src)
+                if peer is not None:  # (unless removed during the handshake)
+                    await self._run_connection(peer, stream, decoder, remote)
+        except Exception as exc:
+            self._failed(f"inbound connection from {remote}", exc)
         finally:
             await trio.aclose_forcefully(stream)
+
+    async def _accept(self, stream: trio.SocketStream, remote: str) -> tuple[Hello, FrameDecoder] | None:
+        """The acceptor's handshake inside its budgets: a slot among
+        max_handshakes (and max_handshakes_per_address), small frames, the
+        handshake timeout.  The dialer's Hello and the decoder (now taking
+        frames of any allowed size) once it is a member, else None (the
+        connection was refused, with a REJECT where one is due)."""
+        cfg = self.cfg
+        address = remote.rpartition(":")[0]
+        under_way = self._handshakes
+        if sum(under_way.values()) >= cfg.max_handshakes or under_way[address] >= cfg.max_handshakes_per_address:
+            self.capped_connections += 1
+            self._log.log(log, logging.WARNING, trio.current_time(),
+                          "%s: refused inbound connection from %s at once: %d handshakes under way, %d from "
+                          "that address (caps %d, %d per address)", self.self_id, remote, sum(under_way.values()),
+                          under_way[address], cfg.max_handshakes, cfg.max_handshakes_per_address)
+            self._notify()
+            return None
+        under_way[address] += 1
+        self._notify()
+        try:
+            return await self._handshake_inbound(stream, remote)
+        finally:
+            under_way[address] -= 1
+            if not under_way[address]:
+                del under_way[address]
+            self._notify()
+
+    async def _handshake_inbound(self, stream: trio.SocketStream, remote: str) -> tuple[Hello, FrameDecoder] | None:
+        _set_nodelay(stream)
+        decoder = FrameDecoder(self._handshake_max)
+        try:
+            with trio.fail_after(self.cfg.handshake_timeout):
+                frame = await _read_frame(stream, decoder, self._handshake_chunk)
+                if frame is CLOSED:
+                    raise HandshakeError("closed before the handshake")
+                if frame.kind != FrameKind.HELLO:
+                    raise HandshakeError(f"expected HELLO, got {frame.kind.name}")
+                hello = decode_hello(frame.payload)
+                # With a secret, nothing the dialer claims (its log
+                # identity included) is believed before it proved itself.
+                reason = self._check_hello(hello, identity=self.auth is None)
+                if reason is None and self.auth is not None:
+                    await self._authenticate(stream, decoder, hello)
+                    reason = self._check_hello(hello)
+                if reason is not None:
+                    if reason.startswith("log identity differs"):
+                        self._peers[hello.src].counters.last_error = reason
+                        raise _IdentityMismatch(reason)
+                    raise HandshakeError(reason)
+                if self.auth is None:
+                    reply = Hello(self.group, self.self_id, hello.src, self._identity_text)
+                    await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
+        except _CONN_ERRORS as exc:
+            self.rejected_connections += 1
+            if isinstance(exc, FrameError):
+                reason = f"bad frame: {exc}"
+            elif isinstance(exc, trio.TooSlowError):
+                reason = f"no handshake within {self.cfg.handshake_timeout} s"
+            else:
+                reason = str(exc) or type(exc).__name__
+            level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.WARNING
+            self._log.log(log, level, trio.current_time(), "%s: rejected inbound connection from %s: %s",
+                          self.self_id, remote, reason)
+            await _send_reject(stream, reason)
+            return None
+        decoder.max_frame_size = self.cfg.max_frame_size  # a member now: DATA frames of any allowed size
+        return hello, decoder
 
 
 async def serve_peer_transport(cfg: TransportConfig, self_id: str,

@@ -1,6 +1,9 @@
 # Tests of commitlog/config.py: the Java-properties reader, the sample
 # RocketMQ-on-DLedger broker.conf, strict peers parsing, warnings for
-# unknown keys, and the validation of timing and store settings.
+# unknown keys, the validation of timing and store settings, and the peer
+# secret a group beyond loopback must have.
+import socket
+
 import pytest
 
 from commitlog.config import (
@@ -87,7 +90,7 @@ def test_all_keys_parsed(tmp_path):
         "maxWaitAckTimeMs=900", "maxPushTimeOutMs=200", "mappedFileSizeCommitLog=4096",
         "mappedFileSizeForEntryIndex=3200", "fileReservedTime=48", "deleteWhen=03;01",
         "diskMaxUsedSpaceRatio=88", "adminPort=0", "peerSendQueueSize=9",
-        "peerMaxFrameSize=2048",
+        "peerMaxFrameSize=2048", "dLegerPeerInsecure=true", "peerMaxHandshakes=5", "peerMaxHandshakesPerAddress=2",
     ])
     cfg, warnings = ReplicationConfig.from_properties(text)
     assert warnings == []
@@ -102,8 +105,10 @@ def test_all_keys_parsed(tmp_path):
     assert (cfg.mapped_file_size_commitlog, cfg.mapped_file_size_entry_index) == (4096, 3200)
     assert cfg.file_reserved_hours == 49 and cfg.delete_when == (1, 3)
     assert cfg.disk_space_ratio == 0.88 and cfg.admin_port == 0
+    assert cfg.peer_insecure is True
     tc = cfg.transport_config()
     assert (tc.send_queue_messages, tc.max_frame_size) == (9, 2048)
+    assert (tc.max_handshakes, tc.max_handshakes_per_address, tc.recv_budget_bytes) == (5, 2, 2048)
 
 
 def test_from_dict_accepts_native_types():
@@ -237,13 +242,62 @@ def test_disk_ratio_clamped_like_rocketmq():
 
 def test_self_id_without_digits_warns():
     cfg, warnings = ReplicationConfig.from_dict(
-        {"dLegerGroup": "g", "dLegerPeers": "alpha-h:1;beta-h:2", "dLegerSelfId": "alpha"})
+        {"dLegerGroup": "g", "dLegerPeers": "alpha-localhost:1;beta-localhost:2", "dLegerSelfId": "alpha"})
     assert cfg.self_id == "alpha"
     assert len(warnings) == 1 and "n<digits>" in warnings[0]
 
 
 def test_direct_construction_validates():
     peers = parse_peers("n0-h:1;n1-h:2")
-    assert ReplicationConfig("g", peers, "n0").election_timeout_max_ms == 600
+    assert ReplicationConfig("g", peers, "n0", peer_insecure=True).election_timeout_max_ms == 600
     with pytest.raises(ConfigError, match="dLegerSelfId='x'"):
         ReplicationConfig("g", peers, "x")
+    with pytest.raises(ConfigError, match="^dLegerPeerSecret: not set"):
+        ReplicationConfig("g", peers, "n0")
+
+
+# --- the peer secret by default ---------------------------------------------------
+
+
+def own_address() -> str:
+    """This machine's own address beyond loopback (the one its default
+    route leaves from; no packet is sent), or a private one if it has none."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.1", 9))
+            host = s.getsockname()[0]
+        except OSError:
+            host = "127.0.0.1"
+    return host if not host.startswith("127.") else "10.1.2.3"
+
+
+@pytest.mark.parametrize("host", ["10.0.0.5", "192.168.1.20", "broker-a.svc.local", "0.0.0.0", own_address()])
+def test_peers_beyond_loopback_need_a_secret_or_an_explicit_insecure(host, tmp_path):
+    peers = f"n0-{host}:40911;n1-127.0.0.1:40912"
+    with pytest.raises(ConfigError) as info:
+        ReplicationConfig.from_dict({**BASE, "dLegerPeers": peers, "dLegerSelfId": "n1"})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("dLegerPeerSecret: not set")
+    assert f"{host}:40911" in message and "dLegerPeerInsecure=true" in message
+    assert "127.0.0.1:40912" not in message  # only the exposed peers are named
+    cfg, _ = ReplicationConfig.from_dict({**BASE, "dLegerPeers": peers, "dLegerSelfId": "n1",
+                                          "dLegerPeerInsecure": "true"})
+    assert cfg.peer_auth() is None and cfg.peer_insecure
+    cfg, _ = ReplicationConfig.from_dict({**BASE, "dLegerPeers": peers, "dLegerSelfId": "n1",
+                                          "dLegerPeerSecret": "0123456789abcdef-secret"})
+    assert cfg.peer_auth() is not None
+    (tmp_path / "peer.secret").write_text("0123456789abcdef-from-a-file\n")
+    cfg, _ = ReplicationConfig.from_dict({**BASE, "dLegerPeers": peers, "dLegerSelfId": "n1",
+                                          "dLegerPeerSecretFile": str(tmp_path / "peer.secret")})
+    assert cfg.peer_auth() is not None
+    with pytest.raises(ConfigError, match="dLegerPeerInsecure='maybe': expected true or false"):
+        ReplicationConfig.from_dict({**BASE, "dLegerPeers": peers, "dLegerSelfId": "n1",
+                                     "dLegerPeerInsecure": "maybe"})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.4.5", "localhost", "LOCALHOST", "[::1]"])
+def test_loopback_groups_run_without_a_secret(host):
+    cfg, warnings = ReplicationConfig.from_dict(
+        {**BASE, "dLegerPeers": f"n0-{host}:40911;n1-{host}:40912", "dLegerSelfId": "n1"})
+    assert cfg.peer_auth() is None and not cfg.peer_insecure and warnings == []
