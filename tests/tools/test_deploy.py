@@ -1,6 +1,7 @@
 # What an operator deploys from the repository: the sample configs
 # (conf/dledger/broker-n*.conf, conf/namesrv.conf) load without a warning
-# and form one group; the systemd units start the console scripts with
+# and form one group, whose members authenticate each other with the peer
+# secret file the samples name; the systemd units start the console scripts with
 # those configs (and systemd itself accepts the files); the package carries
 # its license, classifiers and py.typed markers; the README's table of
 # request codes is the one the code generates.
@@ -18,11 +19,28 @@ CONF = REPO_ROOT / "conf"
 UNITS = REPO_ROOT / "deploy" / "systemd"
 
 
-def test_sample_dledger_group_loads_cleanly_and_is_one_group():
+SECRET_FILE = "/etc/ledgermq/peer.secret"
+
+
+def installed(sample: str, tmp_path) -> str:
+    """The sample as installed: its peer secret file created (here under
+    tmp_path, where the sample names /etc/ledgermq/peer.secret)."""
+    text = (CONF / "dledger" / sample).read_text()
+    assert f"dLegerPeerSecretFile = {SECRET_FILE}\n" in text, f"{sample} carries no peer secret"
+    secret = tmp_path / "peer.secret"
+    if not secret.exists():
+        secret.write_text("c2FtcGxlLXNlY3JldC1mb3ItdGhlLXRlc3Q=\n")
+    path = tmp_path / sample
+    path.write_text(text.replace(SECRET_FILE, str(secret)))
+    return str(path)
+
+
+def test_sample_dledger_group_loads_cleanly_and_is_one_group(tmp_path):
     cfgs = []
     for i in range(3):
-        cfg, warnings = load_broker_config(CONF / "dledger" / f"broker-n{i}.conf")
+        cfg, warnings = load_broker_config(installed(f"broker-n{i}.conf", tmp_path))
         assert warnings == [], (i, warnings)
+        assert cfg.replication.peer_auth() is not None, i   # the group authenticates its peers
         cfgs.append(cfg)
     assert [c.self_id for c in cfgs] == ["n0", "n1", "n2"]
     assert len({c.replication.peers for c in cfgs}) == 1 and len({c.broker_name for c in cfgs}) == 1
