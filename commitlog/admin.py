@@ -14,6 +14,15 @@
 #                                                          parks on the commit watermark
 #            {"op": "load", "count": N, "size": S, "window": W, "batch": B}
 # Replies:   {"ok": true, ...} or {"ok": false, "error": "...", "type": "NotLeaderError", ...}
+#
+# Bad input costs its sender, never the node: a request that fails for any
+# reason is answered with its error (and the connection goes on); a line
+# longer than MAX_LINE, or anything else going wrong on a connection, closes
+# that connection only, logged with the address at a bounded rate.  At most
+# MAX_CONNECTIONS are served at once (MAX_CONNECTIONS x MAX_LINE bytes of
+# request lines at most); timeouts and the load's parameters are bounded.
+# The counts land in the node's stats (admin_bad_requests,
+# admin_failed_connections, admin_refused_connections).
 import base64
 import json
 import logging
@@ -23,14 +32,32 @@ import time
 import trio
 
 from commitlog.errors import CommitLogError, NotLeaderError
+from commitlog.ratelog import LogBudget
 
 log = logging.getLogger("ledgermq.admin")
 
 MAX_LINE = 16 * 1024 * 1024
+MAX_CONNECTIONS = 8
+MAX_TIMEOUT = 600.0
+_LOAD_LIMITS = {"count": 10_000_000, "size": 16 * 1024 * 1024, "window": 1024, "batch": 10_000}
 
 
 class AdminError(Exception):
     """A malformed admin request (answered, never fatal to the node)."""
+
+
+def _timeout(req: dict, default: float) -> float:
+    value = float(req.get("timeout", default))
+    if not 0 < value <= MAX_TIMEOUT:   # (also refuses NaN)
+        raise AdminError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {value}")
+    return value
+
+
+def _load_arg(req: dict, name: str, default: int) -> int:
+    value = int(req.get(name, default))
+    if not 1 <= value <= _LOAD_LIMITS[name]:
+        raise AdminError(f"load {name} must be in 1..{_LOAD_LIMITS[name]}, got {value}")
+    return value
 
 
 async def handle_request(node, req: dict) -> dict:
@@ -41,10 +68,10 @@ async def handle_request(node, req: dict) -> dict:
         target = req.get("to")
         if not isinstance(target, str):
             raise AdminError("transfer needs 'to': a peer id")
-        await node.transfer_leadership(target, timeout=float(req.get("timeout", 3.0)))
+        await node.transfer_leadership(target, timeout=_timeout(req, 3.0))
         return {"ok": True, **node.status()}
     if op == "append":
-        bodies = [base64.b64decode(b) for b in req.get("bodies", [])]
+        bodies = [base64.b64decode(b, validate=True) for b in req.get("bodies", [])]
         placed = await node.append(bodies)
         return {"ok": True, "entries": [[i, p] for i, p in placed]}
     if op == "read":
@@ -56,13 +83,13 @@ async def handle_request(node, req: dict) -> dict:
     if op == "wait_committed":
         # Waits on the node's commit watermark, so callers need not poll.
         try:
-            await node.committed.wait_for(int(req["index"]), timeout=float(req.get("timeout", 10.0)))
+            await node.committed.wait_for(int(req["index"]), timeout=_timeout(req, 10.0))
         except trio.TooSlowError:
             raise AdminError(f"committed index did not reach {req['index']} in time") from None
         return {"ok": True, **node.status()}
     if op == "load":
-        return {"ok": True, **await run_load(node, int(req.get("count", 10000)), int(req.get("size", 1024)),
-                                             int(req.get("window", 1)), int(req.get("batch", 1)))}
+        return {"ok": True, **await run_load(node, _load_arg(req, "count", 10000), _load_arg(req, "size", 1024),
+                                             _load_arg(req, "window", 1), _load_arg(req, "batch", 1))}
     raise AdminError(f"unknown op {op!r}")
 
 
@@ -116,46 +143,105 @@ def _error_reply(exc: BaseException) -> dict:
     return reply
 
 
-async def _serve_connection(node, stream: trio.SocketStream) -> None:
-    buf = b""
+async def _answer(node, line: bytes, remote: str) -> dict:
+    """The reply to one request line: its result, or its error (any)."""
     try:
-        async with stream:
-            while True:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buf += data
-                if len(buf) > MAX_LINE:
-                    await stream.send_all(json.dumps({"ok": False, "error": "request line too long"}).encode() + b"\n")
-                    return
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    try:
-                        req = json.loads(line)
-                        if not isinstance(req, dict):
-                            raise AdminError("a request is a JSON object")
-                        reply = await handle_request(node, req)
-                    except (AdminError, CommitLogError, ValueError, KeyError, TypeError) as exc:
-                        reply = _error_reply(exc)
-                    await stream.send_all(json.dumps(reply).encode() + b"\n")
-    except trio.BrokenResourceError:
-        return
+        req = json.loads(line)
+        if not isinstance(req, dict):
+            raise AdminError("a request is a JSON object")
+        return await handle_request(node, req)
+    except CommitLogError as exc:  # the node's own answers: not the leader, not committed in time, ...
+        return _error_reply(exc)
+    except (AdminError, ValueError, KeyError, TypeError) as exc:
+        _count(node, "admin_bad_requests")
+        return _error_reply(exc)
+    except Exception as exc:  # whatever else a request provokes (RecursionError, OverflowError, a timeout...)
+        _count(node, "admin_bad_requests")
+        _LOG.log(log, logging.WARNING, trio.current_time(), "admin request from %s failed: %s: %s", remote,
+                 type(exc).__name__, exc)
+        return _error_reply(exc)
+
+
+async def _serve_connection(node, stream: trio.SocketStream, remote: str) -> None:
+    buf = bytearray()
+    scanned = 0  # bytes of buf known to hold no newline
+    while True:
+        nl = buf.find(b"\n", scanned)
+        if nl < 0:
+            scanned = len(buf)
+            if len(buf) > MAX_LINE:
+                _count(node, "admin_failed_connections")
+                _LOG.log(log, logging.WARNING, trio.current_time(),
+                         "admin connection from %s closed: request line over %d bytes", remote, MAX_LINE)
+                await stream.send_all(_line({"ok": False, "error": "request line too long"}))
+                return
+            data = await stream.receive_some(65536)
+            if not data:
+                return
+            buf += data
+            continue
+        line = bytes(buf[:nl])
+        del buf[:nl + 1]
+        scanned = 0
+        if line.strip():
+            await stream.send_all(_line(await _answer(node, line, remote)))
+
+
+def _line(reply: dict) -> bytes:
+    return json.dumps(reply).encode() + b"\n"
+
+
+def _count(node, key: str) -> None:
+    stats = getattr(node, "stats", None)
+    if stats is not None:
+        stats[key] += 1
+
+
+_LOG = LogBudget()  # lines a local caller can cause at will
 
 
 async def serve_admin(node, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     log.info("admin port listening on %s:%d", host, bound)
+    open_connections = 0
 
     async def handler(stream):
-        await _serve_connection(node, stream)
+        nonlocal open_connections
+        remote = _peer(stream)
+        async with stream:
+            if open_connections >= MAX_CONNECTIONS:
+                _count(node, "admin_refused_connections")
+                _LOG.log(log, logging.WARNING, trio.current_time(),
+                         "admin connection from %s refused: %d open", remote, open_connections)
+                with trio.move_on_after(1):
+                    await stream.send_all(_line({"ok": False, "error": f"{MAX_CONNECTIONS} admin connections "
+                                                                      f"open; try again"}))
+                return
+            open_connections += 1
+            try:
+                await _serve_connection(node, stream, remote)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            except Exception as exc:
+                _count(node, "admin_failed_connections")
+                _LOG.log(log, logging.WARNING, trio.current_time(), "admin connection from %s failed: %s: %s",
+                         remote, type(exc).__name__, exc, exc_info=exc)
+            finally:
+                open_connections -= 1
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, listeners)
         task_status.started(bound)
         await trio.sleep(math.inf)
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
 
 
 async def admin_call(host: str, port: int, req: dict, timeout: float = 10.0) -> dict:
