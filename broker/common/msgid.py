@@ -33,7 +33,7 @@ def parse_offset_msg_id(msg_id: str) -> tuple[HostAddr, int]:
     try:
         raw = bytes.fromhex(msg_id)
     except ValueError:
-        raise MessageFormatError(f"offsetMsgId is not hex: {msg_id!r}") from None
+        raise MessageFormatError(f"offsetMsgId is not hex: {msg_id[:64]!r}") from None
     ip_len = 4 if len(msg_id) == 32 else 16
     if len(raw) != ip_len + 12:
         raise MessageFormatError(f"offsetMsgId has {len(msg_id)} chars; expected 32 or 56")
@@ -54,7 +54,7 @@ def parse_uniq_key(key: str) -> UniqKeyInfo:
     try:
         raw = bytes.fromhex(key)
     except ValueError:
-        raise MessageFormatError(f"UNIQ_KEY is not hex: {key!r}") from None
+        raise MessageFormatError(f"UNIQ_KEY is not hex: {key[:64]!r}") from None
     if len(raw) not in (16, 28):
         raise MessageFormatError(f"UNIQ_KEY has {len(raw)} bytes; expected 16 or 28")
     ip_len = len(raw) - 12

@@ -45,9 +45,16 @@ def check_group_name(name: str) -> str:
     return name
 
 
+def _shown(value: object) -> str:
+    """A value from a JSON body, for an error message: bounded."""
+    text = repr(value) if type(value) is not list and type(value) is not dict else \
+        f"a JSON {'array' if type(value) is list else 'object'} of {len(value)}"
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
 def _int32(_inst, attr, value):
     if isinstance(value, bool) or not isinstance(value, int) or not _INT32[0] <= value <= _INT32[1]:
-        raise InvalidMetadataError(f"{attr.name} must be a 32-bit int, got {value!r}")
+        raise InvalidMetadataError(f"{attr.name} must be a 32-bit int, got {_shown(value)}")
 
 
 def _nonneg32(inst, attr, value):
@@ -58,14 +65,14 @@ def _nonneg32(inst, attr, value):
 
 def _bool(_inst, attr, value):
     if not isinstance(value, bool):
-        raise InvalidMetadataError(f"{attr.name} must be a boolean, got {value!r}")
+        raise InvalidMetadataError(f"{attr.name} must be a boolean, got {_shown(value)}")
 
 
 def _str_map(value) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise InvalidMetadataError(f"attributes must map strings to strings, got {value!r}")
+        raise InvalidMetadataError(f"attributes must map strings to strings, got {_shown(value)}")
     return dict(sorted(value.items()))
 
 
@@ -118,12 +125,12 @@ class TopicConfig:
     def _perm(self, _attr, value):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 15:
             raise InvalidMetadataError(f"perm must be a combination of PRIORITY 8 | READ 4 | WRITE 2 | "
-                                       f"INHERIT 1, got {value!r}")
+                                       f"INHERIT 1, got {_shown(value)}")
 
     @topic_filter_type.validator
     def _filter(self, _attr, value):
         if value not in FILTER_TYPES:
-            raise InvalidMetadataError(f"topicFilterType must be one of {FILTER_TYPES}, got {value!r}")
+            raise InvalidMetadataError(f"topicFilterType must be one of {FILTER_TYPES}, got {_shown(value)}")
 
     _FIELDS = {"topicName": "topic_name", "readQueueNums": "read_queue_nums",
                "writeQueueNums": "write_queue_nums", "perm": "perm", "topicFilterType": "topic_filter_type",

@@ -214,6 +214,18 @@ class _HeaderError(Exception):
     """Internal: a bad header; decode_header() adds the opaque if known."""
 
 
+def _shown(value: object) -> str:
+    """A header value for an error message: bounded, and never the repr of
+    a nested value (which recurses)."""
+    if type(value) is list or type(value) is dict:
+        return f"a JSON {'array' if type(value) is list else 'object'} of {len(value)}"
+    try:
+        text = repr(value)
+    except ValueError:  # an integer of more digits than repr() writes
+        return "an integer of thousands of digits"
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
 def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) -> int:
     value = obj.get(key)
     if type(value) is int and bounds[0] <= value <= bounds[1]:
@@ -221,14 +233,14 @@ def _json_int(obj: dict, key: str, default: int, bounds: tuple[int, int] = I32) 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _HeaderError(f"header field {key!r} is not an integer: {value!r}")
+        raise _HeaderError(f"header field {key!r} is not an integer: {_shown(value)}")
     if isinstance(value, str):
         # fastjson reads "105" into an int field; so do we.
         if not _INT_TEXT.fullmatch(value):
-            raise _HeaderError(f"header field {key!r} is not an integer: {value!r}")
+            raise _HeaderError(f"header field {key!r} is not an integer: {_shown(value)}")
         value = int(value)
     if not bounds[0] <= value <= bounds[1]:
-        raise _HeaderError(f"header field {key!r}={value} is out of range")
+        raise _HeaderError(f"header field {key!r}={_shown(value)} is out of range")
     return value
 
 

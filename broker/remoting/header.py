@@ -68,7 +68,7 @@ class HeaderReader:
             if number <= bounds[1]:
                 return number
         if not _INT.fullmatch(value) or not bounds[0] <= int(value) <= bounds[1]:
-            raise _bad(f"the custom field <{name}> is not a valid {java}: {value!r}")
+            raise _bad(f"the custom field <{name}> is not a valid {java}: {value[:64]!r}")
         return int(value)
 
     def int(self, name: str, default: object = _REQUIRED):

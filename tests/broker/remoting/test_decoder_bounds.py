@@ -173,3 +173,17 @@ def test_the_c_scanner_declines_what_the_decoder_refuses_and_takes_the_rest():
     assert type(run).__name__ == "SendRun" and len(run) == 1
     err = refused(send_header({**extra, "y": "v"}))
     assert err.opaque == 99
+
+
+@pytest.mark.parametrize("field", ["code", "opaque", "flag", "version", "language", "serializeTypeCurrentRPC"])
+def test_header_fields_of_any_type_and_depth_are_refused_or_read(field):
+    # Found by the live fuzzer: the error message for a nested opaque took
+    # its repr, which recursed.  Every header field, as a deep value.
+    for value in (nested(995), nested(40, '"x"'), '"' + "9" * 5000 + '"', "1e999", '"' + "x" * 100_000 + '"'):
+        head = {"code": "10", "opaque": "7", "flag": "0", "version": "479", field: value}
+        header = ("{" + ",".join(f'"{k}":{v}' for k, v in head.items()) + ',"extFields":{}}').encode()
+        for dec in decoders():
+            try:
+                decode_stream(frame(header), dec)
+            except RemoteProtocolError as e:
+                assert len(e.reason) < 300
