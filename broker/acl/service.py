@@ -1,7 +1,11 @@
 # Owns the running ACL of a broker or name server: the rules in force, the
 # check the composition root puts in front of dispatch (AclService.check:
 # refusals answered as RocketMQ answers them, SYSTEM_ERROR with the
-# AclException text, and logged), and reloading the file when it changes.
+# AclException text, and logged -- the one place an AclDenied becomes an
+# answer), what each connection authenticated as (the accessKeys whose
+# signed requests it sent), the check-back filter built on that
+# (may_check_back), the store lookup requests naming a commitlog offset are
+# judged with (message_lookup), and reloading the file when it changes.
 #
 # Reloading (RocketMQ's AclFileWatchService): the directory of the file is
 # watched with inotify, so an edit in place, an editor's write-and-rename and
@@ -10,9 +14,10 @@
 # and logs the error (`last_error`, `reloads` count what happened).  Where
 # inotify is missing (not Linux), a 2 s stat timer stands in.
 #
-#   acl = AclService.load(path, BROKER_POLICY)      # AclConfigError at start
-#   await nursery.start(acl.run)                    # the watcher
+#   acl = AclService.load(path, broker_policy(name))  # AclConfigError at start
+#   await nursery.start(acl.run)                      # the watcher
 #   guarded = GuardedDispatcher(dispatcher, checks=[acl.check])
+#   acl.lookup = message_lookup(store.cq)             # once the store is open
 import ctypes
 import ctypes.util
 import errno
@@ -25,11 +30,17 @@ import struct
 import trio
 
 from broker.acl.plain import Account, AclConfigError, AclRules, parse_plain_acl_text
-from broker.acl.validator import AclDenied, Policy, validate
+from broker.acl.table import PROPERTY_REAL_TOPIC, Lookup, StoredMessage, check_back_resources
+from broker.acl.validator import AclDenied, Policy, permits, validate
 from broker.remoting.codes import ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
+from consumequeue import record as M
+from consumequeue.errors import MessageNotFoundError
+from consumequeue.reader import message_at
 
 log = logging.getLogger("ledgermq.acl")
+
+PRINCIPALS = "ledgermq.acl.principals"  # conn.attributes: the accessKeys it sent verified requests as
 
 DEFAULT_ACL_FILE = os.path.join("conf", "plain_acl.yml")  # under ROCKETMQ_HOME, as RocketMQ 4.x
 _LOG_BURST = 20  # refusal lines per second before they are summarised
@@ -77,6 +88,9 @@ class AclService:
         self.last_error: str | None = None
         self.refused = 0
         self.changed = trio.Event()  # set (and replaced) after every reload attempt
+        # A commitlog offset -> the message stored there (the broker's store,
+        # set once it is open); None refuses the requests that need it.
+        self.lookup: Lookup | None = None
         self._digest = digest
         self._log_window = (0.0, 0, 0)  # (second, lines logged, lines suppressed)
 
@@ -96,12 +110,33 @@ class AclService:
         """None to let `cmd` through, else the refusal to answer it with."""
         address = host_of(conn.remote_address)
         try:
-            validate(self.rules, address, cmd, self.policy)
+            access_key = validate(self.rules, address, cmd, self.policy, self.lookup)
         except AclDenied as e:
             self.refused += 1
             self._log_refusal(conn.remote_address, cmd, e)
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, e.remark)
+        if access_key is not None:
+            keys = conn.attributes.get(PRINCIPALS)
+            if keys is None:
+                conn.attributes[PRINCIPALS] = {access_key}
+            elif access_key not in keys:
+                keys.add(access_key)
         return None
+
+    def may_check_back(self, conn, group: str, real_topic: str) -> bool:
+        """May CHECK_TRANSACTION_STATE for a half of `real_topic` (producer
+        group `group`) go to `conn`?  Only if an account it authenticated as
+        holds PUB on that topic under the rules in force now (and does not
+        DENY the group by name), or its address is globally whitelisted."""
+        rules = self.rules
+        if rules.globally_whitelisted(host_of(conn.remote_address)):
+            return True
+        needed = check_back_resources(group, real_topic)
+        for access_key in conn.attributes.get(PRINCIPALS, ()):
+            account = rules.accounts.get(access_key)
+            if account is not None and permits(account, needed):
+                return True
+        return False
 
     def _log_refusal(self, remote: str, cmd: RemotingCommand, e: AclDenied) -> None:
         # A client retrying a refused request in a loop must not flood the log.
@@ -161,6 +196,19 @@ class AclService:
             while True:
                 await watcher.wait_event()
                 self.reload()
+
+
+def message_lookup(cq) -> Lookup:
+    """The Lookup of a broker's store: the committed message starting at a
+    commitlog offset (what VIEW_MESSAGE_BY_ID would answer), None when there
+    is none."""
+    def lookup(offset: int) -> StoredMessage | None:
+        try:
+            record = M.decode(message_at(cq, offset))
+        except (MessageNotFoundError, M.MessageFormatError):
+            return None
+        return StoredMessage(record.topic, record.properties.get(PROPERTY_REAL_TOPIC))
+    return lookup
 
 
 def _extra_only(extra: tuple[Account, ...]) -> AclRules:

@@ -8,9 +8,17 @@
 #               followed by the body bytes
 #
 # and adds Signature.  The server recomputes content from what arrived (also
-# leaving out `_UNIQUE_KEY_QUERY`, which Java's admin adds after signing) and
-# compares.  The C++ client also sends `OnsChannel` and signs it as one more
-# ext field, which the same rule covers.  Test vector (README, and
+# leaving out `_UNIQUE_KEY_QUERY`, which Java's admin adds outside the header
+# its hook signs; so does Credentials.sign) and compares.  The C++ client
+# also sends `OnsChannel` and signs it as one more ext field, which the same
+# rule covers.
+#
+# Nothing separates the values from each other or from the body, and
+# nothing in the content is fresh: one signature fits every request whose
+# concatenation is the same, and a request can be sent again.  What the
+# broker does about the first is fields.py (only a code's own fields, each
+# parsing as its type); about the second, nothing but TLS (README "What ACL
+# 1.0 can and cannot promise").  Test vector (README, and
 # tests/broker/acl/test_signing.py): ext fields {"a": "1", "b": "2"}, body
 # b"xy", accessKey "ak", secretKey "sk" -> content "ak12xy" ->
 # "Zsd7jyGm5P42DQPsUvyGT52ekt8=".
@@ -81,7 +89,9 @@ class Credentials:
         fields[ACCESS_KEY] = self.access_key
         if self.security_token is not None:
             fields[SECURITY_TOKEN] = self.security_token
-        fields[SIGNATURE] = signature(content_to_sign(fields, cmd.body), self.secret_key)
+        # The query flag is added outside the header by Java's admin, so
+        # neither side signs it.
+        fields[SIGNATURE] = signature(content_to_sign(fields, cmd.body, SERVER_UNSIGNED), self.secret_key)
         return attrs.evolve(cmd, ext_fields=fields)
 
     def __call__(self, cmd: RemotingCommand) -> RemotingCommand:

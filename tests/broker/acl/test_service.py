@@ -96,3 +96,35 @@ async def test_name_server_accounts_from_config_alone():
     assert acl.check(FakeConn(), reg).remark.endswith("No accessKey is configured")
     assert acl.check(FakeConn(), Credentials("brokers", "broker-secret").sign(reg)) is None
     assert acl.check(FakeConn(), RemotingCommand.create_request(RequestCode.GET_ROUTEINFO_BY_TOPIC)) is None
+
+
+async def test_a_connection_is_sent_a_check_back_only_if_an_account_it_signed_as_may_see_the_half(tmp_path):
+    path = tmp_path / "plain_acl.yml"
+    path.write_text("""\
+globalWhiteRemoteAddresses: ["10.9.*.*"]
+accounts:
+  - accessKey: owner001
+    secretKey: owner-secret
+    topicPerms: [Orders=PUB]
+  - accessKey: other001
+    secretKey: other-secret
+    defaultTopicPerm: SUB
+    groupPerms: [TxGroup=DENY]
+""")
+    acl = AclService.load(str(path), BROKER_POLICY)
+
+    class Conn:
+        def __init__(self, address="10.1.2.3:40000"):
+            self.remote_address, self.attributes = address, {}
+
+    owner, other, silent, white = Conn(), Conn(), Conn(), Conn("10.9.0.1:1")
+    beat = RemotingCommand.create_request(RequestCode.HEART_BEAT, body=b'{"clientID":"c"}')
+    assert acl.check(owner, Credentials("owner001", "owner-secret").sign(beat)) is None
+    assert acl.check(other, Credentials("other001", "other-secret").sign(beat)) is None
+    assert acl.check(silent, Credentials("owner001", "wrong-secret").sign(beat)) is not None  # not recorded
+    assert owner.attributes["ledgermq.acl.principals"] == {"owner001"}
+    assert acl.may_check_back(owner, "TxGroup", "Orders")
+    assert not acl.may_check_back(owner, "TxGroup", "Audit")
+    assert not acl.may_check_back(other, "TxGroup", "Orders")  # SUB is not PUB, and it DENYs the group
+    assert not acl.may_check_back(silent, "TxGroup", "Orders")
+    assert acl.may_check_back(white, "TxGroup", "Orders")  # a globally whitelisted address holds everything

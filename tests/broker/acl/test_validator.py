@@ -1,13 +1,16 @@
 # The ACL decision (broker/acl/validator.py) as a table: account x request
-# code x resource -> allowed, or RocketMQ's refusal text.  The same accounts
-# are used against a live 3-broker group in tests/broker/acl/test_acl_group.py.
+# code x resource -> allowed, or RocketMQ's refusal text, with a fake store
+# behind the requests that name a commitlog offset.  Live: a 3-broker group
+# in tests/broker/acl/test_secure_group.py, issue 27's bypasses in
+# tests/broker/acl/test_bypasses.py.
 import json
 
 import pytest
 
 from broker.acl.plain import parse_plain_acl_text
 from broker.acl.signing import Credentials
-from broker.acl.validator import ADMIN_CODES, NAMESRV_POLICY, AclDenied, required_resources, validate
+from broker.acl.table import StoredMessage
+from broker.acl.validator import ADMIN_CODES, NAMESRV_POLICY, AclDenied, broker_policy, required_resources, validate
 from broker.remoting.codes import RequestCode as C
 from broker.remoting.command import RemotingCommand
 
@@ -22,7 +25,7 @@ accounts:
     secretKey: consumer-secret
     defaultGroupPerm: DENY
     topicPerms: [Orders=SUB]
-    groupPerms: [OrderConsumers=SUB, Blocked=DENY]
+    groupPerms: [OrderConsumers=SUB, Blocked=DENY, TxBlocked=DENY]
   - accessKey: reader01
     secretKey: reader-secret
     defaultTopicPerm: SUB
@@ -71,6 +74,32 @@ REQUESTS = {
     "heartbeat OrderConsumers": (C.HEART_BEAT, {}, heartbeat("OrderConsumers", "Orders")),
     "heartbeat OrderConsumers+Audit": (C.HEART_BEAT, {}, heartbeat("OrderConsumers", "Orders", "Audit")),
     "send back OrderConsumers": (C.CONSUMER_SEND_MSG_BACK, {"group": "OrderConsumers", "offset": "1"}, b""),
+    "send back of an Audit message": (C.CONSUMER_SEND_MSG_BACK, {"group": "OrderConsumers", "offset": "2"}, b""),
+    "send back of nothing": (C.CONSUMER_SEND_MSG_BACK, {"group": "OrderConsumers", "offset": "7"}, b""),
+    "view Orders message": (C.VIEW_MESSAGE_BY_ID, {"offset": "1"}, b""),
+    "view Audit message": (C.VIEW_MESSAGE_BY_ID, {"offset": "2"}, b""),
+    "view nothing": (C.VIEW_MESSAGE_BY_ID, {"offset": "7"}, b""),
+    "view half for Orders": (C.VIEW_MESSAGE_BY_ID, {"offset": "3"}, b""),
+    "end transaction Orders": (C.END_TRANSACTION, {"producerGroup": "TX", "commitLogOffset": "3",
+                                                   "tranStateTableOffset": "0", "commitOrRollback": "8"}, b""),
+    "end transaction Audit": (C.END_TRANSACTION, {"producerGroup": "TX", "commitLogOffset": "4",
+                                                  "tranStateTableOffset": "0", "commitOrRollback": "8"}, b""),
+    "producer heartbeat PG": (C.HEART_BEAT, {}, b'{"clientID":"c","producerDataSet":[{"groupName":"PG"}]}'),
+    "producer heartbeat TxBlocked": (C.HEART_BEAT, {},
+                                     b'{"clientID":"c","producerDataSet":[{"groupName":"TxBlocked"}]}'),
+    "lock OrderConsumers": (C.LOCK_BATCH_MQ, {}, json.dumps({
+        "consumerGroup": "OrderConsumers", "clientId": "c",
+        "mqSet": [{"topic": "Orders", "brokerName": "b", "queueId": 0}]}).encode()),
+    "lock Victims": (C.LOCK_BATCH_MQ, {}, json.dumps({
+        "consumerGroup": "Victims", "clientId": "c",
+        "mqSet": [{"topic": "Orders", "brokerName": "b", "queueId": 0}]}).encode()),
+    "unlock Victims": (C.UNLOCK_BATCH_MQ, {}, json.dumps({
+        "consumerGroup": "Victims", "clientId": "c", "mqSet": []}).encode()),
+    "membership": (C.LEDGERMQ_CHANGE_MEMBERSHIP, {"change": "addLearner", "peerId": "n9",
+                                                  "peerAddr": "127.0.0.1:1"}, b""),
+    "chain crc": (C.LEDGERMQ_CHAIN_CRC, {"index": "1"}, b""),
+    "max offset Orders": (C.GET_MAX_OFFSET, {"topic": "Orders", "queueId": "0"}, b""),
+    "check client config": (C.CHECK_CLIENT_CONFIG, {}, b"{}"),
     "consumer list Blocked": (C.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "Blocked"}, b""),
     "trace": send_v2("RMQ_SYS_TRACE_TOPIC"),
     "runtime info": (C.GET_BROKER_RUNTIME_INFO, {}, b""),
@@ -92,7 +121,31 @@ TABLE = [
     ("producer1", "sendV2 Closed", "No default permission for topic:Closed"),
     ("producer1", "sendV2 Other", "No default permission for topic:Other"),
     ("producer1", "trace", OK),  # RocketMQ lets every account write message traces
-    ("producer1", "runtime info", OK),  # not in the table: a valid signature is enough
+    ("producer1", "runtime info", NOT_ADMIN),  # commitlog offsets of every topic: operators only
+    ("producer1", "check client config", OK),  # signature only: it reads and writes nothing
+    ("producer1", "producer heartbeat PG", OK),  # a producer group is refused only when DENY'd by name
+    ("consumer1", "producer heartbeat TxBlocked", "No default permission for group:TxBlocked"),
+    ("producer1", "end transaction Orders", OK),  # PUB on the half's REAL_TOPIC
+    ("producer1", "end transaction Audit", "No default permission for the message at offset 4"),
+    ("producer1", "view Orders message", "No default permission for the message at offset 1"),  # PUB only
+    ("producer1", "max offset Orders", "No default permission for topic:Orders"),
+    ("consumer1", "view Orders message", OK),
+    ("consumer1", "view Audit message", "No default permission for the message at offset 2"),
+    ("consumer1", "view nothing", "No default permission for the message at offset 7"),  # not found: same text
+    ("consumer1", "view half for Orders", "No default permission for the message at offset 3"),  # the half topic
+    ("reader01", "view half for Orders", OK),
+    ("consumer1", "send back of an Audit message", "No default permission for the message at offset 2"),
+    ("consumer1", "send back of nothing", "No default permission for the message at offset 7"),
+    ("consumer1", "max offset Orders", OK),
+    ("consumer1", "lock OrderConsumers", OK),
+    ("consumer1", "lock Victims", "No default permission for group:Victims"),
+    ("consumer1", "unlock Victims", "No default permission for group:Victims"),
+    ("reader01", "lock Victims", OK),  # defaultGroupPerm SUB: every group is its own
+    ("reader01", "membership", NOT_ADMIN),
+    ("reader01", "chain crc", NOT_ADMIN),
+    ("admin001", "membership", OK),
+    ("admin001", "view Audit message", OK),
+    ("admin002", "view Audit message", "No default permission for the message at offset 2"),
     ("producer1", "pull Orders/OrderConsumers", "No default permission for topic:Orders"),
     ("producer1", "create topic", NOT_ADMIN),
     ("consumer1", "pull Orders/OrderConsumers", OK),
@@ -135,9 +188,14 @@ def request(name: str, ak: str | None = None, secret: str | None = None) -> Remo
     return Credentials(ak, secret or SECRETS[ak]).sign(cmd) if ak else cmd
 
 
+# What the fake store holds at each commitlog offset.
+STORED = {1: StoredMessage("Orders"), 2: StoredMessage("Audit"),
+          3: StoredMessage("RMQ_SYS_TRANS_HALF_TOPIC", "Orders"), 4: StoredMessage("RMQ_SYS_TRANS_HALF_TOPIC", "Audit")}
+
+
 def outcome(rules, cmd, ip=IP):
     try:
-        validate(rules, ip, cmd)
+        validate(rules, ip, cmd, broker_policy("b"), STORED.get)
     except AclDenied as e:
         return e.reason
     return None
@@ -181,7 +239,12 @@ def test_resources_per_code():
         ["topic:Orders (SUB)", "group:OrderConsumers (SUB)"]
     assert [str(r) for r in required_resources(request("sendV2 %RETRY%OrderConsumers"))] == \
         ["group:OrderConsumers (SUB)"]
-    assert {C.LEDGERMQ_DLEDGER_STATUS, C.LEDGERMQ_TRANSFER_LEADERSHIP, C.LEDGERMQ_CHAIN_CRC} <= ADMIN_CODES
+    assert {C.LEDGERMQ_DLEDGER_STATUS, C.LEDGERMQ_TRANSFER_LEADERSHIP, C.LEDGERMQ_CHAIN_CRC,
+            C.LEDGERMQ_CHANGE_MEMBERSHIP} <= ADMIN_CODES
+    assert [str(r) for r in required_resources(request("lock OrderConsumers"))] == \
+        ["group:OrderConsumers (SUB)", "topic:Orders (SUB)"]
+    assert [str(r) for r in required_resources(request("view half for Orders"), STORED.get)] == \
+        ["topic:RMQ_SYS_TRANS_HALF_TOPIC (SUB)", "topic:Orders (SUB)"]
 
 
 def test_name_server_policy_guards_route_writes_only(rules):
