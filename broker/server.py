@@ -50,9 +50,9 @@ import sys
 import attrs
 import trio
 
-from broker.acl.service import AclService
+from broker.acl.service import AclService, message_lookup
 from broker.acl.signing import Credentials
-from broker.acl.validator import BROKER_POLICY
+from broker.acl.validator import BROKER_POLICY, broker_policy
 from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.common.values import TopicConfig
 from broker.config import BrokerConfig, LiveConfig, load_broker_config
@@ -122,12 +122,15 @@ class Processors:
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
-                    stats: StatsBook | None = None) -> Processors:
+                    stats: StatsBook | None = None, acl: AclService | None = None) -> Processors:
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
     # The check service asks producers through the processor that knows the
     # client registry; the processor asks the service which halves are resolved.
+    # With ACL, a check-back goes only to a producer whose account may see
+    # the half (any account can name any producer group in a heartbeat).
     transactions = TransactionService(bs, config.current, check_back=None)
-    end_transaction = EndTransactionProcessor(send, transactions, clients)
+    end_transaction = EndTransactionProcessor(send, transactions, clients,
+                                              acl.may_check_back if acl is not None else None)
     transactions.check_back = end_transaction.check_back
     return Processors(
         end_transaction=end_transaction,
@@ -369,7 +372,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     # burst path): the ACL when aclEnable (a missing or bad plain_acl.yml
     # fails the start: a broker told to enforce ACL must not start open),
     # then the in-flight cap (SYSTEM_BUSY past serverMaxInFlightRequests).
-    acl = AclService.load(cfg.acl_path, BROKER_POLICY) if cfg.acl_enable else None
+    acl = AclService.load(cfg.acl_path, broker_policy(cfg.broker_name)) if cfg.acl_enable else None
     guard = GuardedDispatcher(dispatcher, checks=[acl.check] if acl is not None else [],
                               limiter=InFlightLimiter(cfg.limits.max_in_flight))
     # One registry of connected clients: heartbeats fill it, pulls read
@@ -396,7 +399,9 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         bs = await nursery.start(lambda task_status: serve_broker_store(cfg, seed=seed, task_status=task_status))
         remoting = RemotingClient(nursery, rpc_hook=broker_credentials(cfg), tls=cfg.client_tls)
         stats = StatsBook()
-        processors = wire_processors(config, bs, clients, stats)
+        if acl is not None:  # requests naming a commitlog offset are judged by the message stored there
+            acl.lookup = message_lookup(bs.cq)
+        processors = wire_processors(config, bs, clients, stats, acl)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
         processors.register(dispatcher)

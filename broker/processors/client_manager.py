@@ -3,7 +3,8 @@
 # producer and consumer groups are connected, with what subscriptions, and
 # NOTIFY_CONSUMER_IDS_CHANGED (40, oneway, header consumerGroup) pushed to a
 # group's other connections when its membership changes (a client registers,
-# unregisters, its connection closes or its heartbeat expires).
+# unregisters, its connection closes or its heartbeat expires).  A client
+# unregisters only what it registered on the same connection.
 #
 # One ClientManager per broker, built by the composition root
 # (broker.server.serve_broker) and handed to the processors that read it
@@ -205,16 +206,20 @@ class ClientManager:
             self.producers.setdefault(group, {})[client_id] = ClientChannel(
                 client_id, conn, request.language, request.version, now)
 
-    def unregister(self, client_id: str, *, producer_group: str | None = None,
+    def unregister(self, conn: ClientConnection, client_id: str, *, producer_group: str | None = None,
                    consumer_group: str | None = None) -> None:
+        """UNREGISTER_CLIENT: the client leaves its groups -- as registered
+        on `conn` only (RocketMQ keys its tables by channel): a client id is
+        no secret, and another connection must not unregister it."""
         if producer_group:
             chans = self.producers.get(producer_group)
-            if chans is not None:
-                chans.pop(client_id, None)
+            ch = chans.get(client_id) if chans is not None else None
+            if ch is not None and ch.conn is conn:
+                del chans[client_id]
                 if not chans:
                     del self.producers[producer_group]
         if consumer_group:
-            self._remove_consumer(consumer_group, client_id)
+            self._remove_consumer(consumer_group, client_id, conn)
 
     def _remove_consumer(self, group: str, client_id: str, conn=None) -> bool:
         info = self.consumers.get(group)

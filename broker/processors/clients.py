@@ -68,7 +68,7 @@ class ClientProcessor(RequestProcessor):
 
     async def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand:
         h = HeaderReader(request.ext_fields)
-        self.clients.unregister(h.str("clientID"), producer_group=h.str("producerGroup", None),
+        self.clients.unregister(conn, h.str("clientID"), producer_group=h.str("producerGroup", None),
                                 consumer_group=h.str("consumerGroup", None))
         return request.make_response(ResponseCode.SUCCESS)
 

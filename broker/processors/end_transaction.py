@@ -17,12 +17,17 @@
 #             record alone.  Answered after the append committed.
 #   check_back()         what the check service calls for a due half:
 #        CHECK_TRANSACTION_STATE 39 (oneway) to one live connection of the
-#        half's producer group, rotating among them; the body is the half as
+#        half's producer group, rotating among them -- with ACL on, only
+#        among the connections the ACL lets see the half (may_check_back:
+#        an account they authenticated as holds PUB on the half's real
+#        topic), since any account can declare any producer group in a
+#        heartbeat; the body is the half as
 #        the producer's listener sees it (its real topic and queue), the
 #        header names the re-put copy (tranStateTableOffset, commitLogOffset)
 #        and its keys (msgId = transactionId = UNIQ_KEY, offsetMsgId).
 import itertools
 import logging
+from collections.abc import Callable
 
 import attrs
 
@@ -37,6 +42,7 @@ from broker.store.schedule import to_schedule
 from broker.store.transaction import (
     HALF_TOPIC,
     PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
     TransactionError,
     TransactionService,
     as_checked,
@@ -78,6 +84,9 @@ class EndTransactionProcessor:
     send: SendProcessor  # config, replica, gate, store and the one error translation (_failure)
     service: TransactionService
     clients: ClientManager
+    # (connection, producer group, real topic) -> may that connection be
+    # sent the half?  None (ACL off): every producer of the group.
+    may_check_back: Callable[[object, str, str], bool] | None = None
     _turn: itertools.count = attrs.Factory(itertools.count)
 
     CODES = (RequestCode.END_TRANSACTION,)
@@ -147,6 +156,9 @@ class EndTransactionProcessor:
         """CHECK_TRANSACTION_STATE to one producer of `group`; False when none
         is connected or the one chosen could not be told."""
         channels = self.clients.producer_channels(group)
+        if self.may_check_back is not None:
+            topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+            channels = [ch for ch in channels if self.may_check_back(ch.conn, group, topic)]
         if not channels:
             return False
         checked = as_checked(half)

@@ -204,8 +204,14 @@ async def test_heartbeat_consumer_list_unregister_and_notify():
         await p(c2, heartbeat("ip@2", names=False))
         await trio.testing.wait_all_tasks_blocked()
         assert (len(c1.sent), len(c2.sent)) == (1, 0)
-        # a third member, then it unregisters: the others hear of both
+        # a third member, then it unregisters: the others hear of both.
+        # Another connection naming its client id unregisters nothing
+        # (client ids are no secret; RocketMQ keys clients by channel).
         await p(c3, heartbeat("ip@3"))
+        for group in ({"consumerGroup": "cg"}, {"producerGroup": "pg"}):
+            await p(c2, req(RequestCode.UNREGISTER_CLIENT, {"clientID": "ip@3", **group}))
+            await p(c3, req(RequestCode.UNREGISTER_CLIENT, {"clientID": "ip@1", **group}))
+        assert sorted(await ids()) == ["ip@1", "ip@2", "ip@3"] and mgr.producer_ids("pg") == ["ip@1"]
         r = await p(c3, req(RequestCode.UNREGISTER_CLIENT, {"clientID": "ip@3", "consumerGroup": "cg"}))
         assert r.code == ResponseCode.SUCCESS
         await trio.testing.wait_all_tasks_blocked()
