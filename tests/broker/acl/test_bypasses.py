@@ -43,7 +43,7 @@ accounts:
   - accessKey: owner001
     secretKey: owner-secret
     topicPerms: [Orders=PUB|SUB, Secret=PUB|SUB]
-    groupPerms: [OrderlyGroup=SUB]
+    groupPerms: [OrderlyGroup=SUB, PushGroup=SUB]
   - accessKey: mallory1
     secretKey: mallory-secret
     topicPerms: [Mine=PUB|SUB]
