@@ -1,5 +1,7 @@
 # Owns the TCP peer mesh: listening, dialing, the handshake, reconnect with
-# backoff, the per-peer send queues and the reader/writer tasks.
+# backoff, the per-peer send queues, the reader/writer tasks, and the
+# budgets and containment that keep a stranger's bytes from costing more
+# than one connection.
 #
 # Connection model: ONE TCP connection per peer pair, used in both
 # directions.  The peer whose id sorts lower (plain string comparison, so
