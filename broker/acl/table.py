@@ -26,7 +26,9 @@
 # Producer groups are not resources in RocketMQ's plain_acl.yml (accounts
 # that only produce usually have no group rules), so a producer group named
 # by a heartbeat, an unregistration or an end-transaction is refused only
-# when the account DENYs it by name.  What a claimed producer group could
+# when the account DENYs it by name.  Internal topics that carry other
+# topics' messages (CARRIER_TOPICS) need a rule naming them: an account's
+# default does not reach them.  What a claimed producer group could
 # reach -- CHECK_TRANSACTION_STATE with a half message in it -- the broker
 # sends only to a connection whose account holds PUB on the half's topic
 # (AclService.may_check_back).  Pure.
@@ -58,14 +60,22 @@ class Unreadable(Exception):
     """The request cannot be read well enough to know what it touches."""
 
 
+# Where an account has no rule naming a resource: its default decides
+# (ACCOUNT), the resource is allowed (ALLOW: producer groups) or refused
+# (REFUSE: the internal topics below).
+ACCOUNT, ALLOW, REFUSE = "account", "allow", "refuse"
+# Topics that hold other topics' messages (halves of transactions, delayed
+# and retried-later messages, transaction ops): a default permission does
+# not reach them, only a rule naming them (or an admin account).
+CARRIER_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"})
+
+
 @attrs.frozen
 class Resource:
     kind: str  # "topic" or "group"
     name: str
     perm: int
-    # Only a rule naming this resource can refuse it, not the account's
-    # default (producer groups).
-    by_name_only: bool = False
+    unnamed: str = ACCOUNT  # what decides when no rule of the account names it
     # What a refusal calls it instead of kind:name (a stored message, whose
     # topic the caller must not learn from the refusal).
     shown: str | None = None
@@ -107,7 +117,7 @@ def topic(name: str | None, perm: int) -> list[Resource]:
         return []
     if name.startswith(RETRY_PREFIX):  # a retry topic is its group, and needs SUB on it
         return [Resource("group", name[len(RETRY_PREFIX):], SUB)]
-    return [Resource("topic", name, perm)]
+    return [Resource("topic", name, perm, REFUSE if name in CARRIER_TOPICS else ACCOUNT)]
 
 
 def group(name: str | None) -> list[Resource]:
@@ -115,7 +125,7 @@ def group(name: str | None) -> list[Resource]:
 
 
 def producer_group(name: str | None) -> list[Resource]:
-    return [Resource("group", name, ANY, by_name_only=True)] if name else []
+    return [Resource("group", name, ANY, ALLOW)] if name else []
 
 
 def _f(cmd: RemotingCommand, name: str) -> str | None:

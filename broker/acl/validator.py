@@ -35,7 +35,7 @@ from broker.acl import table
 from broker.acl.fields import field_problem
 from broker.acl.plain import PUB, Account, AclRules, check_permission
 from broker.acl.signing import ACCESS_KEY, SERVER_UNSIGNED, SIGNATURE, content_to_sign, signature, signature_matches
-from broker.acl.table import ADMIN_CODES, NAMESRV_ADMIN_CODES, Lookup, Resource, Unreadable
+from broker.acl.table import ADMIN_CODES, ALLOW, NAMESRV_ADMIN_CODES, REFUSE, Lookup, Resource, Unreadable
 from broker.remoting.command import RemotingCommand
 
 TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
@@ -101,8 +101,10 @@ def denied(account: Account, needed: list[Resource]) -> Resource | None:
                            else (account.group_perms, account.default_group_perm))
         owned = table_.get(r.name)
         if owned is None:
-            if r.by_name_only:
+            if r.unnamed == ALLOW:
                 continue
+            if r.unnamed == REFUSE:
+                return r
             owned = default
         if not check_permission(r.perm, owned):
             return r
