@@ -212,11 +212,10 @@ class ClientsAdminProcessor(RequestProcessor):
     async def producer_connections(self, request: RemotingCommand) -> RemotingCommand:
         group = HeaderReader(request.ext_fields).str("producerGroup")
         manager = self.clients
-        ids = set(manager.producer_ids(group))
-        if not ids:
+        chans = manager.producer_channels(group)
+        if not chans:
             return request.make_response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
-        chans = manager.producers.get(group, {})
-        body = {"connectionSet": [_connection(ch) for cid, ch in chans.items() if cid in ids]}
+        body = {"connectionSet": [_connection(ch) for ch in chans]}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
 
     def groups_of_topic(self, topic: str) -> list[str]:

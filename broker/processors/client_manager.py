@@ -124,7 +124,11 @@ class ClientManager:
     expired_ms: int = CHANNEL_EXPIRED_MS
     notify_enabled: bool = True
     consumers: dict[str, ConsumerGroupInfo] = attrs.Factory(dict)
-    producers: dict[str, dict[str, ClientChannel]] = attrs.Factory(dict)
+    # group -> connection -> channel: keyed by connection, as RocketMQ's
+    # ProducerManager keys by channel, so a heartbeat naming another
+    # client's id (no secret) adds a channel and never replaces that
+    # client's own (its transaction check-backs).
+    producers: dict[str, dict[object, ClientChannel]] = attrs.Factory(dict)
     notifications_sent: int = 0
     _send: trio.MemorySendChannel = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel = attrs.field(init=False)
@@ -148,8 +152,7 @@ class ClientManager:
         return [cid for cid, ch in info.channels.items() if self._alive(ch, now)]
 
     def producer_ids(self, group: str) -> list[str]:
-        now = self.clock_ms()
-        return [cid for cid, ch in self.producers.get(group, {}).items() if self._alive(ch, now)]
+        return list(dict.fromkeys(ch.client_id for ch in self.producer_channels(group)))
 
     def producer_channels(self, group: str) -> list[ClientChannel]:
         """The live connections of a producer group (transaction check-backs
@@ -203,7 +206,7 @@ class ClientManager:
                 log.info("consumer %s joined group %s", client_id, group)
                 self._notify(group, exclude=client_id)
         for group in producer_groups:
-            self.producers.setdefault(group, {})[client_id] = ClientChannel(
+            self.producers.setdefault(group, {})[conn] = ClientChannel(
                 client_id, conn, request.language, request.version, now)
 
     def unregister(self, conn: ClientConnection, client_id: str, *, producer_group: str | None = None,
@@ -213,9 +216,9 @@ class ClientManager:
         no secret, and another connection must not unregister it."""
         if producer_group:
             chans = self.producers.get(producer_group)
-            ch = chans.get(client_id) if chans is not None else None
-            if ch is not None and ch.conn is conn:
-                del chans[client_id]
+            ch = chans.get(conn) if chans is not None else None
+            if ch is not None and ch.client_id == client_id:
+                del chans[conn]
                 if not chans:
                     del self.producers[producer_group]
         if consumer_group:
@@ -243,9 +246,7 @@ class ClientManager:
                 if ch.conn is conn:
                     self._remove_consumer(group, cid, conn)
         for group, chans in list(self.producers.items()):
-            for cid, ch in list(chans.items()):
-                if ch.conn is conn:
-                    del chans[cid]
+            chans.pop(conn, None)
             if not chans:
                 del self.producers[group]
 
@@ -258,9 +259,9 @@ class ClientManager:
                 if not self._alive(ch, now):
                     dropped += self._remove_consumer(group, cid, ch.conn)
         for group, chans in list(self.producers.items()):
-            for cid, ch in list(chans.items()):
+            for key, ch in list(chans.items()):
                 if not self._alive(ch, now):
-                    del chans[cid]
+                    del chans[key]
                     dropped += 1
             if not chans:
                 del self.producers[group]

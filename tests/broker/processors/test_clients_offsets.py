@@ -171,6 +171,23 @@ async def test_max_min_search_and_earliest_time(tmp_path, autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_a_producer_heartbeat_naming_another_clients_id_does_not_replace_it():
+    """Producers are kept per connection (RocketMQ's ProducerManager keys by
+    channel): a second connection claiming the same client id adds a
+    channel, and the first keeps its own (its transaction check-backs)."""
+    mgr = ClientManager()
+    p = ClientProcessor(mgr)
+    owner, other = FakeConn("owner"), FakeConn("other")
+    await p(owner, heartbeat("ip@1", group=None, producer="pg"))
+    await p(other, heartbeat("ip@1", group=None, producer="pg"))
+    assert [ch.conn for ch in mgr.producer_channels("pg")] == [owner, other]
+    assert mgr.producer_ids("pg") == ["ip@1"]
+    await p(other, req(RequestCode.UNREGISTER_CLIENT, {"clientID": "ip@1", "producerGroup": "pg"}))
+    assert [ch.conn for ch in mgr.producer_channels("pg")] == [owner]
+    mgr.on_connection_closed(owner)
+    assert mgr.producer_channels("pg") == [] and "pg" not in mgr.producers
+
+
 async def test_heartbeat_consumer_list_unregister_and_notify():
     now = [0]
     mgr = ClientManager(clock_ms=lambda: now[0])
