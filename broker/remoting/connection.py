@@ -1,17 +1,31 @@
 # Owns one remoting connection, the same object on both ends: the server
 # wraps each accepted socket in one, RemotingClient each dialed one.  It
 #   * reads frames and routes them: responses to the invoke() waiting on that
-#     opaque, requests to the handler, each in its own task, so a long-poll
-#     pull suspended for seconds never blocks the requests behind it -- except
-#     that the requests of one read that a BurstHandler takes (the broker's
-#     sends) go to it together: its synchronous half runs right here, in
-#     arrival order, and one task per burst waits and writes all the answers
-#     in one write;
+#     opaque, requests to the handler, each in its own task, so a slow
+#     request never blocks the requests behind it -- except that the
+#     requests of one read that a BurstHandler takes (the broker's sends) go
+#     to it together: its synchronous half runs right here, in arrival order,
+#     and one task per burst waits and writes all the answers in one write;
 #   * writes whole frames under a lock (responses and requests interleave
 #     per frame, never within one); frames queued while the lock is held go
-#     out in the holder's write, one syscall for a burst of responses;
+#     out in the holder's write, one syscall for a burst of responses; an
+#     answer given later from outside the connection's tasks (a parked long
+#     poll, send_response_soon) goes the same way without waiting;
 #   * can send requests of its own either way (invoke, send_request_oneway):
 #     the broker pushes NOTIFY_CONSUMER_IDS_CHANGED to connected clients.
+#
+# Budgets a server gives its connections (streams.ServerLimits):
+#   * unfinished frames: a read never buffers past max_unfinished bytes of
+#     frames not yet complete, and what every connection holds is reported
+#     to the server's FrameBudget after each read, before it is buffered
+#     (the budget may shed this connection or older ones); the decoder is
+#     replaced when it has passed whole frames, so the buffer under them is
+#     freed at once rather than at the next read;
+#   * requests in flight (count and bytes): past them the reader stops;
+#   * a Pacer: how many requests all connections decode and hand over in
+#     one scheduler round, so that a flood of pipelined requests is spread
+#     over many short rounds and the tasks that keep time (the Raft driver)
+#     run between them.
 #
 # Failure policy: a malformed frame gets a SYSTEM_ERROR response when its
 # opaque could be read, then a lingering close (half-close, discard what the
@@ -19,11 +33,15 @@
 # in-flight handlers of that connection are cancelled.  A clean EOF gives
 # in-flight handlers `eof_grace` seconds (a oneway commit sent just before a
 # client closes is still applied).  A handler exception answers SYSTEM_ERROR
-# and the connection stays up.  Nothing a peer sends ends anything but its
-# own connection.
+# and the connection stays up.  Any other exception met while serving this
+# connection's bytes (the decoder, a burst handler, encoding an answer, a
+# bug) closes this connection, is logged once with the peer's address and
+# counted (ConnectionStats); run() never raises it.  Nothing a peer sends
+# ends anything but its own connection.
 import itertools
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -49,7 +67,7 @@ from broker.remoting.errors import (
     RemotingTimeoutError,
     RequestError,
 )
-from broker.remoting.streams import direct_writer
+from broker.remoting.streams import FrameBudget, direct_writer
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +100,12 @@ class ClientConnection(Protocol):
 
 
 DEFAULT_MAX_IN_FLIGHT = 1024
-RECV_CHUNK = 256 * 1024
+RECV_CHUNK = 252 * 1024  # (under streams.MMAP_THRESHOLD: read buffers come from the heap, cheaply)
+# A decoder that passed more than this since its last read is replaced by
+# one holding only the unfinished tail (its old buffer is freed at once).
+RELEASE_AFTER = 4096
+PACER_CHUNK = 32  # credits a reader takes from the Pacer at a time
+SENDS_PER_CREDIT = 16  # plain sends in a SendRun (checked in C) cost this little
 _CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 _MAX_OPAQUE = (1 << 31) - 1
 
@@ -108,6 +131,91 @@ def peer_address(stream: trio.SocketStream, local: bool = False) -> str:
 
 
 @attrs.define(eq=False)
+class ConnectionStats:
+    """What a server's connections count together (exported as metrics)."""
+
+    connection_failures: int = 0  # connections closed by an unexpected exception
+    handler_failures: int = 0  # requests answered SYSTEM_ERROR after one
+    shed_unfinished: int = 0  # connections closed by the unfinished-frame budgets
+
+
+class _FailureLog:
+    """At most `per_second` tracebacks a second, so that a peer that can
+    make its connections fail cannot flood the log; the rest are counted
+    and summed up in the next line."""
+
+    def __init__(self, per_second: int = 20, clock=time.monotonic) -> None:
+        self.per_second = per_second
+        self._clock = clock
+        self._window = -1.0
+        self._logged = 0
+        self._suppressed = 0
+
+    def report(self, address: str, where: str, error: BaseException) -> None:
+        now = self._clock()
+        if now - self._window >= 1.0:
+            if self._suppressed:
+                log.error("%d more connection failures were not logged", self._suppressed)
+            self._window, self._logged, self._suppressed = now, 0, 0
+        if self._logged >= self.per_second:
+            self._suppressed += 1
+            return
+        self._logged += 1
+        log.error("%s: %s failed; closing this connection only", address, where, exc_info=error)
+
+
+_FAILURES = _FailureLog()
+
+
+def report_failure(address: str, where: str, error: BaseException) -> None:
+    """Log an exception one peer's input caused (rate-limited, with its
+    traceback), for the servers' last lines of containment."""
+    _FAILURES.report(address, where, error)
+
+
+class Pacer(trio.abc.Instrument):
+    """How many requests all the connections of one server may decode and
+    hand over in one scheduler round.  Trio runs every task that is
+    runnable at the start of a round before it looks at the clock or the
+    sockets again, so ten thousand pipelined requests handed over at once
+    became one round of ten thousand handler steps -- most of a second in
+    which no timer fired and a leader's heartbeats stopped.  Readers take
+    credits (take); one out of credits hands over what it has and waits for
+    the next round (next_round).  Installed as a trio instrument: its
+    after_io_wait hook, called once per round, refills the credits and wakes
+    the readers waiting for them."""
+
+    def __init__(self, per_round: int) -> None:
+        if per_round < 1:
+            raise ValueError(f"requests per round must be >= 1, got {per_round}")
+        self.per_round = per_round
+        self.left = per_round
+        self.deferred = 0  # times a reader waited for the next round
+        self._next: trio.Event | None = None
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.left = self.per_round
+        if self._next is not None:
+            event, self._next = self._next, None
+            event.set()
+
+    def take(self, want: int) -> int:
+        k = want if want <= self.left else max(self.left, 0)
+        self.left -= k
+        return k
+
+    def refund(self, k: int) -> None:
+        if k > 0:
+            self.left += k
+
+    async def next_round(self) -> None:
+        if self._next is None:
+            self._next = trio.Event()
+        self.deferred += 1
+        await self._next.wait()
+
+
+@attrs.define(eq=False)
 class _Waiter:
     event: trio.Event = attrs.field(factory=trio.Event)
     response: RemotingCommand | None = None
@@ -124,6 +232,8 @@ class Connection:
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  raw_sends: bool = False,
                  max_in_flight_bytes: int | None = None,
+                 max_unfinished: int | None = None, budget: FrameBudget | None = None,
+                 pacer: Pacer | None = None, stats: ConnectionStats | None = None,
                  eof_grace: float = 1.0, linger: float = 1.0) -> None:
         self.stream = stream
         self.remote_address = peer_address(stream)
@@ -135,11 +245,20 @@ class Connection:
         # registered over this connection; the broker notes the client id).
         self.attributes: dict[str, object] = {}
         self.close_reason: str | None = None
+        self.failure: BaseException | None = None  # the unexpected exception that closed it
+        self.stats = stats if stats is not None else ConnectionStats()
         self._handler = handler or not_supported
         self._bursts = bursts
         # raw_sends: plain SEND_MESSAGE_V2 requests arrive as SendRuns (see
         # codec); only a server whose burst handler takes them asks for that.
+        self._raw_sends = raw_sends
         self._decoder = CommandDecoder(max_frame_size, raw_sends=raw_sends)
+        self._fed = 0  # bytes in the decoder's buffer: what it kept plus what it was fed since
+        # Unfinished frames: this connection's cap, and the server's budget.
+        self._max_unfinished = max_unfinished
+        self._budget = budget
+        self._pacer = pacer
+        self._tasks: trio.Nursery | None = None  # while run() runs: answers sent later are written from it
         self._send_lock = trio.Lock()
         # Writes a frame straight to the socket when nothing else is being
         # written (no lock, no trio socket round); None over TLS.
@@ -187,6 +306,30 @@ class Connection:
         self._closing = True
         self._scope.cancel()
 
+    def shed(self, reason: str) -> None:
+        """Closed by the server's FrameBudget to stay within it: what its
+        decoder holds is dropped now (the read loop, cancelled, never looks
+        at it again), not when its task gets to run."""
+        if not self._closing:
+            self.stats.shed_unfinished += 1
+            log.warning("%s: closing the connection: %s", self.remote_address, reason)
+            self._decoder = CommandDecoder(self.max_frame_size)
+            self._fed = 0
+        self.close(reason)
+
+    def _fail(self, error: BaseException, where: str, close: bool = True) -> None:
+        """An unexpected exception while serving this connection: log it
+        once, count it, close this connection (and only this one; with
+        close=False the caller ends it)."""
+        if self.failure is None:
+            self.failure = error
+            self.stats.connection_failures += 1
+            if self.close_reason is None:
+                self.close_reason = f"{where} failed: {exception_desc(error)}"
+            _FAILURES.report(self.remote_address, where, error)
+        if close:
+            self.close(self.close_reason or where)
+
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
@@ -211,6 +354,14 @@ class Connection:
         another that held the lock and took it along).  Frames queued while
         the lock is held go out together in one write: responses completed
         by one group commit cost one syscall, not one each."""
+        queued = self._write_or_queue(data)
+        if queued is not None:
+            await self._flush(*queued)
+
+    def _write_or_queue(self, data) -> tuple | None:
+        """Write `data` at once when nothing else is being written and the
+        socket takes all of it (None); else queue it, or what the socket did
+        not take, and return what _flush needs to see it out."""
         # Not `self.closed`: after the peer's EOF, handlers still answer
         # during eof_grace (a half-closed peer may be reading).
         if self._closing or self._closed.is_set() or self._send_broken:
@@ -226,12 +377,16 @@ class Connection:
                 self.close(f"send failed: {e!r}")
                 raise RemotingConnectionLostError(self.remote_address, f"send failed: {e!r}") from None
             if sent == len(data):
-                return
+                return None
             if sent:
                 data, begun = memoryview(data)[sent:], True
         self._outbox.append(data)
         self._queued += 1
-        seq = self._queued
+        return data, self._queued, begun
+
+    async def _flush(self, data, seq: int, begun: bool) -> None:
+        """Wait for the send lock and write the outbox, unless an earlier
+        holder already wrote frame `seq` (`data`) with its own."""
         try:
             await self._send_lock.acquire()
         except trio.Cancelled:
@@ -263,6 +418,12 @@ class Connection:
             self._written = upto
         finally:
             self._send_lock.release()
+
+    async def _flush_quietly(self, data, seq: int, begun: bool) -> None:
+        try:
+            await self._flush(data, seq, begun)
+        except RemotingConnectionLostError:
+            pass  # the reader notices and ends the connection
 
     async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send `cmd` as a request and wait up to `timeout` seconds for the
@@ -296,34 +457,69 @@ class Connection:
     async def send_response(self, request: RemotingCommand, response: RemotingCommand) -> None:
         """Answer `request` (for handlers that returned None and reply
         later).  A response that cannot be encoded becomes SYSTEM_ERROR."""
+        await self._send_bytes(self._encode_answer(request, response))
+
+    def send_response_soon(self, request: RemotingCommand, response: RemotingCommand) -> bool:
+        """Answer `request` without waiting, from any task: written at once
+        when the socket takes it, else queued and written by a task of this
+        connection.  False when the connection can no longer answer."""
+        if self._tasks is None:
+            return False
+        data = self._encode_answer(request, response)
         try:
-            data = encode_command(response.as_response_to(request), self.max_frame_size)
-        except LocalProtocolError as e:
+            queued = self._write_or_queue(data)
+        except RemotingConnectionLostError:
+            return False
+        if queued is not None:
+            try:
+                self._tasks.start_soon(self._flush_quietly, *queued)
+            except RuntimeError:  # the connection's tasks are over: so is the connection
+                self._send_broken = True
+                self.close("closed while answering")
+                return False
+        return True
+
+    def _encode_answer(self, request: RemotingCommand, response: RemotingCommand) -> bytes:
+        try:
+            return encode_command(response.as_response_to(request), self.max_frame_size)
+        except (LocalProtocolError, ValueError, TypeError, RecursionError) as e:
             log.error("%s: response to %s cannot be encoded: %s", self.remote_address,
-                      code_name(request.code), e)
-            data = encode_command(request.make_response(
-                ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {e}"), self.max_frame_size)
-        await self._send_bytes(data)
+                      code_name(request.code), exception_desc(e))
+            return encode_command(request.make_response(
+                ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {exception_desc(e)}"),
+                self.max_frame_size)
 
     # --- the connection's life ---------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the connection until it is over.  Never raises what the
+        peer's bytes caused: an unexpected exception closes this connection
+        (see the module's failure policy)."""
         failure: RemoteProtocolError | str | None = None
         try:
             with self._scope:
-                async with trio.open_nursery() as tasks:
-                    failure = await self._read_loop(tasks)
-                    self._reading = False
-                    self._fail_pending()
-                    if failure is None:
-                        tasks.cancel_scope.deadline = trio.current_time() + self.eof_grace
-                    else:
-                        tasks.cancel_scope.cancel()
+                try:
+                    async with trio.open_nursery() as tasks:
+                        self._tasks = tasks
+                        failure = await self._read_loop(tasks)
+                        self._reading = False
+                        self._fail_pending()
+                        if failure is None:
+                            tasks.cancel_scope.deadline = trio.current_time() + self.eof_grace
+                        else:
+                            tasks.cancel_scope.cancel()
+                except* Exception as group:  # whatever escaped: this connection's, no one else's
+                    self._fail(_first_leaf(group), "serving the connection")
+                    failure = None
                 if isinstance(failure, RemoteProtocolError):
                     await self._reject(failure)
         finally:
+            self._tasks = None
             self._reading = False
             self._fail_pending()
+            if self._budget is not None:
+                self._budget.update(self, 0, False)
+            self._decoder = None  # its buffer goes now, not with the last reference to this object
             await trio.aclose_forcefully(self.stream)
             self._closed.set()
             log.debug("%r closed: %s", self, self.close_reason)
@@ -338,25 +534,62 @@ class Connection:
         if frames_read is not None:
             self.stream.track_frames = False
         decoded = False  # a frame ended since the last read
+        pacer = self._pacer
+        credit = 0  # requests this reader may still decode in this round (with a pacer)
+        data = b""  # the last read
         while True:
+            if pacer is not None and credit <= 0:
+                credit = pacer.take(PACER_CHUNK)
+                if credit <= 0:  # this round's are spent: hand over what is decoded, go on next round
+                    await self._dispatch(tasks, requests, count)
+                    requests, count = [], 0
+                    await pacer.next_round()
+                    continue
             try:
                 cmd = self._decoder.next_command()
             except RemoteProtocolError as e:
                 self.close_reason = f"malformed frame: {e}"
                 await self._dispatch(tasks, requests, count)  # the ones before it are answered
                 return e
+            except Exception as e:  # a frame the decoder did not bound: as a malformed one, and counted
+                self._fail(e, "decoding a frame", close=False)
+                await self._dispatch(tasks, requests, count)
+                return RemoteProtocolError(f"frame could not be decoded: {exception_desc(e)}")
             if cmd is NEED_DATA:
+                if pacer is not None:
+                    pacer.refund(credit)
+                    credit = 0
+                buffered = self._decoder.buffered
                 if frames_read is not None:
-                    frames_read(self._decoder.buffered > 0, decoded)
-                    decoded = False
+                    frames_read(buffered > 0, decoded)
+                if self._fed - buffered > RELEASE_AFTER:
+                    self._release_passed(data, buffered)
+                if self._budget is not None:  # (between frames: nothing; what a small read left is slack)
+                    self._budget.update(self, self._fed if buffered else 0, decoded)
+                decoded = False
                 await self._dispatch(tasks, requests, count)
                 requests, count = [], 0
+                want = RECV_CHUNK
+                if self._max_unfinished is not None:
+                    want = min(want, self._max_unfinished - buffered)
+                    if want <= 0:
+                        self.stats.shed_unfinished += 1
+                        self.close_reason = (f"an unfinished frame reached {buffered} bytes "
+                                             f"(serverMaxUnfinishedFrameBytesPerConnection)")
+                        log.warning("%s: %s; closing the connection", self.remote_address, self.close_reason)
+                        return self.close_reason
                 try:
-                    data = await self.stream.receive_some(RECV_CHUNK)
+                    data = await self.stream.receive_some(want)
                 except _CONN_ERRORS as e:
-                    self.close_reason = f"receive failed: {e!r}"
+                    self.close_reason = self.close_reason or f"receive failed: {e!r}"
                     return self.close_reason
+                if self._budget is not None and data:
+                    # Before it is buffered: the budget may shed this connection (or older ones).
+                    self._budget.update(self, buffered + len(data), buffered == 0)
+                    if self._closing:
+                        return self.close_reason
                 self._decoder.receive_data(data)
+                self._fed = buffered + len(data)
                 self._unbilled += len(data)
                 continue
             if cmd is CLOSED:
@@ -365,13 +598,30 @@ class Connection:
                 return None
             decoded = True
             if type(cmd) is SendRun:
-                count += cmd.hi - cmd.lo
+                n = cmd.hi - cmd.lo
+                count += n
+                credit -= 1 + n // SENDS_PER_CREDIT
             elif cmd.is_response:
+                credit -= 1
                 self._deliver(cmd)
                 continue
             else:
                 count += 1
+                credit -= 1
             requests.append(cmd)
+
+    def _release_passed(self, data: bytes, buffered: int) -> None:
+        """The decoder has passed whole frames since it was last fed: its
+        buffer still holds them until the next read.  Replace it with one
+        holding only the unfinished tail (the last `buffered` bytes, all of
+        them in `data`: the frame that was open before the read ended in
+        it), so that memory is freed now -- not after the peer's next bytes,
+        which an idle or hostile peer need never send."""
+        decoder = CommandDecoder(self.max_frame_size, raw_sends=self._raw_sends)
+        if buffered:
+            decoder.receive_data(data[len(data) - buffered:])
+        self._decoder = decoder
+        self._fed = buffered
 
     async def _dispatch(self, tasks: trio.Nursery, requests: list, count: int) -> None:
         """Hand over the requests of one read: as many as max_in_flight
@@ -411,9 +661,10 @@ class Connection:
         if self._bursts is not None:
             try:
                 singles, bursts = self._bursts.split_burst(self, requests)
-            except Exception:  # a bug in a burst handler: answer, never kill the connection
+            except Exception as e:  # a bug in a burst handler: answer them all, never kill the connection
+                self.stats.handler_failures += 1
                 log.exception("%s: burst handler failed", self.remote_address)
-                singles, bursts = requests, []
+                singles, bursts = [], [(requests, _failed(requests, e))]
             for cmds, finish in bursts:
                 tasks.start_soon(self._serve_burst, cmds, finish, bill)
         for cmd in singles:
@@ -462,12 +713,15 @@ class Connection:
             except RequestError as e:
                 response = cmd.make_response(e.code, e.remark)
             except Exception as e:
+                self.stats.handler_failures += 1
                 log.exception("%s: handler for %s failed", self.remote_address, code_name(cmd.code))
                 response = cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e))
             if response is not None and not cmd.is_oneway:
                 await self.send_response(cmd, response)
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
+        except Exception as e:  # (answering failed in a way no answer can report)
+            self._fail(e, f"answering {code_name(cmd.code)}")
         finally:
             self._answered(1)
             self._settle(bill, 1)
@@ -478,6 +732,7 @@ class Connection:
             try:
                 responses = await finish()
             except Exception as e:
+                self.stats.handler_failures += 1
                 log.exception("%s: burst of %d requests failed", self.remote_address, n)
                 responses = [[one.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e)) for one in cmd.sends()]
                              if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e))
@@ -498,6 +753,8 @@ class Connection:
                 await self._send_bytes(b"".join(frames))  # one write for the burst's answers
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
+        except Exception as e:  # (answering failed in a way no answer can report)
+            self._fail(e, f"answering a burst of {n} requests")
         finally:
             self._answered(n)
             self._settle(bill, n)
@@ -505,15 +762,14 @@ class Connection:
     def _frame_answer(self, frames: list, cmd, response) -> None:
         if response is None or cmd.is_oneway:
             return
-        try:
-            frames.append(response if isinstance(response, bytes) else
-                          encode_command(response.as_response_to(cmd), self.max_frame_size))
-        except LocalProtocolError as e:
-            frames.append(encode_command(cmd.make_response(
-                ResponseCode.SYSTEM_ERROR, f"response could not be encoded: {e}"), self.max_frame_size))
+        if isinstance(response, bytes):
+            frames.append(response)
+            return
+        frames.append(self._encode_answer(cmd, response))
 
     async def _reject(self, error: RemoteProtocolError) -> None:
-        log.warning("%s: %s; closing the connection", self.remote_address, error)
+        if self.failure is None:  # (a failure was logged already)
+            log.warning("%s: %s; closing the connection", self.remote_address, error)
         with trio.move_on_after(self.linger):
             try:
                 if error.opaque is not None and not self._send_broken:
@@ -526,6 +782,22 @@ class Connection:
                     pass
             except _CONN_ERRORS:
                 pass
+
+
+def _failed(cmds: list, error: Exception) -> BurstFinish:
+    """The async half of a burst whose handler failed: SYSTEM_ERROR for each."""
+    remark = exception_desc(error)
+
+    async def finish() -> list:
+        return [[one.make_response(ResponseCode.SYSTEM_ERROR, remark) for one in cmd.sends()]
+                if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, remark) for cmd in cmds]
+    return finish
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup) and group.exceptions:
+        group = group.exceptions[0]
+    return group
 
 
 def _admit(requests: list, start: int, room: int) -> tuple[list, int, int]:

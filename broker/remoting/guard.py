@@ -14,7 +14,11 @@
 # Floods: the limiter counts requests admitted and not yet answered across
 # every connection; past its limit a request is answered SYSTEM_BUSY
 # ("[OVERLOAD]...", as RocketMQ answers when its request queue is full), so
-# the work queued in the broker stays bounded and the client backs off.
+# the work queued in the broker stays bounded and the client backs off.  A
+# request counts until its handler returns, so work a processor parks to
+# answer later (the broker's held long polls) counts in that processor's
+# own budget, not here: a flood of held pulls cannot take the slots that
+# sends and heartbeats need.
 #
 # Each request is admitted exactly once.  A connection with a burst handler
 # hands every request of a read to split_burst; the ones it admits and the

@@ -14,6 +14,14 @@
 # read brought, at once (RequestDispatcher is a connection.BurstHandler):
 # accept_burst(conn, cmds) runs synchronously in the read loop and returns
 # the async half that answers them.
+#
+# With `limits` every connection shares the server's budgets: one
+# FrameBudget (bytes of unfinished frames), one Pacer (requests handed over
+# per scheduler round, installed as a trio instrument while the server
+# runs) and the ConnectionGate's caps.  What goes wrong in one connection
+# stays there: serve_one contains anything that escapes it (logged, counted
+# in RemotingServer.stats), so the serving nursery -- and with it the
+# process -- never sees a peer's input.
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -28,11 +36,14 @@ from broker.remoting.connection import (
     BurstFinish,
     BurstHandler,
     Connection,
+    ConnectionStats,
+    Pacer,
     RequestHandler,
     not_supported,
     peer_address,
+    report_failure,
 )
-from broker.remoting.streams import ConnectionGate, ServerLimits, accepted
+from broker.remoting.streams import ConnectionGate, FrameBudget, ServerLimits, accepted, return_freed_memory
 from broker.remoting.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -93,7 +104,32 @@ class RemotingServer:
         self.listeners = listeners
         self.connections: set[Connection] = set()
         self.accepted = 0
+        self.stats = ConnectionStats()  # failures contained, connections shed by the budgets
         self.gate: ConnectionGate | None = None  # the connection caps, when limits are set
+        self.budget: FrameBudget | None = None  # unfinished frames, when limits are set
+        self.pacer: Pacer | None = None  # requests per scheduler round, when limits are set
+
+    def hostile_metrics(self) -> list[tuple[str, str, str, dict, float]]:
+        """What the server counts against hostile input, for the metrics
+        collectors: (kind "counter" or "gauge", name, help, extra labels, value)."""
+        stats, budget = self.stats, self.budget
+        out = [
+            ("counter", "ledgermq_remoting_connection_failures", "Connections closed by an unexpected exception "
+             "while serving their bytes (decoder, burst handler, encoding, a bug): logged and contained", {},
+             stats.connection_failures),
+            ("counter", "ledgermq_remoting_handler_failures", "Requests answered SYSTEM_ERROR after their "
+             "handler raised an unexpected exception", {}, stats.handler_failures),
+            ("counter", "ledgermq_remoting_connections_shed", "Connections closed to keep a budget",
+             {"budget": "unfinished_frames"}, stats.shed_unfinished),
+            ("counter", "ledgermq_remoting_connections_shed", "Connections closed to keep a budget",
+             {"budget": "connections"}, self.gate.shed if self.gate is not None else 0),
+            ("gauge", "ledgermq_remoting_unfinished_frame_bytes", "Bytes of frames begun and not complete that "
+             "the connections hold (serverMaxUnfinishedFrameBytes)", {}, budget.used if budget else 0),
+        ]
+        if self.pacer is not None:
+            out.append(("counter", "ledgermq_remoting_rounds_deferred", "Times a connection left requests for "
+                        "the next scheduler round (serverRequestsPerRound)", {}, self.pacer.deferred))
+        return out
 
     @property
     def sockname(self) -> tuple[str, int]:
@@ -133,17 +169,30 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
     server = RemotingServer(listeners)
     gate = ConnectionGate(limits) if limits is not None else None
     server.gate = gate
+    if limits is not None:
+        server.budget = FrameBudget(limits.max_unfinished_bytes)
+        server.pacer = Pacer(limits.requests_per_round)
+        return_freed_memory()  # (what the budget lets connections hold goes back once they are shed)
+    stats = server.stats
 
     async def serve_one(stream: trio.SocketStream) -> None:
-        address = peer_address(stream).rpartition(":")[0]
-        async with accepted(stream, address, gate, limits, tls) as admitted:
-            if admitted is not None:
-                await serve_connection(admitted)
+        peer = peer_address(stream)
+        address = peer.rpartition(":")[0]
+        try:
+            async with accepted(stream, address, gate, limits, tls) as admitted:
+                if admitted is not None:
+                    await serve_connection(admitted)
+        except* Exception as group:  # (Connection.run contains its own; this is the last line)
+            stats.connection_failures += 1
+            error = group.exceptions[0]
+            report_failure(peer, "serving a connection", error)
 
     async def serve_connection(stream) -> None:
         conn = Connection(stream, handler, bursts=bursts, max_frame_size=max_frame_size,
                           max_in_flight=max_in_flight, raw_sends=raw_sends,
-                          max_in_flight_bytes=limits.max_in_flight_bytes_per_connection if limits else None)
+                          max_in_flight_bytes=limits.max_in_flight_bytes_per_connection if limits else None,
+                          max_unfinished=limits.max_unfinished_bytes_per_connection if limits else None,
+                          budget=server.budget, pacer=server.pacer, stats=stats)
         server.connections.add(conn)
         server.accepted += 1
         log.debug("accepted %r", conn)
@@ -156,8 +205,13 @@ async def serve_remoting(handler: RequestHandler, host: str | None, port: int, *
             if on_close is not None:
                 on_close(conn)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(functools.partial(trio.serve_listeners, serve_one, listeners,
-                                              handler_nursery=nursery))
-        task_status.started(server)
-
+    if server.pacer is not None:
+        trio.lowlevel.add_instrument(server.pacer)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trio.serve_listeners, serve_one, listeners,
+                                                  handler_nursery=nursery))
+            task_status.started(server)
+    finally:
+        if server.pacer is not None:
+            trio.lowlevel.remove_instrument(server.pacer)

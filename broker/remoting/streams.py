@@ -1,31 +1,49 @@
 # Owns what stands between an accepted socket and its Connection: the
 # limits a server enforces against hostile or broken clients (ServerLimits,
-# each a broker.conf / namesrv.conf key), the connection caps (ConnectionGate),
-# and the stream wrappers (StreamAdapter: replays sniffed bytes and shows the
-# socket under a TLS stream; GuardedStream: the timeouts).
+# each a broker.conf / namesrv.conf key), the connection caps (ConnectionGate:
+# one Slot per admitted connection), the budget of unfinished frames
+# (FrameBudget), and the stream wrappers (StreamAdapter: replays sniffed
+# bytes and shows the socket under a TLS stream; GuardedStream: the timeouts).
 #
-#   limit                      key                                   default
-#   frame size                 frameMaxLength                        16 MiB  (checked before the body is buffered)
-#   connections, in total      serverMaxConnections                  4096
-#   connections per address    serverMaxConnectionsPerAddress        1024
-#   idle connection            serverChannelMaxIdleTimeSeconds       120 s   (nothing read or written)
-#   one frame, first byte      serverFrameReadTimeoutMillis          30 s    (slowloris: a frame
-#     to last                                                                 trickled byte by byte)
-#   one write                  serverWriteTimeoutMillis              30 s    (a client that never reads)
-#   TLS handshake              serverTlsHandshakeTimeoutMillis       10 s
-#   requests per connection    serverMaxInFlightPerConnection        1024    (then the connection stops
-#                                                                             reading: TCP pushes back)
-#   request bytes per conn.    serverMaxInFlightBytesPerConnection   16 MiB  (likewise)
-#   requests in the server     serverMaxInFlightRequests             10000   (then SYSTEM_BUSY, guard.py)
+#   limit                      key                                         default
+#   frame size                 frameMaxLength                              16 MiB  (checked before the body is buffered)
+#   connections, in total      serverMaxConnections                        4096
+#   connections per address    serverMaxConnectionsPerAddress              256
+#   idle connection            serverChannelMaxIdleTimeSeconds             120 s   (nothing read or written)
+#   one frame, first byte      serverFrameReadTimeoutMillis                30 s    (slowloris: a frame
+#     to last                                                                       trickled byte by byte)
+#   one write                  serverWriteTimeoutMillis                    30 s    (a client that never reads)
+#   TLS handshake              serverTlsHandshakeTimeoutMillis             10 s
+#   requests per connection    serverMaxInFlightPerConnection              1024    (then the connection stops
+#                                                                                   reading: TCP pushes back)
+#   request bytes per conn.    serverMaxInFlightBytesPerConnection         16 MiB  (likewise)
+#   requests in the server     serverMaxInFlightRequests                   10000   (then SYSTEM_BUSY, guard.py)
+#   unfinished frames, bytes   serverMaxUnfinishedFrameBytes               64 MiB  (then the oldest are shed)
+#   ... per connection         serverMaxUnfinishedFrameBytesPerConnection  16 MiB  (reads never buffer past it)
+#   requests per round         serverRequestsPerRound                      128     (connection.Pacer)
 #
-# Memory per connection is therefore bounded: the decoder holds at most one
-# frame (frameMaxLength) plus one read, at most serverMaxInFlightPerConnection
-# requests and about serverMaxInFlightBytesPerConnection bytes of them wait
-# for their answers, and answers that cannot be written within
-# serverWriteTimeoutMillis end the connection.  A timeout ends only its own
-# connection (it surfaces as a broken stream, which Connection treats like a
-# reset).  Timeouts of 0 are off.
+# Memory per connection is therefore bounded: the decoder holds at most
+# serverMaxUnfinishedFrameBytesPerConnection of frames not yet complete (and
+# all connections together serverMaxUnfinishedFrameBytes), at most
+# serverMaxInFlightPerConnection requests and about
+# serverMaxInFlightBytesPerConnection bytes of them wait for their answers,
+# and answers that cannot be written within serverWriteTimeoutMillis end the
+# connection.  A timeout ends only its own connection (it surfaces as a
+# broken stream, which Connection treats like a reset).  Timeouts of 0 are off.
+#
+# Caps shed, they do not refuse: a connection over serverMaxConnections(PerAddress)
+# is admitted and the least valuable connection (of its address, or of the
+# address holding the most) is closed instead -- one that never completed a
+# frame before one that did, then the one idle longest -- so a flood of
+# connections from one address cannot lock out the working clients there.
+# FrameBudget likewise closes the connections holding the oldest unfinished
+# frames when a read would take the total past the budget, never the
+# reader of a fresh small request because old big ones fill it.
 import collections
+import contextlib
+import ctypes
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -37,7 +55,7 @@ import attrs
 import trio
 
 from broker.remoting.tls import ServerTls, StreamAdapter, TlsRefused, accept_stream
-from commitlog.config import parse_int
+from commitlog.config import ConfigError, parse_int
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +68,7 @@ _JAVA_INT = 2**31 - 1
 class ServerLimits:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = 4096
-    max_connections_per_address: int = 1024
+    max_connections_per_address: int = 256
     idle_timeout: float = 120.0
     frame_read_timeout: float = 30.0
     write_timeout: float = 30.0
@@ -58,6 +76,9 @@ class ServerLimits:
     max_in_flight_per_connection: int = 1024
     max_in_flight_bytes_per_connection: int = 16 * 1024 * 1024
     max_in_flight: int = 10000
+    max_unfinished_bytes: int = 64 * 1024 * 1024
+    max_unfinished_bytes_per_connection: int = 16 * 1024 * 1024
+    requests_per_round: int = 128
 
 
 _MS = parse_int(0, _JAVA_INT)
@@ -73,45 +94,195 @@ LIMIT_KEYS = {
     "serverMaxInFlightPerConnection": ("max_in_flight_per_connection", parse_int(1, 1 << 20), 1),
     "serverMaxInFlightBytesPerConnection": ("max_in_flight_bytes_per_connection", parse_int(1024, 1 << 40), 1),
     "serverMaxInFlightRequests": ("max_in_flight", parse_int(1, 1 << 24), 1),
+    "serverMaxUnfinishedFrameBytes": ("max_unfinished_bytes", parse_int(64 * 1024, 1 << 40), 1),
+    "serverMaxUnfinishedFrameBytesPerConnection": ("max_unfinished_bytes_per_connection",
+                                                   parse_int(1024, 1 << 40), 1),
+    "serverRequestsPerRound": ("requests_per_round", parse_int(1, 1 << 20), 1),
 }
 
 
 def limits_from_props(props: dict[str, object], base: ServerLimits | None = None) -> ServerLimits:
-    """The LIMIT_KEYS among `props` over `base` (ConfigError naming a bad one)."""
+    """The LIMIT_KEYS among `props` over `base` (ConfigError naming a bad one).
+    The unfinished-frame budgets not given follow frameMaxLength upwards
+    (a frame the server takes must fit in both); given ones must fit it."""
     values = {}
     for key, raw in props.items():
         if key in LIMIT_KEYS:
             field, parse, scale = LIMIT_KEYS[key]
             values[field] = parse(key, raw) * scale if scale != 1 else parse(key, raw)
-    return attrs.evolve(base or ServerLimits(), **values)
+    limits = attrs.evolve(base or ServerLimits(), **values)
+    frame = limits.max_frame_size
+    if "max_unfinished_bytes_per_connection" not in values:
+        limits = attrs.evolve(limits, max_unfinished_bytes_per_connection=max(
+            limits.max_unfinished_bytes_per_connection, frame))
+    if "max_unfinished_bytes" not in values:
+        limits = attrs.evolve(limits, max_unfinished_bytes=max(
+            limits.max_unfinished_bytes, limits.max_unfinished_bytes_per_connection))
+    for key, field in (("serverMaxUnfinishedFrameBytesPerConnection", "max_unfinished_bytes_per_connection"),
+                       ("serverMaxUnfinishedFrameBytes", "max_unfinished_bytes")):
+        if getattr(limits, field) < frame:
+            raise ConfigError(key, getattr(limits, field), f"below frameMaxLength ({frame}): a frame the server "
+                                                           f"accepts could never be read whole")
+    return limits
+
+
+@attrs.define(eq=False)
+class Slot:
+    """One admitted connection as the gate sees it: where from, how useful
+    so far (frames completed, last activity: GuardedStream keeps them), and
+    the scope its whole service runs in (cancelled to shed it)."""
+
+    address: str
+    last_active: float
+    frames: int = 0
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    shed: str | None = None  # why the gate closed it
+    released: bool = False
+
+    def value(self) -> tuple[bool, float]:
+        """Lower is shed first: never completed a frame, then idle longest."""
+        return self.frames > 0, self.last_active
 
 
 class ConnectionGate:
-    """Counts open connections, in total and per remote address."""
+    """Counts open connections, in total and per remote address, and keeps
+    both under their caps by shedding the least valuable (module header)."""
 
     def __init__(self, limits: ServerLimits) -> None:
         self.limits = limits
         self.total = 0
         self.by_address: collections.Counter[str] = collections.Counter()
-        self.refused = 0
+        self._slots: dict[str, set[Slot]] = {}
+        self.shed = 0  # connections closed to make room
 
-    def admit(self, address: str) -> str | None:
-        """None (and counted) if a connection from `address` may open, else why not."""
-        if self.total >= self.limits.max_connections:
-            self.refused += 1
-            return f"{self.total} connections open (serverMaxConnections)"
+    def admit(self, address: str, now: float) -> Slot:
+        """A slot for a new connection from `address`; a connection over a
+        cap sheds another (logged, counted) instead of being refused."""
         if self.by_address[address] >= self.limits.max_connections_per_address:
-            self.refused += 1
-            return f"{self.by_address[address]} connections from {address} (serverMaxConnectionsPerAddress)"
+            self._shed_one(address, f"{self.by_address[address]} connections from {address} "
+                                    f"(serverMaxConnectionsPerAddress)")
+        if self.total >= self.limits.max_connections:
+            busiest = max(self.by_address, key=self.by_address.__getitem__)
+            self._shed_one(busiest, f"{self.total} connections open (serverMaxConnections)")
+        slot = Slot(address, now)
+        self._slots.setdefault(address, set()).add(slot)
         self.total += 1
         self.by_address[address] += 1
-        return None
+        return slot
 
-    def release(self, address: str) -> None:
+    def _shed_one(self, address: str, why: str) -> None:
+        slots = self._slots.get(address)
+        if not slots:
+            return
+        victim = min(slots, key=Slot.value)
+        victim.shed = f"shed to admit a new connection: {why}"
+        log.warning("closing a connection from %s (%s, %d frames): %s", address,
+                    "idle" if victim.frames else "no complete frame", victim.frames, why)
+        self.shed += 1
+        self.release(victim)
+        victim.scope.cancel()
+
+    def release(self, slot: Slot) -> None:
+        if slot.released:
+            return
+        slot.released = True
         self.total -= 1
-        self.by_address[address] -= 1
-        if self.by_address[address] <= 0:
-            del self.by_address[address]
+        self.by_address[slot.address] -= 1
+        self._slots[slot.address].discard(slot)
+        if self.by_address[slot.address] <= 0:
+            del self.by_address[slot.address]
+            del self._slots[slot.address]
+
+
+MMAP_THRESHOLD = 256 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_pinned = False
+
+
+def return_freed_memory() -> None:
+    """Pin glibc's mmap threshold at MMAP_THRESHOLD (once per process), so
+    that every buffer above it -- a decoder holding part of a big frame --
+    is its own mapping, given back to the system the moment it is freed.
+    By default glibc raises the threshold after each such free (up to 32
+    MiB) and serves the next big buffers from the heap, where what an
+    attack had the connections hold stays mapped after they are shed: four
+    waves of 48 unfinished 15 MiB frames left a broker 100 MiB above its
+    baseline, growing; pinned, it returns to it after each.  An operator's
+    MALLOC_MMAP_THRESHOLD_ wins; elsewhere than glibc this does nothing."""
+    global _pinned
+    if _pinned or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    _pinned = True
+    try:
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+@attrs.define(eq=False, slots=True)
+class _Held:
+    nbytes: int
+    since: float  # when its unfinished frame began
+    seq: int  # of its current entry in FrameBudget._order
+
+
+class FrameBudget:
+    """The bytes of unfinished frames (and the read buffers under them) that
+    all the connections of one server hold, against one budget.  A
+    connection reports what it holds after every read (update); when that
+    takes the total past the budget, the holders of the oldest unfinished
+    frames are shed -- their `shed(reason)` closes them -- until it fits
+    again, so what the decoders keep never stays past the budget longer than
+    the step that read it.  Oldest, because that is what an attacker must
+    do to hold memory (begin frames and not finish them), while a real
+    client's frame is young: it is still arriving."""
+
+    def __init__(self, limit: int, clock=trio.current_time) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self.shed = 0  # holders closed to stay within the budget
+        self._clock = clock
+        self._held: dict[object, _Held] = {}
+        self._order: list[tuple[float, int, object]] = []  # (since, seq, holder), stale entries skipped
+        self._seq = itertools.count()
+
+    @property
+    def holders(self) -> int:
+        return len(self._held)
+
+    def update(self, holder, nbytes: int, new_frame: bool) -> None:
+        """`holder` now holds `nbytes` (0: nothing unfinished); new_frame: the
+        frame it holds began in the read just reported."""
+        held = self._held.get(holder)
+        if nbytes <= 0:
+            if held is not None:
+                self.used -= held.nbytes
+                del self._held[holder]
+            return
+        if held is None or new_frame:
+            since, seq = self._clock(), next(self._seq)
+            if held is None:
+                held = self._held[holder] = _Held(0, since, seq)
+            else:
+                held.since, held.seq = since, seq
+            heapq.heappush(self._order, (since, seq, holder))
+            if len(self._order) > 2 * len(self._held) + 64:
+                self._order = [(h.since, h.seq, k) for k, h in self._held.items()]
+                heapq.heapify(self._order)
+        self.used += nbytes - held.nbytes
+        held.nbytes = nbytes
+        while self.used > self.limit and self._order:
+            since, seq, victim = heapq.heappop(self._order)
+            h = self._held.get(victim)
+            if h is None or h.seq != seq:
+                continue  # stale: gone, or holding a newer frame
+            self.update(victim, 0, False)
+            self.shed += 1
+            victim.shed(f"{h.nbytes} bytes of a frame begun {self._clock() - since:.1f} s ago shed: unfinished "
+                        f"frames past serverMaxUnfinishedFrameBytes ({self.limit})")
+        if self.used > self.peak:
+            self.peak = self.used  # (after shedding: never above the limit)
 
 
 class _FrameTracker:
@@ -164,11 +335,13 @@ class _FrameTracker:
 class GuardedStream(StreamAdapter):
     """Enforces the idle, frame and write timeouts of ServerLimits on one
     accepted connection.  A timeout raises trio.BrokenResourceError naming
-    it (and sets `timed_out`), which ends that connection only."""
+    it (and sets `timed_out`), which ends that connection only.  Keeps its
+    gate Slot's activity and completed frames up to date (whom to shed)."""
 
-    def __init__(self, inner, limits: ServerLimits) -> None:
+    def __init__(self, inner, limits: ServerLimits, slot: Slot | None = None) -> None:
         super().__init__(inner)
         self.limits = limits
+        self.slot = slot
         self.timed_out: str | None = None
         self._tracker = _FrameTracker()
         # A Connection reports frames itself (frames_read, from its
@@ -187,7 +360,9 @@ class GuardedStream(StreamAdapter):
         return min(self._idle_deadline(), self._frame_deadline)
 
     def _active(self) -> None:
-        self._last_activity = trio.current_time()
+        self._last_activity = now = trio.current_time()
+        if self.slot is not None:
+            self.slot.last_active = now
         if self._receive_scope is not None:  # a write pushes a waiting receive's idle deadline on
             self._receive_scope.deadline = self._deadline()
 
@@ -219,6 +394,8 @@ class GuardedStream(StreamAdapter):
         """After a read: whether a frame has begun and not ended, and
         whether one ended in that read (a reader with a decoder of its own
         says so instead of this stream following the framing)."""
+        if ended and self.slot is not None:
+            self.slot.frames += 1
         t = self.limits.frame_read_timeout
         if t <= 0:
             return
@@ -264,28 +441,24 @@ def direct_writer(stream) -> Callable[[bytes], int] | None:
 async def accepted(stream: trio.SocketStream, address: str, gate: ConnectionGate | None,
                    limits: ServerLimits | None, tls: ServerTls | None):
     """The stream a Connection should read, or None when the connection is
-    refused (over a cap, or not the TLS the server's mode wants; logged).
-    The connection counts against the caps until the block ends."""
-    if gate is not None:
-        why = gate.admit(address)
-        if why is not None:
-            log.warning("refused a connection from %s: %s", address, why)
-            await trio.aclose_forcefully(stream)
-            yield None
-            return
+    refused (not the TLS the server's mode wants; logged).  The connection
+    counts against the caps until the block ends, and the block is
+    cancelled if the gate sheds it for a newer one."""
+    slot = gate.admit(address, trio.current_time()) if gate is not None else None
     try:
-        wrapped = stream
-        if tls is not None and tls.enabled:
-            timeout = limits.handshake_timeout if limits is not None else ServerLimits().handshake_timeout
-            try:
-                wrapped = await accept_stream(stream, tls, timeout)
-            except TlsRefused as e:
-                log.warning("closed a connection from %s: %s", address, e)
-                await trio.aclose_forcefully(stream)
-                wrapped = None
-        if wrapped is not None and limits is not None:
-            wrapped = GuardedStream(wrapped, limits)
-        yield wrapped
+        with slot.scope if slot is not None else contextlib.nullcontext():
+            wrapped = stream
+            if tls is not None and tls.enabled:
+                timeout = limits.handshake_timeout if limits is not None else ServerLimits().handshake_timeout
+                try:
+                    wrapped = await accept_stream(stream, tls, timeout)
+                except TlsRefused as e:
+                    log.warning("closed a connection from %s: %s", address, e)
+                    await trio.aclose_forcefully(stream)
+                    wrapped = None
+            if wrapped is not None and limits is not None:
+                wrapped = GuardedStream(wrapped, limits, slot)
+            yield wrapped
     finally:
-        if gate is not None:
-            gate.release(address)
+        if slot is not None:
+            gate.release(slot)

@@ -146,21 +146,86 @@ async def test_big_requests_never_read_are_bounded_by_bytes_not_count(nursery):
     await stream.aclose()
 
 
-async def test_connection_caps_per_address_and_in_total(nursery):
-    _svc, server = await start(nursery, attrs.evolve(FAST, max_connections_per_address=3, max_connections=4))
-    keep = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(3)]
-    for s in keep:  # each of the three is served
-        assert (await raw_invoke(s, RemotingCommand(ECHO, opaque=1, body=b"k"))).body == b"k"
+class Admissions:
+    """on_connect for serve_remoting: wait until the server made n connections."""
+
+    def __init__(self) -> None:
+        self.conns = []
+        self._changed = trio.Event()
+
+    def __call__(self, conn) -> None:
+        self.conns.append(conn)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, n: int) -> None:
+        with trio.fail_after(5):
+            while len(self.conns) < n:
+                await self._changed.wait()
+
+
+async def test_a_full_address_sheds_its_least_valuable_connection(nursery):
+    # A flood of connections from one address must not lock out the working
+    # clients there: past the per-address cap, each new connection sheds the
+    # one that never completed a frame (then the one idle longest), not the
+    # working client, and is itself admitted.
+    admitted = Admissions()
+    _svc, server = await start(nursery, attrs.evolve(FAST, max_connections_per_address=3, max_connections=50),
+                               on_connect=admitted)
+    worker = await trio.open_tcp_stream("127.0.0.1", server.port)
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=1, body=b"w"))).body == b"w"
+    silent = []
+    for i in range(6):  # never send anything
+        silent.append(await trio.open_tcp_stream("127.0.0.1", server.port))
+        await admitted.wait(2 + i)
+    assert server.gate.by_address["127.0.0.1"] == 3 and server.gate.shed == 4
+    for s in silent[:4]:  # the oldest silent ones went, in order
+        assert await read_until_eof(s) == []
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=2, body=b"still"))).body == b"still"
+    # A new real client gets in (shedding a silent one) and is served.
+    newcomer = await trio.open_tcp_stream("127.0.0.1", server.port)
+    assert (await raw_invoke(newcomer, RemotingCommand(ECHO, opaque=1, body=b"n"))).body == b"n"
+    assert server.gate.shed == 5
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=3, body=b"w3"))).body == b"w3"
+    # Among working clients, the one idle longest goes first.
+    third = await trio.open_tcp_stream("127.0.0.1", server.port)
+    await admitted.wait(9)
+    assert (await raw_invoke(third, RemotingCommand(ECHO, opaque=1, body=b"t"))).body == b"t"
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=4, body=b"w4"))).body == b"w4"
     fourth = await trio.open_tcp_stream("127.0.0.1", server.port)
-    await fourth.send_all(encode_command(RemotingCommand(ECHO, opaque=1)))
-    assert await read_until_eof(fourth) == []  # closed unanswered
-    assert server.gate.refused == 1
-    await keep.pop().aclose()
+    await admitted.wait(10)
+    assert await read_until_eof(newcomer) == []  # idle since its one request
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=5, body=b"w5"))).body == b"w5"
+    for s in (worker, third, fourth, *silent):
+        await s.aclose()
+
+
+async def test_a_full_server_sheds_from_the_busiest_address(nursery):
+    admitted = Admissions()
+    _svc, server = await start(nursery, attrs.evolve(FAST, max_connections=4, max_connections_per_address=50),
+                               on_connect=admitted)
+    crowd = []
+    for i in range(3):
+        crowd.append(await trio.open_tcp_stream("127.0.0.1", server.port, local_address="127.0.0.2"))
+        await admitted.wait(i + 1)
+    worker = await trio.open_tcp_stream("127.0.0.1", server.port)
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=1, body=b"w"))).body == b"w"
+    other = await trio.open_tcp_stream("127.0.0.1", server.port)  # the fifth: one of the crowd goes
+    assert (await raw_invoke(other, RemotingCommand(ECHO, opaque=1, body=b"o"))).body == b"o"
+    assert server.gate.shed == 1 and server.gate.total == 4
+    assert server.gate.by_address == {"127.0.0.2": 2, "127.0.0.1": 2}
+    assert await read_until_eof(crowd[0]) == []
+    assert (await raw_invoke(worker, RemotingCommand(ECHO, opaque=2, body=b"w2"))).body == b"w2"
+    await keep_closing(crowd, worker, other)
     with trio.fail_after(5):
-        while server.gate.total > 2:
+        while server.gate.total:
             await trio.sleep(0.02)
-    again = await trio.open_tcp_stream("127.0.0.1", server.port)  # a slot came free
-    assert (await raw_invoke(again, RemotingCommand(ECHO, opaque=2, body=b"a"))).body == b"a"
+
+
+async def keep_closing(*streams) -> None:
+    for s in streams:
+        for one in (s if isinstance(s, list) else [s]):
+            await one.aclose()
 
 
 async def test_oversized_frame_closes_only_that_connection(nursery):
