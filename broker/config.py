@@ -128,6 +128,13 @@ KEYS = {
     "aclFile": ("acl_file", _nonempty),
     "brokerAccessKey": ("broker_access_key", _nonempty),
     "brokerSecretKey": ("broker_secret_key", _nonempty),
+    # Long polling against hostile clients (README "Limits against hostile
+    # clients"): the longest a PULL_MESSAGE is held whatever it asks, and
+    # how many may be held per connection, per client address and in all.
+    "longPollingSuspendMaxMillis": ("long_polling_suspend_max_ms", _int(0, 24 * 3600 * 1000)),
+    "longPollingMaxHeldPerConnection": ("long_polling_max_held_per_connection", _int(0, 1 << 24)),
+    "longPollingMaxHeldPerAddress": ("long_polling_max_held_per_address", _int(0, 1 << 24)),
+    "longPollingMaxHeld": ("long_polling_max_held", _int(0, 1 << 24)),
 }
 # Every key some part of ledgermq parses (for "did you mean").
 PARSED_KEYS = (frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS) | frozenset(LIMIT_KEYS)
@@ -162,6 +169,10 @@ class BrokerConfig:
     acl_file: str | None = None
     broker_access_key: str | None = attrs.field(default=None, repr=False)
     broker_secret_key: str | None = attrs.field(default=None, repr=False)
+    long_polling_suspend_max_ms: int = 30000  # clients may ask for up to 24 h
+    long_polling_max_held_per_connection: int = 1024
+    long_polling_max_held_per_address: int = 2048
+    long_polling_max_held: int = 10000
     # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
     # (to the name servers), and the limits against hostile clients.
     tls: ServerTls = ServerTls()

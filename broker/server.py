@@ -11,7 +11,8 @@
 #                         processor that fails to import fails the start.
 #   services              the client registry (notifications, expiry), the
 #                         delay-level schedule service, the transaction
-#                         check service, the admin TPS meter
+#                         check service, the admin TPS meter, the long-poll
+#                         hold service (the pull processor's parked pulls)
 #   metrics               broker/metrics.py: the send and pull processors
 #                         registered through their metered wrappers, the
 #                         stats sampler (VIEW_BROKER_STATS_DATA), and with
@@ -118,7 +119,7 @@ class Processors:
 
     def services(self) -> tuple:
         """The background services, each started with `nursery.start(s.run)`."""
-        return self.schedule, self.transactions, self.admin
+        return self.schedule, self.transactions, self.admin, self.pull
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
@@ -379,10 +380,13 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     # their subscriptions from it, and a closed connection's clients leave
     # their groups at once (the rest of the group is notified).
     clients = ClientManager()
+    # What a closed connection leaves: its admitted requests, its clients,
+    # and (once the processors are built) its parked long polls.
+    forget = [guard.forget, clients.on_connection_closed]
 
     def closed(conn) -> None:
-        guard.forget(conn)
-        clients.on_connection_closed(conn)
+        for hook in forget:
+            hook(conn)
 
     async with trio.open_nursery() as nursery:
         if acl is not None:
@@ -405,6 +409,8 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
         processors.register(dispatcher)
+        forget.append(processors.pull.forget)
+        processors.pull.holds.pacer = server.pacer  # held pulls' answers share the requests' rounds
         # Sends and pulls are timed and counted: their wrappers take the
         # processors' codes over (each hands every request on unchanged).
         sends, pulls = MeteredSends(processors.send), MeteredPulls(processors.pull)

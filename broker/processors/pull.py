@@ -21,12 +21,28 @@
 #   6. COMMIT_OFFSET (0x1): on the writable leader the commitOffset is staged
 #      through metadata (replicated, coalesced); ignored elsewhere, and for
 #      negative offsets;
-#   7. SUSPEND (0x2) and PULL_NOT_FOUND: the request is held in its own task
-#      (the connection runs each request in one) until the dispatched
-#      watermark moves and the queue's max offset passes the request offset,
-#      or suspendTimeoutMillis (shortPollingTimeMills with long polling off)
-#      elapses; then it is answered with a fresh read.  No polling: the wait
-#      parks on cq.dispatcher.dispatched.
+#   7. SUSPEND (0x2) and PULL_NOT_FOUND: the request is held until the
+#      queue's max offset passes the request offset (or its queues were
+#      rebuilt), or suspendTimeoutMillis (shortPollingTimeMills with long
+#      polling off) elapses -- never longer than longPollingSuspendMaxMillis
+#      (30 s; clients may ask for 24 h) -- and then answered with a fresh
+#      read.  No polling: waits park on the dispatcher's per-queue arrivals.
+#
+# Held pulls from connections are parked, not tasks (PullHolds, the table,
+# and PullHoldService, its shell -- RocketMQ's PullRequestHoldService): the
+# handler returns at once, so a held pull occupies none of the budgets that
+# sends and heartbeats need (the connection's and the server's in-flight
+# requests); it counts in budgets of its own instead, per connection, per
+# client address and in all (longPollingMaxHeld*).  A pull past them is
+# answered SYSTEM_BUSY at once ("[OVERLOAD]..."), which stock clients treat
+# as a broker error and retry 3 s later (Java's pullTimeDelayMillsWhenException;
+# never PULL_NOT_FOUND, which they re-send at once).  One task per queue
+# with parked pulls waits for its arrivals, one timer for the deadlines; their
+# answers count against the remoting server's Pacer (requests per scheduler
+# round) like the requests the connections hand over, and a closed
+# connection's parked pulls are dropped at once (forget) -- no task to
+# cancel, so a client closing ten thousand of them costs no long round.
+# process() holds in the caller's task instead (tests, tools).
 #
 # Roles.  Every node serves reads: consume queues on followers hold exactly
 # the committed, dispatched messages.  suggestWhichBrokerId (which broker the
@@ -45,8 +61,12 @@
 # that has not heard from a quorum within an election timeout
 # (a follower's dispatch may lag, and resetting a consumer on a lagging view
 # would rewind it).
+import heapq
+import itertools
 import logging
+import math
 import os
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -66,6 +86,7 @@ from broker.config import LiveConfig, broker_id_for
 from broker.processors.client_manager import ClientManager
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.connection import exception_desc
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
 from broker.store.broker_store import BrokerStore
@@ -78,7 +99,7 @@ log = logging.getLogger("ledgermq.pull")
 
 DEFAULT_SUSPEND_MS = 15000  # the push consumer's brokerSuspendMaxTimeMillis
 SHORT_POLLING_MS = 1000  # shortPollingTimeMills
-MAX_SUSPEND_MS = 24 * 3600 * 1000  # a sanity bound on a client-chosen hold
+ANSWER_BATCH = 64  # parked pulls answered per scheduler round
 MASTER_ID = 0
 ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO = 40  # MessageStoreConfig.accessMessageInMemoryMaxRatio (%)
 
@@ -138,6 +159,15 @@ def parse_pull_header(request: RemotingCommand) -> PullHeader:
         expression_type=h.str("expressionType", None), max_msg_bytes=h.int("maxMsgBytes", None))
 
 
+@attrs.define(eq=False, slots=True)
+class Hold:
+    """What the first read of a pull found: hold it `timeout` seconds."""
+
+    header: PullHeader
+    sub: Subscription
+    timeout: float
+
+
 @attrs.define(eq=False)
 class PullProcessor:
     """The RequestDispatcher processor for PULL_MESSAGE."""
@@ -149,17 +179,51 @@ class PullProcessor:
     short_polling_ms: int = SHORT_POLLING_MS
     max_transfer_bytes: int = DEFAULT_MAX_BYTES
     slave_read_lag_bytes: int = attrs.Factory(default_slave_read_lag_bytes)
-    held: int = 0  # requests parked right now (for stats and tests)
+    held_in_tasks: int = 0  # process() calls holding in their own task
+    holds: "PullHoldService" = attrs.field(init=False)
 
     CODES = (RequestCode.PULL_MESSAGE,)
+
+    def __attrs_post_init__(self) -> None:
+        self.holds = PullHoldService(self)
+
+    @property
+    def held(self) -> int:
+        """Pulls held right now, parked or in a task (for stats and tests)."""
+        return self.held_in_tasks + self.holds.table.total
 
     def register(self, dispatcher) -> None:
         dispatcher.register(RequestCode.PULL_MESSAGE, self)
 
-    async def __call__(self, conn, request: RemotingCommand) -> RemotingCommand:
-        return await self.process(request)
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The hold service (a broker service): without it running, pulls
+        from connections hold in their own task as process() does."""
+        await self.holds.run(task_status=task_status)
+
+    def forget(self, conn) -> None:
+        """A closed connection's parked pulls go (the server's on_close)."""
+        self.holds.forget(conn)
+
+    async def __call__(self, conn, request: RemotingCommand,
+                       on_answer: Callable[[RemotingCommand], None] | None = None) -> RemotingCommand | None:
+        """The answer, or None when the pull is parked: it is answered later
+        on `conn` (and on_answer(response) is called then)."""
+        out = self._begin(request)
+        if type(out) is not Hold:
+            return out
+        if not self.holds.running:
+            return await self._hold_here(request, out)
+        return self.holds.park(conn, request, out, on_answer)
 
     async def process(self, request: RemotingCommand) -> RemotingCommand:
+        """Answer one pull, holding it in this task when it must wait."""
+        out = self._begin(request)
+        if type(out) is not Hold:
+            return out
+        return await self._hold_here(request, out)
+
+    def _begin(self, request: RemotingCommand) -> RemotingCommand | Hold:
+        """Steps 1-7 up to the hold: the answer, or what to hold."""
         try:
             header = parse_pull_header(request)
             sub = self._check(header)
@@ -176,13 +240,33 @@ class PullProcessor:
             self._commit(header)
         if code == ResponseCode.PULL_NOT_FOUND and header.suspend:
             timeout_ms = header.suspend_timeout_ms if self.long_polling_enable else self.short_polling_ms
-            timeout_ms = min(max(timeout_ms, 0), MAX_SUSPEND_MS)
+            timeout_ms = min(max(timeout_ms, 0), self.config.current.long_polling_suspend_max_ms)
             if timeout_ms > 0:
-                await self._hold(header, timeout_ms / 1000)
-                judge = self._may_correct(self.store.gate.writable)
-                result = self._read(header, sub, judge)
-                code = self._code(result, header.queue_offset, judge)
+                return Hold(header, sub, timeout_ms / 1000)
         return self._response(request, result, code)
+
+    def finish(self, request: RemotingCommand, hold: Hold) -> RemotingCommand:
+        """The answer to a held pull: a fresh read."""
+        judge = self._may_correct(self.store.gate.writable)
+        result = self._read(hold.header, hold.sub, judge)
+        return self._response(request, result, self._code(result, hold.header.queue_offset, judge))
+
+    async def _hold_here(self, request: RemotingCommand, hold: Hold) -> RemotingCommand:
+        """Park this task until the queue holds a message at or after the
+        request offset (or its queues were rebuilt), or the hold's timeout
+        passed: only dispatches into this queue wake the pull."""
+        h = hold.header
+        self.held_in_tasks += 1
+        try:
+            with trio.move_on_after(hold.timeout):
+                await self.store.cq.dispatcher.arrivals.wait_beyond(h.topic, h.queue_id, h.queue_offset)
+        finally:
+            self.held_in_tasks -= 1
+        return self.finish(request, hold)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.store.cq.engine.cqs.get(topic, queue_id)
+        return -1 if cq is None else cq.max_offset
 
     # --- steps ------------------------------------------------------------------
 
@@ -262,17 +346,6 @@ class PullProcessor:
             log.debug("pull's commitOffset %s@%s/%d=%d not stored: %s", h.topic, h.consumer_group, h.queue_id,
                       h.commit_offset, e)
 
-    async def _hold(self, h: PullHeader, timeout: float) -> None:
-        """Park until the queue holds a message at or after the request
-        offset (or its queues were rebuilt), or `timeout` seconds passed:
-        only dispatches into this queue wake the pull."""
-        self.held += 1
-        try:
-            with trio.move_on_after(timeout):
-                await self.store.cq.dispatcher.arrivals.wait_beyond(h.topic, h.queue_id, h.queue_offset)
-        finally:
-            self.held -= 1
-
     def suggest_broker_id(self, result: PullResult) -> int:
         """0 (the master) unless the consumer lags beyond slave_read_lag_bytes
         (see the header)."""
@@ -312,3 +385,258 @@ def _sql_accept(sql):
             return True
         return sql.matches(props)
     return accept
+
+
+# --- long polls parked by connection (see the header) -----------------------------
+
+
+@attrs.define(eq=False, slots=True)
+class Parked:
+    """One pull held for a connection."""
+
+    seq: int
+    conn: object
+    address: str
+    request: RemotingCommand
+    hold: Hold
+    deadline: float
+    on_answer: Callable[[RemotingCommand], None] | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.hold.header.topic, self.hold.header.queue_id
+
+    @property
+    def offset(self) -> int:
+        return self.hold.header.queue_offset
+
+
+def client_address(conn) -> str:
+    """A connection's client address without its port (what the budgets count by)."""
+    return str(getattr(conn, "remote_address", "?")).rpartition(":")[0] or "?"
+
+
+@attrs.define(eq=False)
+class PullHolds:
+    """The table of parked pulls: by sequence, by connection, by queue, the
+    counts the budgets read, and the deadlines (a heap; entries of pulls
+    gone are skipped and, when they pile up, dropped).  No I/O, no clock."""
+
+    by_seq: dict[int, Parked] = attrs.Factory(dict)
+    by_conn: dict[object, dict[int, Parked]] = attrs.Factory(dict)
+    by_queue: dict[tuple[str, int], dict[int, Parked]] = attrs.Factory(dict)
+    by_address: dict[str, int] = attrs.Factory(dict)
+    deadlines: list[tuple[float, int]] = attrs.Factory(list)
+    refused: dict[str, int] = attrs.Factory(lambda: {"connection": 0, "address": 0, "broker": 0})
+    parked: int = 0  # ever
+    woken: int = 0  # answered because their queue moved
+    expired: int = 0  # answered at their deadline
+
+    @property
+    def total(self) -> int:
+        return len(self.by_seq)
+
+    def refusal(self, conn, address: str, per_connection: int, per_address: int, total: int) -> str | None:
+        """Why one more pull cannot be parked for `conn`, or None."""
+        if len(self.by_conn.get(conn, ())) >= per_connection:
+            self.refused["connection"] += 1
+            return f"{per_connection} pulls held for this connection (longPollingMaxHeldPerConnection)"
+        if self.by_address.get(address, 0) >= per_address:
+            self.refused["address"] += 1
+            return f"{per_address} pulls held for {address} (longPollingMaxHeldPerAddress)"
+        if len(self.by_seq) >= total:
+            self.refused["broker"] += 1
+            return f"{total} pulls held (longPollingMaxHeld)"
+        return None
+
+    def add(self, p: Parked) -> None:
+        self.by_seq[p.seq] = p
+        self.by_conn.setdefault(p.conn, {})[p.seq] = p
+        self.by_queue.setdefault(p.key, {})[p.seq] = p
+        self.by_address[p.address] = self.by_address.get(p.address, 0) + 1
+        heapq.heappush(self.deadlines, (p.deadline, p.seq))
+        self.parked += 1
+
+    def remove(self, p: Parked) -> bool:
+        """Take `p` out (if still in); True if its queue has no pull left."""
+        if self.by_seq.pop(p.seq, None) is None:
+            return False
+        mine = self.by_conn[p.conn]
+        del mine[p.seq]
+        if not mine:
+            del self.by_conn[p.conn]
+        n = self.by_address[p.address] - 1
+        if n:
+            self.by_address[p.address] = n
+        else:
+            del self.by_address[p.address]
+        if len(self.deadlines) > 2 * len(self.by_seq) + 64:
+            self.deadlines = [(q.deadline, q.seq) for q in self.by_seq.values()]
+            heapq.heapify(self.deadlines)
+        queue = self.by_queue[p.key]
+        del queue[p.seq]
+        if queue:
+            return False
+        del self.by_queue[p.key]
+        return True
+
+    def of_conn(self, conn) -> list[Parked]:
+        return list(self.by_conn.get(conn, {}).values())
+
+    def on_queue(self, key: tuple[str, int]) -> list[Parked]:
+        return list(self.by_queue.get(key, {}).values())
+
+    def next_deadline(self) -> float:
+        while self.deadlines and self.deadlines[0][1] not in self.by_seq:
+            heapq.heappop(self.deadlines)
+        return self.deadlines[0][0] if self.deadlines else math.inf
+
+    def due(self, now: float, limit: int) -> list[Parked]:
+        """Up to `limit` pulls whose deadline is past (still in the table)."""
+        out = []
+        while self.deadlines and len(out) < limit and self.deadlines[0][0] <= now:
+            _, seq = heapq.heappop(self.deadlines)
+            p = self.by_seq.get(seq)
+            if p is not None:
+                out.append(p)
+        return out
+
+
+@attrs.define(eq=False)
+class _Watch:
+    """The task waiting for one queue's arrivals on behalf of its parked pulls."""
+
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # the whole task
+    wait: trio.CancelScope | None = None  # its current wait
+    low: int = -1  # the offset that wait is for
+
+
+class PullHoldService:
+    """The shell around PullHolds: parks pulls (park), answers them when
+    their queue moves (one _watch task per queue with parked pulls) or at
+    their deadline (one timer task), and drops a closed connection's
+    (forget).  Answers go out through conn.send_response_soon, within the
+    remoting server's Pacer (or ANSWER_BATCH a step without one)."""
+
+    def __init__(self, processor: PullProcessor, clock=trio.current_time) -> None:
+        self.processor = processor
+        self.table = PullHolds()
+        self._clock = clock
+        self._seq = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self._watches: dict[tuple[str, int], _Watch] = {}
+        self._timer_changed = trio.Event()
+        self._armed = math.inf  # the deadline the timer sleeps until
+        self.pacer = None  # the remoting server's Pacer (broker/server.py wires it)
+        self._answered_in_step = 0
+
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._expire)
+                task_status.started()
+        finally:
+            self._nursery = None
+
+    def park(self, conn, request: RemotingCommand, hold: Hold,
+             on_answer: Callable[[RemotingCommand], None] | None) -> RemotingCommand | None:
+        """Park the pull (None), or the answer when its budgets are full."""
+        cfg = self.processor.config.current
+        address = client_address(conn)
+        why = self.table.refusal(conn, address, cfg.long_polling_max_held_per_connection,
+                                 cfg.long_polling_max_held_per_address, cfg.long_polling_max_held)
+        if why is not None:
+            return request.make_response(ResponseCode.SYSTEM_BUSY,
+                                         f"[OVERLOAD]{why}; this pull is not held, pull again later")
+        p = Parked(next(self._seq), conn, address, request, hold, self._clock() + hold.timeout, on_answer)
+        self.table.add(p)
+        watch = self._watches.get(p.key)
+        if watch is None:
+            watch = self._watches[p.key] = _Watch()
+            self._nursery.start_soon(self._watch, p.key, watch)
+        elif watch.wait is not None and p.offset < watch.low:
+            watch.wait.cancel()  # it waits for a later offset than this pull needs
+        if p.deadline < self._armed:
+            self._timer_changed.set()
+        return None
+
+    def forget(self, conn) -> None:
+        for p in self.table.of_conn(conn):
+            self._remove(p)
+
+    def _remove(self, p: Parked) -> None:
+        if self.table.remove(p):
+            watch = self._watches.pop(p.key, None)
+            if watch is not None:
+                watch.scope.cancel()
+
+    def _answer(self, p: Parked) -> None:
+        """A fresh read for `p`, sent on its connection (if it is still open)."""
+        self._remove(p)
+        try:
+            response = self.processor.finish(p.request, p.hold)
+        except Exception as e:  # a bug here must not end the service, which would end the broker
+            log.exception("answering a held pull of %s failed", p.conn)
+            response = p.request.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e))
+        send = getattr(p.conn, "send_response_soon", None)
+        if send is not None and send(p.request, response) and p.on_answer is not None:
+            p.on_answer(response)
+
+    async def _turn(self) -> None:
+        """Wait, if need be, until this scheduler round has room for one more
+        answer: the remoting server's Pacer when wired (answers count with
+        the requests the connections hand over), else ANSWER_BATCH a round."""
+        if self.pacer is not None:
+            while not self.pacer.take(1):
+                await self.pacer.next_round()
+            return
+        self._answered_in_step += 1
+        if self._answered_in_step >= ANSWER_BATCH:
+            self._answered_in_step = 0
+            await trio.lowlevel.checkpoint()
+
+    async def _answer_all(self, parked: list[Parked]) -> None:
+        for p in parked:
+            if p.seq in self.table.by_seq:
+                await self._turn()
+                if p.seq in self.table.by_seq:  # (still: forget() may have run meanwhile)
+                    self._answer(p)
+
+    async def _watch(self, key: tuple[str, int], watch: _Watch) -> None:
+        topic, queue_id = key
+        arrivals = self.processor.store.cq.dispatcher.arrivals
+        with watch.scope:
+            while True:
+                parked = self.table.on_queue(key)
+                if not parked:
+                    return
+                watch.low = low = min(p.offset for p in parked)
+                with trio.CancelScope() as wait:
+                    watch.wait = wait
+                    await arrivals.wait_beyond(topic, queue_id, low)
+                watch.wait = None
+                if wait.cancelled_caught:
+                    continue  # a pull for an earlier offset was parked: wait for that one
+                top = self.processor.max_offset(topic, queue_id)
+                if top <= low:  # woken by a reset (queues rebuilt or rebased): everyone re-reads
+                    ready = self.table.on_queue(key)
+                else:
+                    ready = [p for p in self.table.on_queue(key) if p.offset < top]
+                self.table.woken += len(ready)
+                await self._answer_all(ready)
+
+    async def _expire(self) -> None:
+        while True:
+            self._armed = self.table.next_deadline()
+            self._timer_changed = trio.Event()
+            with trio.move_on_at(self._armed):
+                await self._timer_changed.wait()
+            while due := self.table.due(self._clock(), ANSWER_BATCH):
+                self.table.expired += len(due)
+                await self._answer_all(due)
+

@@ -5,9 +5,14 @@
 # (and its slave form on followers), the header fields clients rely on
 # (client-compat #11), COMMIT_OFFSET on the leader only, long polling woken
 # by a commit, the timeout answer, and that an uncommitted append is never
-# visible.
+# visible.  Pulls from connections are parked (issue 27): answered by
+# arrival or deadline through the connection, the suspension capped by
+# longPollingSuspendMaxMillis, parked pulls counted in their own budgets
+# per connection, per address and in all (past them SYSTEM_BUSY at once),
+# and a closed connection's parked pulls dropped with their watchers.
 import attrs
 import trio
+import trio.testing
 
 from broker.common.subscription import (
     FLAG_COMMIT_OFFSET,
@@ -351,7 +356,9 @@ async def test_long_poll_over_tcp_does_not_block_other_requests(tmp_path):
         async with trio.open_nursery() as nursery:
             g, leader = await loaded_group(tmp_path, nursery, tags=("TagA",))
             d = RequestDispatcher()
-            pull_processor(leader).register(d)
+            p = pull_processor(leader)
+            p.register(d)
+            await nursery.start(p.run)  # parked, answered through the connection
             server = await nursery.start(lambda task_status: serve_remoting(d, "127.0.0.1", 0,
                                                                              task_status=task_status))
             async with open_remoting_client() as client:
@@ -365,6 +372,7 @@ async def test_long_poll_over_tcp_does_not_block_other_requests(tmp_path):
                 await trio.sleep(0.3)
                 quick = await client.invoke(server.address, pull_req(0), timeout=5)
                 assert quick.code == ResponseCode.SUCCESS and not got
+                assert p.holds.table.total == 1 and p.held_in_tasks == 0
                 assert (await send(leader, b"late", "TagA")).code == ResponseCode.SUCCESS
                 while not got:
                     await trio.sleep(0.01)
@@ -411,4 +419,132 @@ async def test_sql92_filter_at_pull_time(tmp_path, autojump_clock):
         mgr.heartbeat(FakeConn(), RemotingCommand.create_request(RequestCode.HEART_BEAT), hb)
         by_hb = await p.process(pull_req(0, flag=0))
         assert [r.body for r in records(by_hb.body)] == [b"m2"]
+        nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class AnsweringConn(FakeConn):
+    """A connection as the hold service answers through it."""
+
+    answers: list = attrs.Factory(list)
+    answered: trio.Event = attrs.Factory(trio.Event)
+
+    def send_response_soon(self, request, response) -> bool:
+        if self.closed:
+            return False
+        self.answers.append((request.opaque, response))
+        self.answered.set()
+        self.answered = trio.Event()
+        return True
+
+    async def wait_answers(self, n: int) -> list:
+        with trio.fail_after(60):
+            while len(self.answers) < n:
+                await self.answered.wait()
+        return self.answers
+
+
+def suspended(offset, queue_id=1, suspend_ms=5000, opaque=7, **kw):
+    req = pull_req(offset, queue_id=queue_id, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=suspend_ms, **kw)
+    return attrs.evolve(req, opaque=opaque)
+
+
+async def test_parked_pulls_are_answered_by_arrival_or_deadline(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        await nursery.start(p.run)
+        conn = AnsweringConn("10.0.0.1:5000")
+        late = []
+        t0 = trio.current_time()
+        # Parked: the handler returns at once, with nothing to send yet.
+        assert await p(conn, suspended(4, opaque=1), late.append) is None
+        assert await p(conn, suspended(0, queue_id=2, opaque=2, suspend_ms=3000), late.append) is None
+        assert trio.current_time() == t0 and p.held == 2 and len(p.holds._watches) == 2
+        assert (await send(leader, b"new", "TagA")).code == ResponseCode.SUCCESS
+        [(opaque, resp)] = await conn.wait_answers(1)
+        assert opaque == 1 and resp.code == ResponseCode.SUCCESS and [r.body for r in records(resp.body)] == [b"new"]
+        assert late == [resp] and p.holds.table.woken == 1
+        # The other one at its deadline, with a fresh (empty) read.
+        answers = await conn.wait_answers(2)
+        assert answers[1][0] == 2 and answers[1][1].code == ResponseCode.PULL_NOT_FOUND
+        assert trio.current_time() - t0 == 3.0 and p.holds.table.expired == 1
+        assert p.held == 0 and not p.holds._watches
+        nursery.cancel_scope.cancel()
+
+
+async def test_suspension_is_capped_by_the_broker(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        p.config = LiveConfig(attrs.evolve(leader.cfg, long_polling_suspend_max_ms=2000))
+        await nursery.start(p.run)
+        conn = AnsweringConn("10.0.0.1:5000")
+        t0 = trio.current_time()
+        for i, ms in enumerate((120000, 24 * 3600 * 1000, 1500)):
+            assert await p(conn, suspended(4, opaque=i, suspend_ms=ms)) is None
+        answers = await conn.wait_answers(3)
+        assert [a[0] for a in answers] == [2, 0, 1]  # 1.5 s, then both capped at 2 s
+        assert trio.current_time() - t0 == 2.0
+        # process() (held in the caller's task) is capped too.
+        resp = await p.process(suspended(4, suspend_ms=120000))
+        assert resp.code == ResponseCode.PULL_NOT_FOUND and trio.current_time() - t0 == 4.0
+        assert LiveConfig(leader.cfg).current.long_polling_suspend_max_ms == 30000  # the default
+        nursery.cancel_scope.cancel()
+
+
+async def test_held_pulls_have_budgets_of_their_own(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        p.config = LiveConfig(attrs.evolve(leader.cfg, long_polling_max_held_per_connection=2,
+                                           long_polling_max_held_per_address=3, long_polling_max_held=4))
+        await nursery.start(p.run)
+        a1, a2 = AnsweringConn("10.0.0.1:1"), AnsweringConn("10.0.0.1:2")
+        b, c = AnsweringConn("10.0.0.2:1"), AnsweringConn("[::1]:7")
+
+        async def pull(conn, opaque):
+            return await p(conn, suspended(4, opaque=opaque, suspend_ms=10000))
+
+        assert await pull(a1, 1) is None and await pull(a1, 2) is None
+        busy = await pull(a1, 3)
+        assert busy.code == ResponseCode.SYSTEM_BUSY and busy.remark.startswith("[OVERLOAD]")
+        assert "longPollingMaxHeldPerConnection" in busy.remark
+        assert await pull(a2, 4) is None
+        assert "longPollingMaxHeldPerAddress" in (await pull(a2, 5)).remark
+        assert await pull(b, 6) is None
+        assert "longPollingMaxHeld)" in (await pull(c, 7)).remark
+        assert p.held == 4 and p.holds.table.refused == {"connection": 1, "address": 1, "broker": 1}
+        # A closed connection's parked pulls go at once, making room.
+        a1.closed = True
+        p.forget(a1)
+        assert p.held == 2 and await pull(c, 8) is None
+        assert (await send(leader, b"wake", "TagA")).code == ResponseCode.SUCCESS
+        await c.wait_answers(1)
+        assert a1.answers == [] and [o for o, _ in a2.answers + b.answers + c.answers] == [4, 6, 8]
+        assert p.held == 0 and not p.holds._watches and p.holds.table.by_address == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_closed_connection_costs_no_task_to_cancel(tmp_path, autojump_clock):
+    # Ten thousand held pulls were ten thousand tasks; a client closing them
+    # made one scheduler round cancel them all (0.8 s in the flood of issue
+    # 27, an election).  Parked, they are table entries: forget() drops them.
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        p.config = LiveConfig(attrs.evolve(leader.cfg, long_polling_max_held_per_connection=5000,
+                                           long_polling_max_held_per_address=5000))
+        await nursery.start(p.run)
+        conn = AnsweringConn("10.0.0.1:1")
+        for i in range(3000):
+            queue_id = i % 4
+            assert await p(conn, suspended(4 if queue_id == 1 else 0, queue_id=queue_id, opaque=i)) is None
+        assert p.held == 3000
+        # One watcher per queue and one timer, whatever the number of pulls.
+        assert len(p.holds._watches) == 4 and len(p.holds._nursery.child_tasks) == 5
+        conn.closed = True
+        p.forget(conn)
+        await trio.testing.wait_all_tasks_blocked()
+        assert p.held == 0 and not p.holds._watches and conn.answers == []
         nursery.cancel_scope.cancel()
