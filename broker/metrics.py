@@ -19,6 +19,10 @@
 #   dispatch lag        committed position - dispatched position
 #   connections, RSS    the remoting server; prometheus_client's
 #                       ProcessCollector (process_resident_memory_bytes, ...)
+#   hostile input       the remoting server's containment and budgets
+#                       (connection failures, connections shed, unfinished
+#                       frame bytes, rounds deferred: remoting_families) and
+#                       the long polls held and refused
 #
 # serve_broker_metrics samples the StatsBook every SAMPLE_S (a timer: it
 # feeds VIEW_BROKER_STATS_DATA and the TPS gauges) and, with
@@ -128,7 +132,8 @@ class MeteredSends:
 
 @attrs.define(eq=False)
 class MeteredPulls:
-    """PULL_MESSAGE, timed and counted per topic@group."""
+    """PULL_MESSAGE, timed and counted per topic@group (a held pull when it
+    is answered: the processor calls back)."""
 
     inner: object  # PullProcessor
     latency: BucketCounter = attrs.Factory(BucketCounter)
@@ -141,22 +146,27 @@ class MeteredPulls:
 
     async def __call__(self, conn, request):
         t0 = self.clock()
-        response = await self.inner(conn, request)
-        if response is not None and response.code == ResponseCode.SUCCESS:
-            self.latency.observe(self.clock() - t0)
-            f = request.ext_fields
-            try:
-                n = int(response.ext_fields.get("nextBeginOffset")) - int(f.get("queueOffset"))
-            except (TypeError, ValueError):
-                n = 0
-            key = (f.get("topic", ""), f.get("consumerGroup", ""))
-            entry = self.gets.get(key)
-            if entry is None:
-                entry = self.gets[key] = [0, 0, 0]
-            entry[0] += max(n, 0)
-            entry[1] += len(response.body or b"")
-            entry[2] += 1
+        response = await self.inner(conn, request, lambda late: self._count(request, late, t0))
+        if response is not None:
+            self._count(request, response, t0)
         return response
+
+    def _count(self, request, response, t0: float) -> None:
+        if response.code != ResponseCode.SUCCESS:
+            return
+        self.latency.observe(self.clock() - t0)
+        f = request.ext_fields
+        try:
+            n = int(response.ext_fields.get("nextBeginOffset")) - int(f.get("queueOffset"))
+        except (TypeError, ValueError):
+            n = 0
+        key = (f.get("topic", ""), f.get("consumerGroup", ""))
+        entry = self.gets.get(key)
+        if entry is None:
+            entry = self.gets[key] = [0, 0, 0]
+        entry[0] += max(n, 0)
+        entry[1] += len(response.body or b"")
+        entry[2] += 1
 
 
 @attrs.define(eq=False)
@@ -343,6 +353,29 @@ class BrokerCollector:
                      "consume queues", base, max(0, pos.committed_pos - bs.cq.engine.pos))
         yield _gauge("ledgermq_remoting_connections", "Open remoting connections (clients, tools, peers' "
                      "brokers)", base, len(m.server.connections))
+        yield from remoting_families(m.server, base)
+
+        # --- long polling
+        holds = m.pulls.inner.holds.table
+        yield _gauge("ledgermq_pull_held", "PULL_MESSAGE requests held (long polling) right now", base,
+                     m.pulls.inner.held)
+        refused = CounterMetricFamily("ledgermq_pull_hold_refused", "Pulls answered SYSTEM_BUSY instead of "
+                                      "held: the budget (longPollingMaxHeld*) that was full", labels=bl + ["budget"])
+        for budget, n in sorted(holds.refused.items()):
+            refused.add_metric(bv + [budget], n)
+        yield refused
+
+
+def remoting_families(server, base: dict):
+    """RemotingServer.hostile_metrics() as families (one per name)."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for kind, name, doc, extra, value in server.hostile_metrics():
+        family = families.get(name)
+        if family is None:
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = families[name] = cls(name, doc, labels=[*base, *extra])
+        family.add_metric([*base.values(), *extra.values()], float(value))
+    yield from families.values()
 
 
 def _gauge(name: str, doc: str, labels: dict, value) -> GaugeMetricFamily:

@@ -1,6 +1,8 @@
 # Owns the name server's metrics: a prometheus_client collector over the
 # running NameServer (requests served by code and client language, brokers
-# per cluster, topics, open connections), served with the process's own
+# per cluster, topics, open connections, and what the remoting server
+# counts against hostile input: failures contained, connections shed,
+# unfinished frame bytes), served with the process's own
 # metrics (RSS, CPU: process_*) when namesrv.conf says
 # metricsExporterType=PROM (the broker's keys, read the same way).
 import attrs
@@ -47,6 +49,15 @@ class NamesrvCollector:
         conns = GaugeMetricFamily("ledgermq_remoting_connections", "Open remoting connections")
         conns.add_metric([], len(ns.server.connections) if ns.server is not None else 0)
         yield conns
+        if ns.server is not None:  # containment and budgets against hostile input
+            families: dict = {}
+            for kind, name, doc, extra, value in ns.server.hostile_metrics():
+                family = families.get(name)
+                if family is None:
+                    cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                    family = families[name] = cls(name, doc, labels=list(extra))
+                family.add_metric(list(extra.values()), float(value))
+            yield from families.values()
 
 
 def namesrv_registry(ns) -> CollectorRegistry:

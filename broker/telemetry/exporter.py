@@ -17,6 +17,13 @@
 # Off by default, as in RocketMQ (metricsExporterType=DISABLE); PROM turns it
 # on.  OTLP_GRPC and LOG are RocketMQ types we do not implement: a warning,
 # and no endpoint.
+#
+# Hostile input: a request head is read up to MAX_REQUEST_HEAD bytes within
+# READ_TIMEOUT_S, at most MAX_CONNECTIONS are served at once (more are
+# closed at once), and anything that goes wrong with one request -- a head
+# that is not HTTP, a collector that raises -- is answered (400, 500) or
+# closes that connection, logged and counted (MetricsServer.failures);
+# the serving nursery never sees it.
 import logging
 
 import attrs
@@ -30,6 +37,7 @@ DEFAULT_PROM_PORT = 5557  # RocketMQ's metricsPromExporterPort
 EXPORTER_TYPES = ("DISABLE", "PROM", "OTLP_GRPC", "LOG")
 MAX_REQUEST_HEAD = 8192
 READ_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
 
 # broker.conf / namesrv.conf key -> MetricsConfig field
 METRICS_KEYS = ("metricsExporterType", "metricsPromExporterHost", "metricsPromExporterPort")
@@ -81,6 +89,9 @@ class MetricsServer:
 
     listeners: list
     scrapes: int = 0
+    open: int = 0  # connections being served
+    refused: int = 0  # closed at once: MAX_CONNECTIONS were open
+    failures: int = 0  # requests that raised (answered 500 or closed)
 
     @property
     def port(self) -> int:
@@ -91,6 +102,13 @@ class MetricsServer:
         host = self.listeners[0].socket.getsockname()[0]
         host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/metrics"
+
+
+def _peer(stream) -> str:
+    try:
+        return "%s:%s" % stream.socket.getpeername()[:2]
+    except (OSError, AttributeError):
+        return "?"
 
 
 def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
@@ -135,16 +153,35 @@ async def serve_metrics(registry: CollectorRegistry, host: str | None, port: int
     server = MetricsServer(listeners)
 
     async def handle(stream: trio.SocketStream) -> None:
-        async with stream:
+        if server.open >= MAX_CONNECTIONS:
+            server.refused += 1
+            await trio.aclose_forcefully(stream)
+            return
+        server.open += 1
+        try:
+            async with stream:
+                await serve_one(stream)
+        except Exception as exc:  # never the serving nursery's: this request only
+            server.failures += 1
+            log.warning("metrics request from %s failed: %r", _peer(stream), exc)
+        finally:
+            server.open -= 1
+
+    async def serve_one(stream: trio.SocketStream) -> None:
+        try:
+            head = await _read_head(stream)
+            if head is None:
+                return
             try:
-                head = await _read_head(stream)
-                if head is None:
-                    return
                 response = answer(registry, head)
-                server.scrapes += 1
-                await stream.send_all(response)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                log.debug("metrics client went away: %s", exc)
+            except Exception as exc:  # a collector that raised: say so, keep serving
+                server.failures += 1
+                log.error("metrics collection failed", exc_info=exc)
+                response = _response("500 Internal Server Error", b"metrics collection failed\n")
+            server.scrapes += 1
+            await stream.send_all(response)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.debug("metrics client went away: %s", exc)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
