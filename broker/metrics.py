@@ -146,21 +146,22 @@ class MeteredPulls:
 
     async def __call__(self, conn, request):
         t0 = self.clock()
-        response = await self.inner(conn, request, lambda late: self._count(request, late, t0))
+        f = request.ext_fields
+        # (the callback of a held pull keeps these, not the request)
+        key, offset = (f.get("topic", ""), f.get("consumerGroup", "")), f.get("queueOffset")
+        response = await self.inner(conn, request, lambda late: self._count(key, offset, late, t0))
         if response is not None:
-            self._count(request, response, t0)
+            self._count(key, offset, response, t0)
         return response
 
-    def _count(self, request, response, t0: float) -> None:
+    def _count(self, key: tuple[str, str], offset, response, t0: float) -> None:
         if response.code != ResponseCode.SUCCESS:
             return
         self.latency.observe(self.clock() - t0)
-        f = request.ext_fields
         try:
-            n = int(response.ext_fields.get("nextBeginOffset")) - int(f.get("queueOffset"))
+            n = int(response.ext_fields.get("nextBeginOffset")) - int(offset)
         except (TypeError, ValueError):
             n = 0
-        key = (f.get("topic", ""), f.get("consumerGroup", ""))
         entry = self.gets.get(key)
         if entry is None:
             entry = self.gets[key] = [0, 0, 0]

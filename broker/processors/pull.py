@@ -100,6 +100,10 @@ log = logging.getLogger("ledgermq.pull")
 DEFAULT_SUSPEND_MS = 15000  # the push consumer's brokerSuspendMaxTimeMillis
 SHORT_POLLING_MS = 1000  # shortPollingTimeMills
 ANSWER_BATCH = 64  # parked pulls answered per scheduler round
+# What a parked pull may keep: its group, topic and subscription (a stock
+# client's are well under 1 KiB; a SQL92 expression a few).  Longer, the
+# pull is not held: the budgets count pulls, and each must stay small.
+MAX_PARKED_TEXT = 16 * 1024
 MASTER_ID = 0
 ACCESS_MESSAGE_IN_MEMORY_MAX_RATIO = 40  # MessageStoreConfig.accessMessageInMemoryMaxRatio (%)
 
@@ -548,12 +552,21 @@ class PullHoldService:
         """Park the pull (None), or the answer when its budgets are full."""
         cfg = self.processor.config.current
         address = client_address(conn)
-        why = self.table.refusal(conn, address, cfg.long_polling_max_held_per_connection,
-                                 cfg.long_polling_max_held_per_address, cfg.long_polling_max_held)
+        h = hold.header
+        text = len(h.consumer_group) + len(h.topic) + len(h.subscription or "") + len(h.expression_type or "")
+        if text > MAX_PARKED_TEXT:
+            why = f"a pull naming {text} characters of group, topic and subscription (at most {MAX_PARKED_TEXT})"
+        else:
+            why = self.table.refusal(conn, address, cfg.long_polling_max_held_per_connection,
+                                     cfg.long_polling_max_held_per_address, cfg.long_polling_max_held)
         if why is not None:
             return request.make_response(ResponseCode.SYSTEM_BUSY,
                                          f"[OVERLOAD]{why}; this pull is not held, pull again later")
-        p = Parked(next(self._seq), conn, address, request, hold, self._clock() + hold.timeout, on_answer)
+        # Only what the answer needs is kept (the parsed header is in `hold`):
+        # not the request's fields and body, which a client chooses.
+        bare = RemotingCommand.trusted(request.code, request.language, request.version, request.opaque,
+                                       request.flag, None, {}, b"", request.serialize_type)
+        p = Parked(next(self._seq), conn, address, bare, hold, self._clock() + hold.timeout, on_answer)
         self.table.add(p)
         watch = self._watches.get(p.key)
         if watch is None:

@@ -526,6 +526,26 @@ async def test_held_pulls_have_budgets_of_their_own(tmp_path, autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_a_parked_pull_keeps_nothing_its_client_chose_to_make_big(tmp_path, autojump_clock):
+    # The budgets count pulls: each must stay small whatever its frame held.
+    async with trio.open_nursery() as nursery:
+        g, leader = await loaded_group(tmp_path, nursery)
+        p = pull_processor(leader)
+        await nursery.start(p.run)
+        conn = AnsweringConn("10.0.0.1:1")
+        padded = attrs.evolve(suspended(4, opaque=1), body=b"b" * (1 << 20))
+        padded = attrs.evolve(padded, ext_fields={**padded.ext_fields, "junk": "j" * (1 << 20)})
+        assert await p(conn, padded) is None
+        [parked] = p.holds.table.by_seq.values()
+        assert parked.request.body == b"" and parked.request.ext_fields == {}
+        big = await p(conn, suspended(4, opaque=2, group="g" * 20000))
+        assert big.code == ResponseCode.SYSTEM_BUSY and "not held" in big.remark
+        assert (await send(leader, b"wake", "TagA")).code == ResponseCode.SUCCESS
+        [(opaque, resp)] = await conn.wait_answers(1)
+        assert opaque == 1 and resp.code == ResponseCode.SUCCESS  # answered as the request asked
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_closed_connection_costs_no_task_to_cancel(tmp_path, autojump_clock):
     # Ten thousand held pulls were ten thousand tasks; a client closing them
     # made one scheduler round cancel them all (0.8 s in the flood of issue
