@@ -38,7 +38,8 @@
 # connections from one address cannot lock out the working clients there.
 # FrameBudget likewise closes the connections holding the oldest unfinished
 # frames when a read would take the total past the budget, never the
-# reader of a fresh small request because old big ones fill it.
+# reader of a fresh small request because old big ones fill it; and
+# return_freed_memory makes what it frees go back to the system.
 import collections
 import contextlib
 import ctypes
