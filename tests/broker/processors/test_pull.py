@@ -568,3 +568,63 @@ async def test_a_closed_connection_costs_no_task_to_cancel(tmp_path, autojump_cl
         await trio.testing.wait_all_tasks_blocked()
         assert p.held == 0 and not p.holds._watches and conn.answers == []
         nursery.cancel_scope.cancel()
+
+
+class Shelf:
+    """Just what PullHoldService asks its processor for: queue max offsets
+    (with their arrivals), a fresh read, the config.  No store."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        from consumequeue.arrivals import QueueArrivals
+        self.top: dict[tuple[str, int], int] = {}
+        self.arrivals = QueueArrivals(self.max_offset)
+        self.store = SimpleNamespace(cq=SimpleNamespace(dispatcher=SimpleNamespace(arrivals=self.arrivals)))
+        self.config = SimpleNamespace(current=SimpleNamespace(
+            long_polling_max_held_per_connection=100, long_polling_max_held_per_address=100,
+            long_polling_max_held=100))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.top.get((topic, queue_id), -1)
+
+    def finish(self, request, hold):
+        return request.make_response(ResponseCode.SUCCESS, f"read at {self.max_offset(TOPIC, 0)}")
+
+    def grow(self, top: int) -> None:
+        self.top[TOPIC, 0] = top
+        self.arrivals.check()
+
+
+def held_at(offset: int, timeout: float = 60.0):
+    from broker.processors.pull import Hold, PullHeader
+    header = PullHeader("cg", TOPIC, 0, offset, 32, FLAG_SUBSCRIPTION | FLAG_SUSPEND, 0, 60000, "*", 0, None, None)
+    return Hold(header, parse_subscription("*"), timeout)
+
+
+async def test_hold_service_wakes_by_offset_rearms_for_a_lower_one_and_rereads_on_reset(autojump_clock):
+    from broker.processors.pull import PullHoldService
+    shelf = Shelf()
+    holds = PullHoldService(shelf)
+    conn = AnsweringConn("10.0.0.1:1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(holds.run)
+        shelf.grow(10)
+        assert holds.park(conn, suspended(10, opaque=1), held_at(10), None) is None
+        await trio.testing.wait_all_tasks_blocked()
+        assert holds._watches[TOPIC, 0].low == 10
+        # A pull for an earlier offset (a queue rebased lower meanwhile): the
+        # watcher must wait for that one, not the later one.
+        shelf.top[TOPIC, 0] = 5
+        assert holds.park(conn, suspended(5, opaque=2), held_at(5), None) is None
+        await trio.testing.wait_all_tasks_blocked()
+        assert holds._watches[TOPIC, 0].low == 5
+        shelf.grow(7)  # past 5, not past 10
+        [(opaque, resp)] = await conn.wait_answers(1)
+        assert opaque == 2 and resp.remark == "read at 7" and holds.table.total == 1
+        # A reset (queues rebuilt) wakes the rest to re-read, whatever their offset.
+        shelf.arrivals.reset()
+        answers = await conn.wait_answers(2)
+        assert answers[1][0] == 1 and holds.table.total == 0 and not holds._watches
+        assert holds.table.woken == 2 and holds.table.expired == 0
+        nursery.cancel_scope.cancel()
