@@ -345,6 +345,7 @@ class BrokerCollector:
                                       "missed while it could not run (stopped, starved) and dropped", labels=bl)
         stalled.add_metric(bv, counts.get("ticks_dropped", 0))
         yield stalled
+        yield from peer_port_families(counts, bs.replica.transport, bl, bv)
 
         # --- storage, dispatch, connections
         yield _gauge("rocketmq_brokeruntime_commitlog_disk_ratio", "Used fraction of the disk holding the store",
@@ -377,6 +378,36 @@ def remoting_families(server, base: dict):
             family = families[name] = cls(name, doc, labels=[*base, *extra])
         family.add_metric([*base.values(), *extra.values()], float(value))
     yield from families.values()
+
+
+_PEER_DROPS = (("undecodable", "peer_messages_undecodable"), ("refused", "peer_messages_refused"),
+               ("failed", "peer_messages_failed"))
+
+
+def peer_port_families(counts: dict, transport, labels: list[str], values: list[str]):
+    """What the DLedger peer port turned away: peer messages dropped before
+    the Raft core (commitlog/admission.py), by reason, and connections the
+    peer transport closed, by reason (a transport without stats, such as the
+    in-memory one, reports none)."""
+    dropped = CounterMetricFamily("ledgermq_dledger_peer_messages_dropped", "Peer messages dropped before the "
+                                  "Raft core: undecodable, refused by admission, or failed in the core",
+                                  labels=labels + ["reason"])
+    for reason, key in _PEER_DROPS:
+        dropped.add_metric(values + [reason], counts.get(key, 0))
+    yield dropped
+    stats = getattr(transport, "stats", None)
+    if stats is None:
+        return
+    ts = stats()
+    closed = CounterMetricFamily("ledgermq_dledger_peer_connections_refused", "Peer-port connections closed: "
+                                 "rejected at the handshake, capped (too many handshakes), or failed",
+                                 labels=labels + ["reason"])
+    for reason, value in (("rejected", ts.rejected_connections), ("capped", ts.capped_connections),
+                          ("failed", ts.failed_connections)):
+        closed.add_metric(values + [reason], value)
+    yield closed
+    yield _gauge("ledgermq_dledger_peer_unfinished_frame_bytes", "Bytes of peer frames begun and not yet complete",
+                 dict(zip(labels, values)), ts.unfinished_bytes)
 
 
 def _gauge(name: str, doc: str, labels: dict, value) -> GaugeMetricFamily:

@@ -111,6 +111,17 @@ async def test_live_group_metrics_and_stock_tool_codes(tmp_path):
         assert value(s, "ledgermq_dispatch_lag_bytes") >= 0
         assert value(s, "ledgermq_dledger_append_errors_total", type="quorum_timeout") == 0
         assert value(s, "ledgermq_dledger_ticks_dropped_total") >= 0
+        assert value(s, "ledgermq_dledger_peer_messages_dropped_total", reason="refused") == 0
+        # --- the peer port counts what it turns away: a stranger's garbage instead of a HELLO
+        host, port = cluster.peers[master].rsplit(":", 1)
+        stranger = await trio.open_tcp_stream(host, int(port))
+        await stranger.send_all(b"\x00\x00\x00\x10 not a DLedger hello")
+        await stranger.aclose()
+
+        async def stranger_counted():
+            s2 = await scrape(url[master])
+            assert value(s2, "ledgermq_dledger_peer_connections_refused_total", reason="rejected") >= 1
+        await eventually(stranger_counted)
         follower = next(x for x in cluster.brokers if x != master)
 
         async def follower_dispatched():
