@@ -20,6 +20,8 @@
 #
 #   python -m tools.chaos.fuzz [--target remoting,peer,record] [--seconds 60 | --inputs N] [--seed S]
 #   python -m tools.chaos.fuzz --atheris remoting --seconds 60   # coverage-guided (the `fuzz` extra)
+#   python -m tools.chaos.fuzz --minutes N                       # a live group: tools/chaos/livefuzz.py
+#   python -m tools.chaos.fuzz --live --seconds 20 | --live --frames 2000
 #
 # --atheris runs one target under atheris (libFuzzer's coverage guidance on
 # the instrumented Python decoders), seeded with the same corpus, with the
@@ -31,7 +33,6 @@
 # store it builds; live ports are fuzzed by tests/tools/chaos.
 import argparse
 import random
-import struct
 import sys
 import time
 
@@ -47,49 +48,14 @@ from commitlog.raft.messages import HeartbeatRequest, PushRequest, PushType, Vot
 from commitlog.transport.errors import FrameError, HandshakeError
 from commitlog.transport.framing import CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello, decode_hello, encode_frame
 from consumequeue import record as M
-
-INTERESTING = (0, 1, 0x7F, 0x80, 0xFF)
-INTERESTING32 = (0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 2 ** 31 - 8, 16 * 1024 * 1024 + 1)
+from tools.chaos.hostile import mutate, peer_seeds, remoting_seeds
 
 
 class FuzzFailure(AssertionError):
     """A decoder broke its rule on an input (which the message shows)."""
 
 
-# --- mutations -----------------------------------------------------------------------------
-
-def mutate(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
-    b = bytearray(data)
-    for _ in range(rng.choice((1, 1, 2, 3, 8))):
-        op = rng.randrange(9)
-        if op == 0 and b:                           # flip a bit
-            i = rng.randrange(len(b))
-            b[i] ^= 1 << rng.randrange(8)
-        elif op == 1 and b:                         # boundary byte
-            b[rng.randrange(len(b))] = rng.choice(INTERESTING)
-        elif op == 2 and len(b) >= 4:               # boundary 32-bit value (lengths live here)
-            i = rng.randrange(len(b) - 3)
-            struct.pack_into(">I", b, i, rng.choice(INTERESTING32))
-        elif op == 3 and b:                         # delete a range
-            i = rng.randrange(len(b))
-            del b[i:i + rng.randrange(1, 16)]
-        elif op == 4:                               # insert random bytes
-            i = rng.randrange(len(b) + 1)
-            b[i:i] = rng.randbytes(rng.randrange(1, 16))
-        elif op == 5 and b:                         # duplicate a range
-            i = rng.randrange(len(b))
-            b[i:i] = b[i:i + rng.randrange(1, 32)]
-        elif op == 6 and b:                         # truncate
-            del b[rng.randrange(len(b)):]
-        elif op == 7 and corpus:                    # splice another input
-            other = rng.choice(corpus)
-            b = b[:rng.randrange(len(b) + 1)] + other[rng.randrange(len(other) + 1):]
-        elif op == 8 and b:                         # zero a range
-            i = rng.randrange(len(b))
-            n = rng.randrange(1, 32)
-            b[i:i + n] = bytes(len(b[i:i + n]))
-    return bytes(b)
-
+# --- inputs ----------------------------------------------------------------------------------
 
 def inputs(rng: random.Random, corpus: list[bytes]):
     """An endless stream: mostly mutations, some pure random, some valid."""
@@ -126,7 +92,8 @@ def remoting_corpus() -> list[bytes]:
         RemotingCommand.create_request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TopicA"}),
     ]
     out = [encode_command(r.as_request(opaque=i)) for i, r in enumerate(reqs)]
-    return out + [out[0] + out[1]]
+    # With the issue's crafted frames and those at each of the decoder's limits (the small ones).
+    return out + [out[0] + out[1]] + [s for s in remoting_seeds() if len(s) <= 4096]
 
 
 MAX_REMOTING_FRAME = 1 << 20
@@ -163,7 +130,7 @@ def peer_corpus() -> list[bytes]:
     ]
     frames = [encode_frame(Hello("g", "n0", "n1", "origin=0").encode(), FrameKind.HELLO)]
     frames += [encode_frame(wire.encode(m)) for m in msgs]
-    return frames + [b"".join(frames)]
+    return frames + [b"".join(frames)] + peer_seeds("g", ["n0", "n1", "n2"], "n1", "origin=0")
 
 
 def check_peer(rng: random.Random, data: bytes) -> str:
@@ -283,7 +250,22 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", type=int, default=None, help="per target")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--atheris", metavar="TARGET", default=None, help="coverage-guided run of one target")
+    live = ap.add_argument_group("live group (tools/chaos/livefuzz.py)")
+    live.add_argument("--minutes", type=float, default=None, help="fuzz a live group for this long")
+    live.add_argument("--live", action="store_true", help="fuzz a live group (--seconds / --frames bound it)")
+    live.add_argument("--frames", type=int, default=None, help="live: frames per port")
+    live.add_argument("--attach", metavar="NAMESRV", default=None, help="live: a running group, found here")
+    live.add_argument("--broker-name", default=None, help="live, --attach: which group (default: the first)")
+    live.add_argument("--dir", default=None, help="live: where the started group lives (default: a temp dir)")
+    live.add_argument("--rss-limit-mib", type=int, default=256, help="live: RSS bound per process")
+    live.add_argument("--insecure-peers", action="store_true",
+                      help="live: no peer secret, Raft messages reach the core (forged traffic is possible "
+                           "by design there)")
+    live.add_argument("--json", action="store_true", help="live: the report as JSON")
     args = ap.parse_args(argv)
+    if args.live or args.minutes is not None or args.attach or args.frames is not None:
+        from tools.chaos.livefuzz import run_live
+        return run_live(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
     seconds = args.seconds if args.seconds is not None or args.inputs is not None else 30.0
     print(f"seed {seed}")
