@@ -19,8 +19,10 @@ MaxOffset = Callable[[str, int], int]
 class QueueArrivals:
     def __init__(self, max_offset: MaxOffset) -> None:
         self._max_offset = max_offset
-        # (topic, queueId) -> [(offset, event)]: wake when max offset > offset
-        self._waiting: dict[tuple[str, int], list[tuple[int, trio.Event]]] = {}
+        # (topic, queueId) -> {event: offset}: wake when max offset > offset.
+        # A dict, not a list: thousands of waiters of one queue cancelled
+        # together (a closed flood of long polls) each leave in O(1).
+        self._waiting: dict[tuple[str, int], dict[trio.Event, int]] = {}
 
     @property
     def waiters(self) -> int:
@@ -31,16 +33,14 @@ class QueueArrivals:
         offset exceeds `offset`), or after a reset(); callers re-check."""
         if self._max_offset(topic, queue_id) > offset:
             return
-        key, entry = (topic, queue_id), (offset, trio.Event())
-        self._waiting.setdefault(key, []).append(entry)
+        key, event = (topic, queue_id), trio.Event()
+        self._waiting.setdefault(key, {})[event] = offset
         try:
-            await entry[1].wait()
+            await event.wait()
         finally:
             waiters = self._waiting.get(key)
-            if waiters is not None and entry in waiters:
-                waiters.remove(entry)
-                if not waiters:
-                    del self._waiting[key]
+            if waiters is not None and waiters.pop(event, None) is not None and not waiters:
+                del self._waiting[key]
 
     def check(self) -> None:
         """After dispatch: wake the waiters whose queue moved past them."""
@@ -49,22 +49,18 @@ class QueueArrivals:
         for key in list(self._waiting):
             waiters = self._waiting[key]
             top = self._max_offset(*key)
-            if all(top <= offset for offset, _ in waiters):
+            woken = [event for event, offset in waiters.items() if top > offset]
+            if not woken:
                 continue
-            keep = []
-            for offset, event in waiters:
-                if top > offset:
-                    event.set()
-                else:
-                    keep.append((offset, event))
-            if keep:
-                self._waiting[key] = keep
-            else:
+            for event in woken:
+                del waiters[event]
+                event.set()
+            if not waiters:
                 del self._waiting[key]
 
     def reset(self) -> None:
         """Wake every waiter (the queues were rebuilt or rebased)."""
         waiting, self._waiting = self._waiting, {}
         for waiters in waiting.values():
-            for _, event in waiters:
+            for event in waiters:
                 event.set()

@@ -47,3 +47,28 @@ async def test_cancelled_waiter_is_forgotten():
         await arrivals.wait_beyond("T", 0, 0)
     assert arrivals.waiters == 0
     arrivals.check()  # nothing to wake, nothing fails
+
+
+async def test_many_waiters_of_one_queue_cancelled_together_leave_nothing():
+    # A closed flood of long polls: thousands of waiters on one queue are
+    # cancelled in one round, some after a check woke part of them.
+    tops = {("T", 0): 0}
+    arrivals = QueueArrivals(lambda topic, qid: tops.get((topic, qid), -1))
+    woken = 0
+
+    async def wait(offset):
+        nonlocal woken
+        await arrivals.wait_beyond("T", 0, offset)
+        woken += 1
+
+    async with trio.open_nursery() as nursery:
+        for i in range(5000):
+            nursery.start_soon(wait, i % 2)  # half at offset 0, half at offset 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert arrivals.waiters == 5000
+        tops[("T", 0)] = 1  # offset 0 arrived: the 2500 waiting for it wake
+        arrivals.check()
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == 2500 and arrivals.waiters == 2500
+        nursery.cancel_scope.cancel()
+    assert arrivals.waiters == 0 and not arrivals._waiting
