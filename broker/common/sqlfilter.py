@@ -62,9 +62,10 @@ class SqlFilterError(ValueError):
     reason: str
 
     def __str__(self) -> str:
-        shown = self.expression if len(self.expression) <= 200 else \
-            f"{self.expression[:200]}... ({len(self.expression)} characters)"
-        return f"{self.reason} at position {self.position} of {shown!r}"
+        shown = repr(self.expression)
+        if len(shown) > 200:  # (outside text: bounded in the remark, however it escapes)
+            shown = f"{shown[:200]}... ({len(self.expression)} characters)"
+        return f"{self.reason} at position {self.position} of {shown}"
 
 
 @attrs.frozen

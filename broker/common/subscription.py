@@ -135,8 +135,7 @@ def _compiled(expression: str) -> SqlFilter:
     try:
         compiled = compile_sql(expression)
     except SqlFilterError as exc:
-        shown = expression if len(expression) <= 200 else f"{expression[:200]}..."
         raise SubscriptionError(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                                f"parse the consumer's subscription[{shown}] failed: {exc}") from None
+                                f"parse the consumer's subscription failed: {exc}") from None
     _CACHE.put(expression, compiled)
     return compiled
