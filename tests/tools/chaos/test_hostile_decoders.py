@@ -269,7 +269,8 @@ def test_records_decode_or_are_refused(data, check_crc):
 
 SQL_ATOMS = st.sampled_from(["a > 5", "color = 'red'", "a BETWEEN 1 AND 9", "b IN ('x', 'y')", "c IS NULL",
                              "d IS NOT NULL", "e CONTAINS 'z'", "f = TRUE", "TRUE", "g <> -1.5e3", "h = 1" + "9" * 20,
-                             "a >", "= 1", "'x' IN ('x')", "a IN ()", "b = NULL", "x # 1", "'open", "h = " + "9" * 5000])
+                             "a >", "= 1", "'x' IN ('x')", "a IN ()", "b = NULL", "x # 1", "'open",
+                             "h = " + "9" * 5000])
 
 
 SQL = st.recursive(
