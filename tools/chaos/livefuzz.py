@@ -32,6 +32,7 @@
 import json
 import os
 import random
+import signal
 import tempfile
 import time
 
@@ -490,12 +491,12 @@ async def run_attached(namesrv_addr: str, broker_name: str | None, report: LiveR
         brokers, clusters = await NamesrvClient(rc, namesrv_addr.split(";")).get_cluster_info()
         name = broker_name or sorted(brokers)[0]
         data = brokers[name]
-        by_addr = {}
-        peers = {}
+        by_addr, peers, roots = {}, {}, {}
         for _bid, addr in sorted(data.broker_addrs.items()):
             conf = await admin.broker_config(addr)
             node = conf.get("dLegerSelfId") or addr
             by_addr[node] = addr
+            roots[node] = conf.get("storePathRootDir")
             for item in (conf.get("dLegerPeers") or "").split(";"):
                 if "-" in item:
                     pid_, paddr = item.split("-", 1)
@@ -504,7 +505,7 @@ async def run_attached(namesrv_addr: str, broker_name: str | None, report: LiveR
         master = next((n for n, a in by_addr.items() if a == data.broker_addrs.get(0)), sorted(by_addr)[0])
         procs = {"namesrv0": Proc("namesrv0", pid_listening_on(_split(namesrv_addr.split(";")[0])[1]))}
         for n, a in by_addr.items():
-            procs[n] = Proc(n, pid_listening_on(_split(a)[1]))
+            procs[n] = Proc(n, pid_listening_on(_split(a)[1]), store_root=roots.get(n))
         g = Group(namesrv_addr, master, by_addr, peers, name,
                   frozenset({name, data.cluster, HEALTH_TOPIC, *by_addr.values()}), procs)
         try:
@@ -535,6 +536,7 @@ def run_live(args) -> int:
             await run_started(root, report, seconds, args.frames, not args.insecure_peers)
 
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # so a started group is stopped, not orphaned
     trio.run(main)
     report.judge()
     if args.json:
