@@ -6,6 +6,9 @@
 # booleans too (client-compat #1), and handlers like to pass ints; the
 # converter turns every value into the text Java's toString() would give
 # ("true", not "True") and drops None, as Java omits null header fields.
+# json.dumps of a nested value recurses: values from outside bytes reach it
+# only through the decoder, which refuses nesting past its MAX_VALUE_DEPTH
+# first (codec.py).
 import enum
 import json
 from collections.abc import Mapping
