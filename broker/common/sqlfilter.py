@@ -226,7 +226,7 @@ class _Parser:
             hi, hi_kind = self.value()
             ge = self.comparison(t, left, left_kind, lo, lo_kind, ">=")
             le = self.comparison(t, left, left_kind, hi, hi_kind, "<=")
-            return _not(_and(ge, le)) if negate else _and(ge, le)
+            return _not(_all_of([ge, le])) if negate else _all_of([ge, le])
         if self.take("kw", "IN"):
             if left_kind != "name":
                 raise self.error("IN needs a property on its left", start)
@@ -305,18 +305,6 @@ class _Parser:
             return (lambda p: None), "null"
         got = "the end" if t.kind == "end" else repr(t.value)
         raise self.error(f"expected a property, literal or '(', found {got}")
-
-
-def _and(a: Pred, b: Pred) -> Pred:
-    def both(p):
-        x = a(p)
-        if x is False:
-            return False
-        y = b(p)
-        if y is False:
-            return False
-        return None if x is None or y is None else True
-    return both
 
 
 def _all_of(preds: list[Pred]) -> Pred:
