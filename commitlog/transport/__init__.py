@@ -1,8 +1,9 @@
 # Owns the peer-to-peer message transport of the Raft group: opaque bytes
-# between peer ids, over TCP (tcp.py, with the sans-IO framing in framing.py)
-# or over a simulated network with fault injection (memory.py).  Both expose
-# the base.Transport API, so the node shell and the simulation tests drive
-# Raft the same way.
+# between peer ids, over TCP (tcp.py, with the handshake in handshake.py,
+# the receive budget in recvbudget.py and the sans-IO framing in
+# framing.py) or over a simulated network with fault injection (memory.py).
+# Both expose the base.Transport API, so the node shell and the simulation
+# tests drive Raft the same way.
 from commitlog.transport.base import PeerStats, Transport, TransportConfig, TransportStats, backoff_delay
 from commitlog.transport.errors import FrameError, HandshakeError, TransportError, UnknownPeerError
 from commitlog.transport.framing import (

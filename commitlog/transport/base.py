@@ -44,8 +44,8 @@ class TransportConfig:
     recv_chunk_bytes: int = attrs.field(default=256 * 1024, validator=_positive)
     connect_timeout: float = attrs.field(default=1.0, validator=_positive)
     handshake_timeout: float = attrs.field(default=1.0, validator=_positive)
-    # Budgets against strangers (tcp.py): before the handshake completes a
-    # frame (HELLO, HELLO_OK, AUTH, REJECT) carries at most
+    # Budgets against strangers (handshake.py): before the handshake
+    # completes a frame (HELLO, HELLO_OK, AUTH, REJECT) carries at most
     # handshake_max_frame_size bytes, on both ends; at most max_handshakes
     # inbound connections are in their handshake at once, and
     # max_handshakes_per_address from one address (the rest are closed at
@@ -53,11 +53,12 @@ class TransportConfig:
     handshake_max_frame_size: int = attrs.field(default=8 * 1024, validator=_positive)
     max_handshakes: int = attrs.field(default=64, validator=_positive)
     max_handshakes_per_address: int = attrs.field(default=16, validator=_positive)
-    # After the handshake: bytes of DATA frames begun and not finished,
-    # across all connections (a reader waits for room before it reads on a
-    # frame that does not fit, and TCP pushes back on its sender; at least
-    # max_frame_size, so that any allowed frame fits), and how long one
-    # such frame may take to arrive before its connection is closed.
+    # After the handshake (recvbudget.py): bytes of DATA frames begun and
+    # not finished, across all connections (a reader waits for room before
+    # it reads on a frame that does not fit, and TCP pushes back on its
+    # sender; at least max_frame_size, so that any allowed frame fits), and
+    # how long one such frame may take to arrive before its connection is
+    # closed.
     recv_budget_bytes: int = attrs.field(
         default=attrs.Factory(lambda self: self.max_frame_size, takes_self=True), validator=_positive)
     frame_read_timeout: float = attrs.field(default=30.0, validator=_positive)
@@ -172,7 +173,7 @@ class Transport(Protocol):
 
     self_id: str
     group: str
-    # What the handshake compares (tcp.py); {} where nothing is compared.
+    # What the handshake compares (handshake.py); {} where nothing is compared.
     identity: dict[str, str]
 
     def send(self, peer_id: str, payload: bytes) -> bool:

@@ -2,8 +2,10 @@
 # is about one connection: the transport logs it, closes that connection and
 # keeps running, so none of these ever escape a running transport's tasks.
 # UnknownPeerError is a caller bug (sending to an id that is not a peer) and is
-# raised straight out of send().
+# raised straight out of send().  CONNECTION_ERRORS is what a dying
+# connection raises (these and the network's own errors).
 import attrs
+import trio
 
 from commitlog.errors import CommitLogError
 
@@ -32,3 +34,9 @@ class UnknownPeerError(TransportError):
 
     def __str__(self) -> str:
         return f"unknown peer {self.peer_id!r} (peers: {', '.join(self.known) or 'none'})"
+
+
+# What a dying connection raises.  Anything else (a bug, or bytes nothing
+# expected) ends that connection too, logged with its traceback.
+CONNECTION_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                     FrameError, HandshakeError, trio.TooSlowError)

@@ -1,7 +1,8 @@
-# Owns the TCP peer mesh: listening, dialing, the handshake, reconnect with
-# backoff, the per-peer send queues, the reader/writer tasks, and the
-# budgets and containment that keep a stranger's bytes from costing more
-# than one connection.
+# Owns the TCP peer mesh: listening, dialing, reconnect with backoff, the
+# per-peer send queues, the reader/writer tasks of each connection, and the
+# containment that keeps a stranger's bytes from costing more than one
+# connection.  The handshake is handshake.py's, the receive budget
+# recvbudget.py's.
 #
 # Connection model: ONE TCP connection per peer pair, used in both
 # directions.  The peer whose id sorts lower (plain string comparison, so
@@ -11,23 +12,10 @@
 # believes is already connected replaces the old one (the dialer only redials
 # when it has given the old connection up, so the old one is dead or dying).
 #
-# Handshake: the dialer sends HELLO(group, src=self, dst=peer, identity); the
-# acceptor checks it and answers HELLO_OK(group, src=self, dst=dialer,
-# identity) or REJECT(reason) and closes.  The dialer checks HELLO_OK the same
-# way.  Only then do DATA frames flow and the peer count as connected.  Two
-# nodes whose identities differ (framing.identity_mismatch: another log
-# origin or segment size) never connect: the reason names both values, is
-# logged as an error on both sides and kept as the peer's last_error, and
-# the dialer keeps retrying with backoff, so the pair connects once an
-# operator fixed the store and restarted the node.
-#
-# Peer authentication: with a group secret (`auth`, framing.PeerAuth) the
-# handshake is a challenge-response in both directions (HELLO with a nonce,
-# HELLO_OK with the acceptor's nonce and proof, AUTH with the dialer's
-# proof), and the acceptor reads nothing past it -- no vote, no append, no
-# truncate -- until the dialer's proof verified.  A side without the secret
-# fails the other's check, so a half-configured group shows up as a logged
-# refusal on both ends rather than as an open door.
+# Handshake: a connection carries DATA frames, and its peer counts as
+# connected, only once its handshake completed (handshake.py: HELLO,
+# HELLO_OK or REJECT, the log identity compared, the group's secret proved
+# where there is one, within the handshake's own budgets).
 #
 # Failure handling: a bad frame, a reset, EOF or a write error ends that one
 # connection with a logged reason; the peer's queue survives for the next
@@ -37,17 +25,12 @@
 # traceback.  Nothing a remote sends can end the transport's own tasks, and
 # lines a remote can cause at will are logged at a bounded rate.
 #
-# Budgets (TransportConfig): until the handshake completes -- for a node
-# with a secret, until the other end proved it -- a connection reads at
-# most one small frame (handshake_max_frame_size) at a time, must finish
-# within handshake_timeout, and holds one of max_handshakes slots (at most
-# max_handshakes_per_address from one address; a connection finding them
-# full is closed at once).  Established connections are one per member.
-# After the handshake a frame may be as large as max_frame_size, but the
-# bytes of frames begun and not finished, over all connections, stay within
-# recv_budget_bytes (a reader waits for room before reading on, and TCP
-# pushes back on its sender), and such a frame must be finished within
-# frame_read_timeout -- a member of a group without a secret may be a
+# Budgets (TransportConfig): before the handshake completes, handshake.py's
+# (small frames, a timeout, caps on handshakes under way).  Established
+# connections are one per member.  After the handshake a frame may be as
+# large as max_frame_size, and the bytes of frames begun and not finished
+# share recv_budget_bytes, each finished within frame_read_timeout
+# (recvbudget.py) -- a member of a group without a secret may be a
 # stranger too.
 #
 # Membership changes: set_peers() replaces the peer set while running (the
@@ -65,7 +48,6 @@ import logging
 import math
 import os
 import random
-import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 
@@ -74,43 +56,17 @@ import trio
 
 from commitlog.ratelog import LogBudget
 from commitlog.transport.base import Counters, TransportConfig, TransportStats, backoff_delay
-from commitlog.transport.errors import FrameError, HandshakeError, UnknownPeerError
+from commitlog.transport.errors import CONNECTION_ERRORS, FrameError, UnknownPeerError
 from commitlog.transport.framing import HEADER_SIZE as FRAME_HEADER_SIZE
-from commitlog.transport.framing import (
-    CLOSED,
-    NEED_DATA,
-    FrameDecoder,
-    FrameKind,
-    Hello,
-    PeerAuth,
-    decode_hello,
-    decode_identity,
-    decode_reject,
-    encode_frame,
-    encode_identity,
-    frame_header,
-    identity_mismatch,
-)
+from commitlog.transport.framing import CLOSED, NEED_DATA, FrameDecoder, FrameKind, PeerAuth, frame_header
+from commitlog.transport.handshake import MISCONFIGURED, Handshake, peername
+from commitlog.transport.recvbudget import RecvBudget
 
 log = logging.getLogger(__name__)
-
-# What a dying connection raises.  Anything else (a bug, or bytes nothing
-# here expected) ends that connection too, logged with its traceback.
-_CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
-                FrameError, HandshakeError, trio.TooSlowError)
 
 
 class _PeerClosed(Exception):
     pass
-
-
-class _IdentityMismatch(HandshakeError):
-    """The peer's log identity differs from ours (logged as an error)."""
-
-
-class _AuthFailed(HandshakeError):
-    """The other end did not prove it holds the group's secret (logged as
-    an error: a stranger, or a member configured without the secret)."""
 
 
 @attrs.define(eq=False)
@@ -138,57 +94,6 @@ class _Peer:
     rest: tuple | None = None
 
 
-def _set_nodelay(stream: trio.SocketStream) -> None:
-    # trio already enables TCP_NODELAY on SocketStreams; set it explicitly
-    # because Raft heartbeats and acks are small and latency-bound.
-    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _peername(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-        return f"{host}:{port}"
-    except OSError:
-        return "?"
-
-
-async def _read_frame(stream: trio.SocketStream, decoder: FrameDecoder, chunk: int):
-    while (frame := decoder.next_frame()) is NEED_DATA:
-        decoder.receive_data(await stream.receive_some(chunk))
-    return frame
-
-
-@attrs.define(eq=False)
-class _RecvBudget:
-    """Bytes of DATA frames begun and not finished, over all connections
-    (TransportConfig.recv_budget_bytes)."""
-
-    limit: int
-    used: int = 0
-    waits: int = 0
-    _freed: trio.Event = attrs.Factory(trio.Event)
-
-    async def take(self, n: int) -> None:
-        while self.used + n > self.limit:
-            self.waits += 1
-            await self._freed.wait()
-        self.used += n
-
-    def give(self, n: int) -> None:
-        self.used -= n
-        freed, self._freed = self._freed, trio.Event()
-        freed.set()
-
-
-async def _send_reject(stream: trio.SocketStream, reason: str) -> None:
-    # Best effort: the other side may already be gone or be no peer at all.
-    with trio.move_on_after(0.2):
-        try:
-            await stream.send_all(encode_frame(reason.encode("utf-8")[:4096], FrameKind.REJECT))
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-
-
 class PeerTransport:
     """The TCP transport of one node.  Create it with open_peer_transport()
     or serve_peer_transport(); see base.Transport for the API contract."""
@@ -201,7 +106,6 @@ class PeerTransport:
         self.self_id = self_id
         self.group = group
         self.identity = dict(identity or {})
-        self._identity_text = encode_identity(self.identity)
         self._rng = rng
         self._peers = {pid: _Peer(pid, tuple(addr), self_id < pid)
                        for pid, addr in peers.items() if pid != self_id}
@@ -211,12 +115,10 @@ class PeerTransport:
         self._closed = False
         self._removed: set[str] = set()
         self._nursery: trio.Nursery | None = None  # where dial loops run (serve_peer_transport)
-        self.rejected_connections = 0
-        self.capped_connections = 0
         self.failed_connections = 0
-        self._handshakes: collections.Counter = collections.Counter()  # remote address -> under way
-        self._budget = _RecvBudget(cfg.recv_budget_bytes)
         self._log = LogBudget()  # lines strangers can cause
+        self._handshake = Handshake(cfg, self_id, group, self.identity, auth, self._log, self._notify)
+        self._budget = RecvBudget(cfg.recv_budget_bytes)
         self.listen_addresses: list[tuple[str, int]] = []
 
     # --- public API ------------------------------------------------------
@@ -228,6 +130,14 @@ class PeerTransport:
     @property
     def listen_port(self) -> int:
         return self.listen_addresses[0][1]
+
+    @property
+    def rejected_connections(self) -> int:
+        return self._handshake.rejected
+
+    @property
+    def capped_connections(self) -> int:
+        return self._handshake.capped
 
     def set_peers(self, peers: Mapping[str, tuple[str, int] | None]) -> None:
         """Make `peers` (id -> (host, port); this node's own entry ignored)
@@ -357,7 +267,7 @@ class PeerTransport:
                                            queued_messages=len(p.queue),
                                            queued_bytes=p.queued_bytes)
             for p in self._peers.values()}, self.rejected_connections, self.capped_connections,
-            self.failed_connections, sum(self._handshakes.values()), self._budget.used, self._budget.waits)
+            self.failed_connections, self._handshake.handshakes, self._budget.used, self._budget.waits)
 
     # --- queue -----------------------------------------------------------
 
@@ -450,7 +360,8 @@ class PeerTransport:
         while True:
             frame = decoder.next_frame()
             if frame is NEED_DATA:
-                frame = await self._finish_frame(stream, decoder)
+                frame = await self._budget.finish_frame(stream, decoder, self.cfg.recv_chunk_bytes,
+                                                        self.cfg.frame_read_timeout)
             if frame is CLOSED:
                 raise _PeerClosed("closed by peer")
             if frame.kind != FrameKind.DATA:
@@ -464,34 +375,6 @@ class PeerTransport:
                 full = sink(peer.peer_id, frame.payload)
                 if full is not None:
                     await full.wait()
-
-    async def _finish_frame(self, stream: trio.SocketStream, decoder: FrameDecoder):
-        """Read until the decoder holds a whole frame (or the stream ended).
-        A frame whose payload is not all in takes its length out of the
-        receive budget before more is read, and gives it back once it is
-        whole or its connection is gone; it must be finished within
-        frame_read_timeout."""
-        cfg = self.cfg
-        chunk = cfg.recv_chunk_bytes
-        taken = 0
-        deadline = 0.0
-        try:
-            while (frame := decoder.next_frame()) is NEED_DATA:
-                if not taken and (need := decoder.pending_length):
-                    await self._budget.take(need)
-                    taken = need
-                    deadline = trio.current_time() + cfg.frame_read_timeout
-                if not taken:  # between frames: a connection may idle
-                    decoder.receive_data(await stream.receive_some(chunk))
-                    continue
-                with trio.move_on_at(deadline):
-                    decoder.receive_data(await stream.receive_some(chunk))
-                    continue
-                raise FrameError(f"a frame of {taken} bytes not finished within {cfg.frame_read_timeout} s")
-            return frame
-        finally:
-            if taken:
-                self._budget.give(taken)
 
     async def _run_connection(self, peer: _Peer, stream: trio.SocketStream,
                               decoder: FrameDecoder, remote: str) -> None:
@@ -518,7 +401,7 @@ class PeerTransport:
                 peer.counters.bad_frames += 1
             except _PeerClosed as exc:
                 reason = str(exc)
-            except _CONN_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             except Exception as exc:
                 reason = f"unexpected {type(exc).__name__}: {exc}"
@@ -564,9 +447,9 @@ class PeerTransport:
         attempt = 0
         while True:
             try:
-                stream, decoder, remote = await self._dial(peer)
+                stream, decoder, remote = await self._handshake.dial(peer.peer_id, peer.addr)
             except Exception as exc:
-                expected = isinstance(exc, _CONN_ERRORS)
+                expected = isinstance(exc, CONNECTION_ERRORS)
                 reason = (str(exc) or type(exc).__name__) if expected else f"unexpected {type(exc).__name__}: {exc}"
                 if not expected:
                     peer.counters.failures += 1
@@ -574,7 +457,7 @@ class PeerTransport:
                 elif peer.counters.last_error != reason:
                     # Log the first failure of a streak; a peer that is down
                     # would otherwise log every backoff step.
-                    level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.INFO
+                    level = logging.ERROR if isinstance(exc, MISCONFIGURED) else logging.INFO
                     log.log(level, "%s: cannot connect to %s at %s:%d: %s", self.self_id,
                             peer.peer_id, *peer.addr, reason)
                 peer.counters.last_error = reason
@@ -587,102 +470,12 @@ class PeerTransport:
             await trio.sleep(backoff_delay(self.cfg, attempt, self._rng))
             attempt += 1
 
-    async def _dial(self, peer: _Peer):
-        host, port = peer.addr
-        with trio.fail_after(self.cfg.connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
-        try:
-            _set_nodelay(stream)
-            remote = _peername(stream)
-            decoder = FrameDecoder(self._handshake_max)
-            nonce = PeerAuth.new_nonce() if self.auth is not None else ""
-            hello = Hello(self.group, self.self_id, peer.peer_id, self._identity_text, nonce=nonce)
-            await stream.send_all(encode_frame(hello.encode(), FrameKind.HELLO))
-            with trio.fail_after(self.cfg.handshake_timeout):
-                frame = await _read_frame(stream, decoder, self._handshake_chunk)
-            if frame is CLOSED:
-                raise HandshakeError(f"{peer.peer_id} closed the connection during the handshake")
-            if frame.kind == FrameKind.REJECT:
-                reason = decode_reject(frame.payload)
-                error = (_IdentityMismatch if reason.startswith("log identity differs") else
-                         _AuthFailed if reason.startswith("peer authentication") else HandshakeError)
-                raise error(f"rejected by {peer.peer_id}: {reason}")
-            if frame.kind != FrameKind.HELLO_OK:
-                raise HandshakeError(f"expected HELLO_OK from {peer.peer_id}, got {frame.kind.name}")
-            reply = decode_hello(frame.payload)
-            expected = Hello(self.group, peer.peer_id, self.self_id)
-            if attrs.evolve(reply, identity="", nonce="", proof="") != expected:
-                raise HandshakeError(f"{host}:{port} answered as {reply}, expected {expected}")
-            if self.auth is not None:
-                # The acceptor proves itself first; only a member gets our proof.
-                if not reply.proof:
-                    raise _AuthFailed(f"peer authentication: {peer.peer_id} sent no proof "
-                                      f"(is dLegerPeerSecret set on it?)")
-                if not self.auth.verify(reply.proof, "acceptor", self.self_id, peer.peer_id, nonce, reply.nonce):
-                    raise _AuthFailed(f"peer authentication failed: {peer.peer_id} at {host}:{port} does not "
-                                      f"hold this group's dLegerPeerSecret")
-                proof = self.auth.proof("dialer", self.self_id, peer.peer_id, nonce, reply.nonce)
-                await stream.send_all(encode_frame(proof.encode(), FrameKind.AUTH))
-            mismatch = identity_mismatch(self.self_id, self.identity, peer.peer_id, decode_identity(reply.identity))
-            if mismatch is not None:
-                raise _IdentityMismatch(mismatch)
-            decoder.max_frame_size = self.cfg.max_frame_size  # a member now: DATA frames of any allowed size
-            return stream, decoder, remote
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
-
     # --- accepting -----------------------------------------------------------
 
-    def _check_hello(self, hello: Hello, identity: bool = True) -> str | None:
-        if hello.group != self.group:
-            return f"wrong group {hello.group!r} (this node is in group {self.group!r})"
-        if hello.dst != self.self_id:
-            return f"hello addressed to {hello.dst!r} but this node is {self.self_id!r}"
-        if hello.src not in self._peers:
-            return f"unknown peer {hello.src!r} (not in this node's peers)"
-        if self._peers[hello.src].dials:  # we are the lower id: we dial it, not it us
-            return (f"{hello.src!r} must not dial {self.self_id!r}: "
-                    f"the peer with the lower id dials")
-        if not identity:
-            return None
-        return identity_mismatch(self.self_id, self.identity, hello.src, decode_identity(hello.identity))
-
-    async def _authenticate(self, stream, decoder: FrameDecoder, hello: Hello) -> None:
-        """The acceptor's half of the challenge-response (HandshakeError,
-        _AuthFailed); runs inside the handshake timeout."""
-        if not hello.nonce:
-            raise _AuthFailed(f"peer authentication required: {hello.src!r} sent no proof "
-                              f"(is dLegerPeerSecret set on it?)")
-        nonce = PeerAuth.new_nonce()
-        proof = self.auth.proof("acceptor", hello.src, self.self_id, hello.nonce, nonce)
-        reply = Hello(self.group, self.self_id, hello.src, self._identity_text, nonce=nonce, proof=proof)
-        await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
-        frame = await _read_frame(stream, decoder, self._handshake_chunk)
-        if frame is CLOSED:
-            raise HandshakeError("closed during peer authentication")
-        if frame.kind != FrameKind.AUTH:
-            raise _AuthFailed(f"peer authentication required: expected AUTH from {hello.src!r}, "
-                              f"got {frame.kind.name}")
-        given = frame.payload.decode("utf-8", "replace")
-        if not self.auth.verify(given, "dialer", hello.src, self.self_id, hello.nonce, nonce):
-            raise _AuthFailed(f"peer authentication failed: the dialer claiming to be {hello.src!r} does not "
-                              f"hold this group's dLegerPeerSecret")
-
-    @property
-    def _handshake_max(self) -> int:
-        return min(self.cfg.handshake_max_frame_size, self.cfg.max_frame_size)
-
-    @property
-    def _handshake_chunk(self) -> int:
-        # Reads before the handshake completes take no more than one
-        # handshake frame's worth at a time.
-        return min(self.cfg.recv_chunk_bytes, self._handshake_max + FRAME_HEADER_SIZE)
-
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
-        remote = _peername(stream)
+        remote = peername(stream)
         try:
-            accepted = await self._accept(stream, remote)
+            accepted = await self._handshake.accept(stream, remote, self._peers)
             if accepted is not None:
                 hello, decoder = accepted
                 peer = self._peers.get(hello.src)
@@ -692,74 +485,6 @@ class PeerTransport:
             self._failed(f"inbound connection from {remote}", exc)
         finally:
             await trio.aclose_forcefully(stream)
-
-    async def _accept(self, stream: trio.SocketStream, remote: str) -> tuple[Hello, FrameDecoder] | None:
-        """The acceptor's handshake inside its budgets: a slot among
-        max_handshakes (and max_handshakes_per_address), small frames, the
-        handshake timeout.  The dialer's Hello and the decoder (now taking
-        frames of any allowed size) once it is a member, else None (the
-        connection was refused, with a REJECT where one is due)."""
-        cfg = self.cfg
-        address = remote.rpartition(":")[0]
-        under_way = self._handshakes
-        if sum(under_way.values()) >= cfg.max_handshakes or under_way[address] >= cfg.max_handshakes_per_address:
-            self.capped_connections += 1
-            self._log.log(log, logging.WARNING, trio.current_time(),
-                          "%s: refused inbound connection from %s at once: %d handshakes under way, %d from "
-                          "that address (caps %d, %d per address)", self.self_id, remote, sum(under_way.values()),
-                          under_way[address], cfg.max_handshakes, cfg.max_handshakes_per_address)
-            self._notify()
-            return None
-        under_way[address] += 1
-        self._notify()
-        try:
-            return await self._handshake_inbound(stream, remote)
-        finally:
-            under_way[address] -= 1
-            if not under_way[address]:
-                del under_way[address]
-            self._notify()
-
-    async def _handshake_inbound(self, stream: trio.SocketStream, remote: str) -> tuple[Hello, FrameDecoder] | None:
-        _set_nodelay(stream)
-        decoder = FrameDecoder(self._handshake_max)
-        try:
-            with trio.fail_after(self.cfg.handshake_timeout):
-                frame = await _read_frame(stream, decoder, self._handshake_chunk)
-                if frame is CLOSED:
-                    raise HandshakeError("closed before the handshake")
-                if frame.kind != FrameKind.HELLO:
-                    raise HandshakeError(f"expected HELLO, got {frame.kind.name}")
-                hello = decode_hello(frame.payload)
-                # With a secret, nothing the dialer claims (its log
-                # identity included) is believed before it proved itself.
-                reason = self._check_hello(hello, identity=self.auth is None)
-                if reason is None and self.auth is not None:
-                    await self._authenticate(stream, decoder, hello)
-                    reason = self._check_hello(hello)
-                if reason is not None:
-                    if reason.startswith("log identity differs"):
-                        self._peers[hello.src].counters.last_error = reason
-                        raise _IdentityMismatch(reason)
-                    raise HandshakeError(reason)
-                if self.auth is None:
-                    reply = Hello(self.group, self.self_id, hello.src, self._identity_text)
-                    await stream.send_all(encode_frame(reply.encode(), FrameKind.HELLO_OK))
-        except _CONN_ERRORS as exc:
-            self.rejected_connections += 1
-            if isinstance(exc, FrameError):
-                reason = f"bad frame: {exc}"
-            elif isinstance(exc, trio.TooSlowError):
-                reason = f"no handshake within {self.cfg.handshake_timeout} s"
-            else:
-                reason = str(exc) or type(exc).__name__
-            level = logging.ERROR if isinstance(exc, (_IdentityMismatch, _AuthFailed)) else logging.WARNING
-            self._log.log(log, level, trio.current_time(), "%s: rejected inbound connection from %s: %s",
-                          self.self_id, remote, reason)
-            await _send_reject(stream, reason)
-            return None
-        decoder.max_frame_size = self.cfg.max_frame_size  # a member now: DATA frames of any allowed size
-        return hello, decoder
 
 
 async def serve_peer_transport(cfg: TransportConfig, self_id: str,

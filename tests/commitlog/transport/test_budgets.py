@@ -1,12 +1,12 @@
-# The peer transport's budgets against strangers (tcp.py, TransportConfig),
-# on 127.0.0.1: a handshake frame (HELLO, AUTH, HELLO_OK) larger than
-# handshake_max_frame_size is refused from its header, with or without a
-# secret and on both ends; inbound handshakes are capped in total and per
-# address (the rest closed at once, the slots free again once those
-# connections end); after the handshake, frames begun and not finished share
-# recv_budget_bytes (a frame that does not fit waits, then arrives) and must
-# be finished within frame_read_timeout; and an exception in a connection's
-# reader closes that connection only.
+# The peer transport's budgets against strangers (handshake.py,
+# recvbudget.py, TransportConfig), on 127.0.0.1: a handshake frame (HELLO,
+# AUTH, HELLO_OK) larger than handshake_max_frame_size is refused from its
+# header, with or without a secret and on both ends; inbound handshakes are
+# capped in total and per address (the rest closed at once, the slots free
+# again once those connections end); after the handshake, frames begun and
+# not finished share recv_budget_bytes (a frame that does not fit waits,
+# then arrives) and must be finished within frame_read_timeout; and an
+# exception in a connection's reader closes that connection only.
 import functools
 import os
 import random

@@ -1,5 +1,5 @@
 # Authenticated DLedger peers (dLegerPeerSecret: framing.PeerAuth + the
-# handshake in tcp.py).  On the transport: members with the secret connect,
+# handshake in handshake.py).  On the transport: members with the secret connect,
 # a node with another secret or none is refused on both ends.  On three
 # real nodes (serve_node over TCP): a stranger who knows the group name and
 # the member ids dials a follower's peer port, claims to be a member and
