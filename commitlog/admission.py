@@ -1,5 +1,5 @@
 # Owns what a message from a peer must be before the Raft shell steps it
-# into the core (replica.py calls refusal() on every decoded message).  The
+# into the core (inbox.py calls refusal() on every decoded message).  The
 # core trusts its inputs -- a message for another node is a contract error
 # there, a push that would drop committed entries a safety error -- so
 # everything a peer's bytes decide is checked here first, against the peer

@@ -27,13 +27,10 @@
 # node stays up, acknowledges nothing it could not write, and replicates
 # again as soon as the leader retries into freed space.
 #
-# Peer input: every received message passes admission.py (sent by the
-# peer the connection handshook with, to this node, terms and indexes in
-# range, a sane shape) before the driver sees it; what does not is dropped,
-# counted (stats peer_messages_undecodable, peer_messages_refused) and
-# logged at a bounded rate.  A message the core still raises on (a push that
-# would cut committed entries: a forged or broken leader) is dropped and the
-# core rebuilt from what is durable, as after a restart
+# Peer input: every received message is decoded and admitted (inbox.py,
+# admission.py) before the driver sees it.  A message the core still raises
+# on (a push that would cut committed entries: a forged or broken leader)
+# is dropped and the core rebuilt from what is durable, as after a restart
 # (peer_messages_failed); a push also fences its leader for its term, as
 # entries this node cannot place do.  Nothing a peer sends ends the process.
 #
@@ -59,7 +56,6 @@ from typing import Callable, Sequence
 import attrs
 import trio
 
-from commitlog.admission import refusal
 from commitlog.appends import AppendRequest, RefusedLeader
 from commitlog.entry import iter_batch
 from commitlog.errors import (
@@ -72,6 +68,7 @@ from commitlog.errors import (
     QuorumTimeoutError,
     TermChangedError,
 )
+from commitlog.inbox import PeerInbox
 from commitlog.members import recover
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
@@ -121,9 +118,7 @@ class ReplicaNode:
     soft_state: SoftState | None = attrs.field(default=None, init=False)
     _wakeup: trio.Event = attrs.Factory(trio.Event)
     _role_changed: trio.Event = attrs.Factory(trio.Event)
-    _inbox: list = attrs.Factory(list)
-    max_inbox: int = 1024  # received messages the driver has not taken; then readers wait
-    _inbox_room: trio.Event | None = None
+    inbox: PeerInbox = attrs.field(init=False)  # peer messages admitted, not yet taken by the driver
     _ticks_due: int = 0
     _proposals: list[AppendRequest] = attrs.Factory(list)
     _commands: list = attrs.Factory(list)
@@ -151,6 +146,7 @@ class ReplicaNode:
         self.committed.advance(self.core.commit_index)
         self.soft_state = self.core.soft_state()
         self._durable_hard = HardState(self.core.term, self.core.voted_for)  # as loaded from disk
+        self.inbox = PeerInbox(lambda: self.core, self._wake, self.stats, self._log_budget)
 
     # ------------------------------------------------------------------
     # public API
@@ -333,7 +329,7 @@ class ReplicaNode:
         # Received messages go straight from the transport's reader tasks
         # into the driver's inbox (no queue and task in between: an append
         # and its acks each cross one task switch less).
-        self.transport.set_sink(self._deliver)
+        self.transport.set_sink(self.inbox.deliver)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._ticker)
             task_status.started(self)
@@ -344,33 +340,6 @@ class ReplicaNode:
 
     def _wake(self) -> None:
         self._wakeup.set()
-
-    def _deliver(self, src: str, payload: bytes) -> trio.Event | None:
-        """The transport's sink: decode, admit (admission.py: `src` is the
-        peer the connection handshook with) and queue for the driver;
-        returns an Event to wait for while the driver's inbox is full.
-        Never raises on a peer's bytes: what does not decode or is not
-        admitted is dropped, counted and logged at a bounded rate."""
-        try:
-            msg = wire.decode(payload)
-        except Exception as exc:  # WireError, or anything else the bytes provoke
-            self._drop("peer_messages_undecodable", "%s: dropping an undecodable message from %s: %s",
-                       self.node_id, src, exc)
-            return None
-        core = self.core
-        reason = refusal(msg, src, core.node_id, core.term,
-                         core.log.end_index if core.role is Role.LEADER else None)
-        if reason is not None:
-            self._drop("peer_messages_refused", "%s: dropping %s from %s: %s", self.node_id,
-                       type(msg).__name__, src, reason)
-            return None
-        self._inbox.append(msg)
-        self._wakeup.set()
-        if len(self._inbox) < self.max_inbox:
-            return None
-        if self._inbox_room is None:
-            self._inbox_room = trio.Event()
-        return self._inbox_room
 
     async def _ticker(self) -> None:
         # A timer, not polling: the core's clock advances once per tick, and
@@ -432,16 +401,13 @@ class ReplicaNode:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            outside = bool(self._ticks_due or self._inbox)  # time passed or a peer spoke
+            outside = bool(self._ticks_due or self.inbox)  # time passed or a peer spoke
             while self._ticks_due:
                 self._ticks_due -= 1
                 self.core.tick()
                 self._take_ready()
-            inbox, self._inbox = self._inbox, []
+            inbox = self.inbox.take()
             now = trio.current_time()
-            if self._inbox_room is not None:  # readers waiting for room: there is
-                self._inbox_room.set()
-                self._inbox_room = None
             for msg in inbox:
                 if msg.term == self.core.term:
                     self._peer_heard[msg.src] = now
@@ -585,10 +551,6 @@ class ReplicaNode:
         if isinstance(msg, PushRequest):
             self.refused = RefusedLeader(msg.src, msg.term, f"{type(exc).__name__}: {exc}")
         self._rebuild_core(self._durable_hard)
-
-    def _drop(self, stat: str, msg: str, *args) -> None:
-        self.stats[stat] += 1
-        self._log_budget.log(log, logging.WARNING, trio.current_time(), msg, *args)
 
     def _rebuild_core(self, hard_state: HardState) -> None:
         """A new core from `hard_state`, the log as it is, the published

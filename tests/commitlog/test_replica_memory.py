@@ -140,15 +140,15 @@ async def test_quorum_timeout_then_pending_full(autojump_clock):
 
 
 async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump_clock):
-    """The transport's sink (ReplicaNode._deliver) answers with an Event once
-    max_inbox messages wait for the driver; the driver's next round takes
-    them all and sets it (the TCP reader waits on it: test_tcp)."""
+    """The transport's sink (the node's PeerInbox.deliver) answers with an
+    Event once max_messages wait for the driver; the driver's next round
+    takes them all and sets it (the TCP reader waits on it: test_tcp)."""
     net = MemoryNetwork(seed=2)
     async with trio.open_nursery() as nursery:
         members, leader = await start_group(nursery, net)
         follower = next(m for m in members if m is not leader).node
         captured = []
-        deliver = follower._deliver
+        deliver = follower.inbox.deliver
 
         def spy(src, payload):
             captured.append((src, payload))
@@ -156,7 +156,7 @@ async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump
         follower.transport.set_sink(spy)
         await leader.node.append([b"x"])
         assert captured  # the leader's appends and heartbeats reached the follower through the sink
-        follower.max_inbox = len(follower._inbox) + 3
+        follower.inbox.max_messages = len(follower.inbox) + 3
         src, payload = captured[-1]  # replayed: Raft takes a duplicate in its stride
         assert deliver(src, payload) is None and deliver(src, payload) is None
         room = deliver(src, payload)
@@ -164,7 +164,7 @@ async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump
         assert deliver(src, payload) is room  # one Event for every reader that finds it full
         with trio.fail_after(1):
             await room.wait()
-        assert len(follower._inbox) < follower.max_inbox
+        assert len(follower.inbox) < follower.inbox.max_messages
         [(idx, _)] = await leader.node.append([b"y"])  # and the group carries on
         await follower.committed.wait_for(idx, timeout=5)
         nursery.cancel_scope.cancel()
