@@ -86,7 +86,7 @@ from broker.config import LiveConfig, broker_id_for
 from broker.processors.client_manager import ClientManager
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import exception_desc
+from broker.remoting.containment import exception_desc
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
 from broker.store.broker_store import BrokerStore

@@ -14,18 +14,16 @@
 #   * can send requests of its own either way (invoke, send_request_oneway):
 #     the broker pushes NOTIFY_CONSUMER_IDS_CHANGED to connected clients.
 #
-# Budgets a server gives its connections (streams.ServerLimits):
-#   * unfinished frames: a read never buffers past max_unfinished bytes of
-#     frames not yet complete, and what every connection holds is reported
-#     to the server's FrameBudget after each read, before it is buffered
-#     (the budget may shed this connection or older ones); the decoder is
-#     replaced when it has passed whole frames, so the buffer under them is
-#     freed at once rather than at the next read;
-#   * requests in flight (count and bytes): past them the reader stops;
-#   * a Pacer: how many requests all connections decode and hand over in
-#     one scheduler round, so that a flood of pipelined requests is spread
-#     over many short rounds and the tasks that keep time (the Raft driver)
-#     run between them.
+# Budgets a server gives its connections (streams.ServerLimits), which the
+# read loop keeps:
+#   * unfinished frames (intake.py): a read never buffers past max_unfinished
+#     bytes of frames not yet complete, what the decoder holds is reported to
+#     the server's FrameBudget before it is buffered (the budget may shed
+#     this connection or older ones), and the buffer under frames already
+#     decoded is freed at once;
+#   * how fast requests are handed over (pacing.py): an InFlightWindow of
+#     requests (count and bytes) not yet answered, past which the reader
+#     stops, and the server's Pacer, credits per scheduler round.
 #
 # Failure policy: a malformed frame gets a SYSTEM_ERROR response when its
 # opaque could be read, then a lingering close (half-close, discard what the
@@ -36,12 +34,12 @@
 # and the connection stays up.  Any other exception met while serving this
 # connection's bytes (the decoder, a burst handler, encoding an answer, a
 # bug) closes this connection, is logged once with the peer's address and
-# counted (ConnectionStats); run() never raises it.  Nothing a peer sends
+# counted (containment.py); run() never raises it.  Nothing a peer sends
 # ends anything but its own connection.
+import functools
 import itertools
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -52,7 +50,6 @@ from broker.remoting.codec import (
     CLOSED,
     DEFAULT_MAX_FRAME_SIZE,
     NEED_DATA,
-    CommandDecoder,
     SendRun,
     encode_command,
     encode_request,
@@ -60,6 +57,7 @@ from broker.remoting.codec import (
 )
 from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, SerializeType, code_name
 from broker.remoting.command import RemotingCommand
+from broker.remoting.containment import ConnectionStats, exception_desc, report_failure
 from broker.remoting.errors import (
     LocalProtocolError,
     RemoteProtocolError,
@@ -67,6 +65,8 @@ from broker.remoting.errors import (
     RemotingTimeoutError,
     RequestError,
 )
+from broker.remoting.intake import RECV_CHUNK, FrameIntake
+from broker.remoting.pacing import InFlightWindow, Pacer, run_credits
 from broker.remoting.streams import FrameBudget, direct_writer
 
 log = logging.getLogger(__name__)
@@ -100,12 +100,6 @@ class ClientConnection(Protocol):
 
 
 DEFAULT_MAX_IN_FLIGHT = 1024
-RECV_CHUNK = 252 * 1024  # (under streams.MMAP_THRESHOLD: read buffers come from the heap, cheaply)
-# A decoder that passed more than this since its last read is replaced by
-# one holding only the unfinished tail (its old buffer is freed at once).
-RELEASE_AFTER = 4096
-PACER_CHUNK = 32  # credits a reader takes from the Pacer at a time
-SENDS_PER_CREDIT = 16  # plain sends in a SendRun (checked in C) cost this little
 _CONN_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 _MAX_OPAQUE = (1 << 31) - 1
 
@@ -116,11 +110,6 @@ async def not_supported(conn: "Connection", cmd: RemotingCommand) -> RemotingCom
                              f" request type {cmd.code} not supported")
 
 
-def exception_desc(e: BaseException) -> str:
-    """What the SYSTEM_ERROR remark says about a failed handler."""
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
 def peer_address(stream: trio.SocketStream, local: bool = False) -> str:
     try:
         sock = stream.socket
@@ -128,91 +117,6 @@ def peer_address(stream: trio.SocketStream, local: bool = False) -> str:
     except (OSError, AttributeError):
         return "?"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-@attrs.define(eq=False)
-class ConnectionStats:
-    """What a server's connections count together (exported as metrics)."""
-
-    connection_failures: int = 0  # connections closed by an unexpected exception
-    handler_failures: int = 0  # requests answered SYSTEM_ERROR after one
-    shed_unfinished: int = 0  # connections closed by the unfinished-frame budgets
-
-
-class _FailureLog:
-    """At most `per_second` tracebacks a second, so that a peer that can
-    make its connections fail cannot flood the log; the rest are counted
-    and summed up in the next line."""
-
-    def __init__(self, per_second: int = 20, clock=time.monotonic) -> None:
-        self.per_second = per_second
-        self._clock = clock
-        self._window = -1.0
-        self._logged = 0
-        self._suppressed = 0
-
-    def report(self, address: str, where: str, error: BaseException) -> None:
-        now = self._clock()
-        if now - self._window >= 1.0:
-            if self._suppressed:
-                log.error("%d more connection failures were not logged", self._suppressed)
-            self._window, self._logged, self._suppressed = now, 0, 0
-        if self._logged >= self.per_second:
-            self._suppressed += 1
-            return
-        self._logged += 1
-        log.error("%s: %s failed; closing this connection only", address, where, exc_info=error)
-
-
-_FAILURES = _FailureLog()
-
-
-def report_failure(address: str, where: str, error: BaseException) -> None:
-    """Log an exception one peer's input caused (rate-limited, with its
-    traceback), for the servers' last lines of containment."""
-    _FAILURES.report(address, where, error)
-
-
-class Pacer(trio.abc.Instrument):
-    """How many requests all the connections of one server may decode and
-    hand over in one scheduler round.  Trio runs every task that is
-    runnable at the start of a round before it looks at the clock or the
-    sockets again, so ten thousand pipelined requests handed over at once
-    became one round of ten thousand handler steps -- most of a second in
-    which no timer fired and a leader's heartbeats stopped.  Readers take
-    credits (take); one out of credits hands over what it has and waits for
-    the next round (next_round).  Installed as a trio instrument: its
-    after_io_wait hook, called once per round, refills the credits and wakes
-    the readers waiting for them."""
-
-    def __init__(self, per_round: int) -> None:
-        if per_round < 1:
-            raise ValueError(f"requests per round must be >= 1, got {per_round}")
-        self.per_round = per_round
-        self.left = per_round
-        self.deferred = 0  # times a reader waited for the next round
-        self._next: trio.Event | None = None
-
-    def after_io_wait(self, timeout: float) -> None:
-        self.left = self.per_round
-        if self._next is not None:
-            event, self._next = self._next, None
-            event.set()
-
-    def take(self, want: int) -> int:
-        k = want if want <= self.left else max(self.left, 0)
-        self.left -= k
-        return k
-
-    def refund(self, k: int) -> None:
-        if k > 0:
-            self.left += k
-
-    async def next_round(self) -> None:
-        if self._next is None:
-            self._next = trio.Event()
-        self.deferred += 1
-        await self._next.wait()
 
 
 @attrs.define(eq=False)
@@ -249,14 +153,11 @@ class Connection:
         self.stats = stats if stats is not None else ConnectionStats()
         self._handler = handler or not_supported
         self._bursts = bursts
-        # raw_sends: plain SEND_MESSAGE_V2 requests arrive as SendRuns (see
-        # codec); only a server whose burst handler takes them asks for that.
-        self._raw_sends = raw_sends
-        self._decoder = CommandDecoder(max_frame_size, raw_sends=raw_sends)
-        self._fed = 0  # bytes in the decoder's buffer: what it kept plus what it was fed since
-        # Unfinished frames: this connection's cap, and the server's budget.
-        self._max_unfinished = max_unfinished
-        self._budget = budget
+        # The decoder, held to this connection's cap and the server's budget
+        # of unfinished frames.  raw_sends: plain SEND_MESSAGE_V2 requests
+        # arrive as SendRuns (see codec); only a server whose burst handler
+        # takes them asks for that.
+        self._intake = FrameIntake(self, max_frame_size, raw_sends, max_unfinished, budget)
         self._pacer = pacer
         self._tasks: trio.Nursery | None = None  # while run() runs: answers sent later are written from it
         self._send_lock = trio.Lock()
@@ -271,22 +172,9 @@ class Connection:
         self._reading = True
         self._pending: dict[int, _Waiter] = {}
         self._opaques = itertools.count(1)
-        # Requests handed over and not yet answered; the reader stops
-        # reading at max_in_flight and waits on _room (set when answers
-        # bring the count back under).  A counter, not a Semaphore: a read
-        # is admitted with one addition, not one acquire per request.
-        self.max_in_flight = max_in_flight
-        self._in_flight = 0
-        self._room: trio.Event | None = None
-        # Byte budget (servers): the bytes read are billed to the requests
-        # dispatched from them and held until the last of those is answered;
-        # past the budget reading stops, so a client that sends big requests
-        # and never reads the answers holds at most about the budget (plus
-        # one read and one frame), not max_in_flight frames.
-        self._max_held = max_in_flight_bytes
-        self._held = 0  # bytes billed and not yet answered
-        self._unbilled = 0  # bytes read since the last dispatch
-        self._held_dropped = trio.Event()
+        # Requests handed over and not yet answered (bytes too, on servers):
+        # past either cap the reader stops reading.
+        self._window = InFlightWindow(max_in_flight, max_in_flight_bytes)
         self._scope = trio.CancelScope()
         self._closed = trio.Event()
 
@@ -313,8 +201,7 @@ class Connection:
         if not self._closing:
             self.stats.shed_unfinished += 1
             log.warning("%s: closing the connection: %s", self.remote_address, reason)
-            self._decoder = CommandDecoder(self.max_frame_size)
-            self._fed = 0
+            self._intake.drop()
         self.close(reason)
 
     def _fail(self, error: BaseException, where: str, close: bool = True) -> None:
@@ -326,7 +213,7 @@ class Connection:
             self.stats.connection_failures += 1
             if self.close_reason is None:
                 self.close_reason = f"{where} failed: {exception_desc(error)}"
-            _FAILURES.report(self.remote_address, where, error)
+            report_failure(self.remote_address, where, error)
         if close:
             self.close(self.close_reason or where)
 
@@ -517,9 +404,7 @@ class Connection:
             self._tasks = None
             self._reading = False
             self._fail_pending()
-            if self._budget is not None:
-                self._budget.update(self, 0, False)
-            self._decoder = None  # its buffer goes now, not with the last reference to this object
+            self._intake.close()
             await trio.aclose_forcefully(self.stream)
             self._closed.set()
             log.debug("%r closed: %s", self, self.close_reason)
@@ -534,73 +419,68 @@ class Connection:
         if frames_read is not None:
             self.stream.track_frames = False
         decoded = False  # a frame ended since the last read
+        # Decoded requests go to the window, which hands them to _hand_over
+        # as it admits them and returns when there is room for the next read.
+        hand_over, give = self._window.hand_over, functools.partial(self._hand_over, tasks)
+        intake = self._intake
         pacer = self._pacer
         credit = 0  # requests this reader may still decode in this round (with a pacer)
         data = b""  # the last read
         while True:
             if pacer is not None and credit <= 0:
-                credit = pacer.take(PACER_CHUNK)
+                credit = pacer.credits()
                 if credit <= 0:  # this round's are spent: hand over what is decoded, go on next round
-                    await self._dispatch(tasks, requests, count)
+                    await hand_over(requests, count, give)
                     requests, count = [], 0
                     await pacer.next_round()
                     continue
             try:
-                cmd = self._decoder.next_command()
+                cmd = intake.decoder.next_command()
             except RemoteProtocolError as e:
                 self.close_reason = f"malformed frame: {e}"
-                await self._dispatch(tasks, requests, count)  # the ones before it are answered
+                await hand_over(requests, count, give)  # the ones before it are answered
                 return e
             except Exception as e:  # a frame the decoder did not bound: as a malformed one, and counted
                 self._fail(e, "decoding a frame", close=False)
-                await self._dispatch(tasks, requests, count)
+                await hand_over(requests, count, give)
                 return RemoteProtocolError(f"frame could not be decoded: {exception_desc(e)}")
             if cmd is NEED_DATA:
                 if pacer is not None:
                     pacer.refund(credit)
                     credit = 0
-                buffered = self._decoder.buffered
+                buffered = intake.decoder.buffered
                 if frames_read is not None:
                     frames_read(buffered > 0, decoded)
-                if self._fed - buffered > RELEASE_AFTER:
-                    self._release_passed(data, buffered)
-                if self._budget is not None:  # (between frames: nothing; what a small read left is slack)
-                    self._budget.update(self, self._fed if buffered else 0, decoded)
+                intake.settle(data, buffered, decoded)
                 decoded = False
-                await self._dispatch(tasks, requests, count)
+                await hand_over(requests, count, give)
                 requests, count = [], 0
-                want = RECV_CHUNK
-                if self._max_unfinished is not None:
-                    want = min(want, self._max_unfinished - buffered)
-                    if want <= 0:
-                        self.stats.shed_unfinished += 1
-                        self.close_reason = (f"an unfinished frame reached {buffered} bytes "
-                                             f"(serverMaxUnfinishedFrameBytesPerConnection)")
-                        log.warning("%s: %s; closing the connection", self.remote_address, self.close_reason)
-                        return self.close_reason
+                want = intake.room(buffered)
+                if want <= 0:
+                    self.stats.shed_unfinished += 1
+                    self.close_reason = (f"an unfinished frame reached {buffered} bytes "
+                                         f"(serverMaxUnfinishedFrameBytesPerConnection)")
+                    log.warning("%s: %s; closing the connection", self.remote_address, self.close_reason)
+                    return self.close_reason
                 try:
                     data = await self.stream.receive_some(want)
                 except _CONN_ERRORS as e:
                     self.close_reason = self.close_reason or f"receive failed: {e!r}"
                     return self.close_reason
-                if self._budget is not None and data:
-                    # Before it is buffered: the budget may shed this connection (or older ones).
-                    self._budget.update(self, buffered + len(data), buffered == 0)
-                    if self._closing:
-                        return self.close_reason
-                self._decoder.receive_data(data)
-                self._fed = buffered + len(data)
-                self._unbilled += len(data)
+                if intake.report(data, buffered) and self._closing:  # shed by the budget
+                    return self.close_reason
+                intake.receive(data, buffered)
+                self._window.unbilled += len(data)
                 continue
             if cmd is CLOSED:
-                await self._dispatch(tasks, requests, count)
+                await hand_over(requests, count, give)
                 self.close_reason = self.close_reason or "closed by peer"
                 return None
             decoded = True
             if type(cmd) is SendRun:
                 n = cmd.hi - cmd.lo
                 count += n
-                credit -= 1 + n // SENDS_PER_CREDIT
+                credit -= run_credits(n)
             elif cmd.is_response:
                 credit -= 1
                 self._deliver(cmd)
@@ -610,53 +490,9 @@ class Connection:
                 credit -= 1
             requests.append(cmd)
 
-    def _release_passed(self, data: bytes, buffered: int) -> None:
-        """The decoder has passed whole frames since it was last fed: its
-        buffer still holds them until the next read.  Replace it with one
-        holding only the unfinished tail (the last `buffered` bytes, all of
-        them in `data`: the frame that was open before the read ended in
-        it), so that memory is freed now -- not after the peer's next bytes,
-        which an idle or hostile peer need never send."""
-        decoder = CommandDecoder(self.max_frame_size, raw_sends=self._raw_sends)
-        if buffered:
-            decoder.receive_data(data[len(data) - buffered:])
-        self._decoder = decoder
-        self._fed = buffered
-
-    async def _dispatch(self, tasks: trio.Nursery, requests: list, count: int) -> None:
-        """Hand over the requests of one read: as many as max_in_flight
-        admits at once, bursts first (in order), then a task each for the
-        rest; then wait for room for the next ones (backpressure: the
-        reader stops reading while the connection is full).  Admitting a
-        read whole, not one awaited acquire per request, keeps a pipelined
-        burst together until the log's group commit; admitting it in
-        pieces keeps a read of more requests than the limit from waiting
-        for answers to requests it has not handed over (a SendRun is cut
-        where the room ends)."""
-        start = 0
-        while start < len(requests):
-            room = self.max_in_flight - self._in_flight
-            if room <= 0:
-                self._room = trio.Event()
-                await self._room.wait()
-                continue
-            if start == 0 and room >= count:
-                part, n, start = requests, count, len(requests)
-            else:
-                part, n, start = _admit(requests, start, room)
-            count -= n
-            self._in_flight += n
-            self._hand_over(tasks, part, n)
-        while self._max_held is not None and self._held > self._max_held:
-            self._held_dropped = trio.Event()
-            await self._held_dropped.wait()
-
-    def _hand_over(self, tasks: trio.Nursery, requests: list, count: int) -> None:
-        bill = None
-        if self._max_held is not None:
-            bill = [count, self._unbilled]  # requests not yet answered, bytes
-            self._held += self._unbilled
-            self._unbilled = 0
+    def _hand_over(self, tasks: trio.Nursery, requests: list, count: int, bill: list | None) -> None:
+        """Hand over a part of a read that the window admitted: bursts
+        first (in order), then a task each for the rest."""
         singles = requests
         if self._bursts is not None:
             try:
@@ -673,20 +509,6 @@ class Connection:
                     tasks.start_soon(self._serve, one, bill)
                 continue
             tasks.start_soon(self._serve, cmd, bill)
-
-    def _settle(self, bill: list | None, n: int) -> None:
-        """`n` requests of `bill` are answered (or dropped)."""
-        if bill is not None:
-            bill[0] -= n
-            if bill[0] == 0:
-                self._held -= bill[1]
-                self._held_dropped.set()
-
-    def _answered(self, n: int) -> None:
-        self._in_flight -= n
-        if self._room is not None and self._in_flight < self.max_in_flight:
-            self._room.set()
-            self._room = None
 
     def _deliver(self, response: RemotingCommand) -> None:
         waiter = self._pending.get(response.opaque)
@@ -723,8 +545,7 @@ class Connection:
         except Exception as e:  # (answering failed in a way no answer can report)
             self._fail(e, f"answering {code_name(cmd.code)}")
         finally:
-            self._answered(1)
-            self._settle(bill, 1)
+            self._window.answered(1, bill)
 
     async def _serve_burst(self, cmds: list, finish: BurstFinish, bill: list | None = None) -> None:
         n = request_count(cmds)
@@ -734,9 +555,7 @@ class Connection:
             except Exception as e:
                 self.stats.handler_failures += 1
                 log.exception("%s: burst of %d requests failed", self.remote_address, n)
-                responses = [[one.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e)) for one in cmd.sends()]
-                             if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, exception_desc(e))
-                             for cmd in cmds]
+                responses = _system_errors(cmds, exception_desc(e))
             frames = []
             for cmd, response in zip(cmds, responses):
                 if response is None:
@@ -756,8 +575,7 @@ class Connection:
         except Exception as e:  # (answering failed in a way no answer can report)
             self._fail(e, f"answering a burst of {n} requests")
         finally:
-            self._answered(n)
-            self._settle(bill, n)
+            self._window.answered(n, bill)
 
     def _frame_answer(self, frames: list, cmd, response) -> None:
         if response is None or cmd.is_oneway:
@@ -784,13 +602,18 @@ class Connection:
                 pass
 
 
+def _system_errors(cmds: list, remark: str) -> list:
+    """A burst's answers when it failed: SYSTEM_ERROR for each request."""
+    return [[one.make_response(ResponseCode.SYSTEM_ERROR, remark) for one in cmd.sends()]
+            if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, remark) for cmd in cmds]
+
+
 def _failed(cmds: list, error: Exception) -> BurstFinish:
-    """The async half of a burst whose handler failed: SYSTEM_ERROR for each."""
+    """The async half of a burst whose handler failed."""
     remark = exception_desc(error)
 
     async def finish() -> list:
-        return [[one.make_response(ResponseCode.SYSTEM_ERROR, remark) for one in cmd.sends()]
-                if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, remark) for cmd in cmds]
+        return _system_errors(cmds, remark)
     return finish
 
 
@@ -798,22 +621,3 @@ def _first_leaf(group: BaseException) -> BaseException:
     while isinstance(group, BaseExceptionGroup) and group.exceptions:
         group = group.exceptions[0]
     return group
-
-
-def _admit(requests: list, start: int, room: int) -> tuple[list, int, int]:
-    """Up to `room` requests from requests[start:] (a SendRun is cut where
-    the room ends, its rest left at requests[start]): (the part, its
-    request count, where the next part starts)."""
-    part, n, i = [], 0, start
-    while i < len(requests) and n < room:
-        item = requests[i]
-        size = len(item) if type(item) is SendRun else 1
-        if n + size > room:
-            item, requests[i] = item.split(room - n)
-            part.append(item)
-            n += len(item)
-            break
-        part.append(item)
-        n += size
-        i += 1
-    return part, n, i

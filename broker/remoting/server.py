@@ -36,13 +36,12 @@ from broker.remoting.connection import (
     BurstFinish,
     BurstHandler,
     Connection,
-    ConnectionStats,
-    Pacer,
     RequestHandler,
     not_supported,
     peer_address,
-    report_failure,
 )
+from broker.remoting.containment import ConnectionStats, report_failure
+from broker.remoting.pacing import Pacer
 from broker.remoting.streams import ConnectionGate, FrameBudget, ServerLimits, accepted, return_freed_memory
 from broker.remoting.tls import ServerTls
 

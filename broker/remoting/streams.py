@@ -20,7 +20,7 @@
 #   requests in the server     serverMaxInFlightRequests                   10000   (then SYSTEM_BUSY, guard.py)
 #   unfinished frames, bytes   serverMaxUnfinishedFrameBytes               64 MiB  (then the oldest are shed)
 #   ... per connection         serverMaxUnfinishedFrameBytesPerConnection  16 MiB  (reads never buffer past it)
-#   requests per round         serverRequestsPerRound                      128     (connection.Pacer)
+#   requests per round         serverRequestsPerRound                      128     (pacing.Pacer)
 #
 # Memory per connection is therefore bounded: the decoder holds at most
 # serverMaxUnfinishedFrameBytesPerConnection of frames not yet complete (and

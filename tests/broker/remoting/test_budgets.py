@@ -18,7 +18,7 @@ import trio.testing
 
 from broker.remoting.codec import encode_command
 from broker.remoting.command import RemotingCommand
-from broker.remoting.connection import Pacer
+from broker.remoting.pacing import Pacer
 from broker.remoting.server import serve_remoting
 from broker.remoting.streams import FrameBudget, ServerLimits, limits_from_props
 from commitlog.config import ConfigError
@@ -107,7 +107,7 @@ async def test_whole_frames_free_their_buffer_at_once(nursery):
     # 2 MiB frame before them.
     assert 0 < server.budget.used <= 4096
     [conn] = server.connections
-    assert conn._decoder.buffered == 10
+    assert conn._intake.decoder.buffered == 10
 
 
 def test_budget_keys_and_defaults():

@@ -63,7 +63,7 @@ async def test_a_burst_starts_every_handler_before_any_runs_and_answers_in_few_w
 
     async def handler(conn, cmd):
         if not in_flight_when_first_ran:  # handlers started so far
-            in_flight_when_first_ran.append(conn._in_flight)
+            in_flight_when_first_ran.append(conn._window.requests)
         await release.wait()
         return cmd.make_response(ResponseCode.SUCCESS, body=cmd.body)
 
@@ -127,7 +127,7 @@ async def test_a_read_of_more_requests_than_the_limit_is_admitted_in_parts(nurse
     most = [0]
 
     async def handler(conn, cmd):
-        most[0] = max(most[0], conn._in_flight)
+        most[0] = max(most[0], conn._window.requests)
         await trio.sleep(0)
         return cmd.make_response(ResponseCode.SUCCESS, body=cmd.body)
 
@@ -139,7 +139,7 @@ async def test_a_read_of_more_requests_than_the_limit_is_admitted_in_parts(nurse
     responses = await read_commands(client_side, 50)
     assert sorted(r.opaque for r in responses) == list(range(1, 51))
     await trio.testing.wait_all_tasks_blocked()
-    assert most[0] == 8 and conn._in_flight == 0
+    assert most[0] == 8 and conn._window.requests == 0
     conn.close()
 
 

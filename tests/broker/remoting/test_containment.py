@@ -15,6 +15,8 @@ import pytest
 import trio
 
 import broker.remoting.connection as connection_mod
+import broker.remoting.containment as containment_mod
+import broker.remoting.intake as intake_mod
 from broker.remoting.client import open_remoting_client
 from broker.remoting.codec import CommandDecoder, encode_command
 from broker.remoting.codes import ResponseCode
@@ -70,7 +72,7 @@ async def test_a_decoder_exception_closes_only_that_connection(nursery, monkeypa
                 raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
             return cmd
 
-    monkeypatch.setattr(connection_mod, "CommandDecoder", Exploding)
+    monkeypatch.setattr(intake_mod, "CommandDecoder", Exploding)
     server = await start(nursery, EchoService())
     good = await trio.open_tcp_stream("127.0.0.1", server.port)
     assert (await raw_invoke(good, RemotingCommand(ECHO, opaque=1, body=b"a"))).body == b"a"
@@ -200,7 +202,7 @@ async def test_whatever_the_exception_the_server_survives(nursery, monkeypatch, 
             raise exc("from the decoder")
 
     server = await start(nursery, EchoService())
-    monkeypatch.setattr(connection_mod, "CommandDecoder", Exploding)
+    monkeypatch.setattr(intake_mod, "CommandDecoder", Exploding)
     for _ in range(5):
         await bad_connection(server, b"\x00\x00\x00\x10")
     monkeypatch.undo()
@@ -210,7 +212,7 @@ async def test_whatever_the_exception_the_server_survives(nursery, monkeypatch, 
 
 def test_the_failure_log_is_rate_limited(caplog):
     now = [0.0]
-    flog = connection_mod._FailureLog(per_second=3, clock=lambda: now[0])
+    flog = containment_mod._FailureLog(per_second=3, clock=lambda: now[0])
     with caplog.at_level(logging.ERROR):
         for i in range(10):
             flog.report(f"10.0.0.1:{i}", "decoding a frame", RecursionError("deep"))

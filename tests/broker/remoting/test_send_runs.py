@@ -9,7 +9,7 @@ import trio
 
 from broker.remoting.codec import NEED_DATA, CommandDecoder, RemotingCommand, SendRun, encode_command, request_count
 from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.connection import _admit
+from broker.remoting.pacing import _admit
 from broker.remoting.guard import GuardedDispatcher, InFlightLimiter
 from broker.remoting.server import RequestDispatcher, serve_remoting
 from native import sendpath
