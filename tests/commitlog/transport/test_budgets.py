@@ -13,6 +13,7 @@ import random
 
 import pytest
 import trio
+import trio.testing
 
 from commitlog.transport import TransportConfig, serve_peer_transport
 from commitlog.transport.framing import (
@@ -151,15 +152,6 @@ async def test_handshakes_are_capped_in_total_and_per_address(nursery):
 # --- after the handshake ------------------------------------------------------------------
 
 
-async def until(predicate, what: str):
-    # (the test polls counters the transport keeps per frame; the transport does not poll)
-    with trio.move_on_after(5):
-        while not predicate():
-            await trio.sleep(0.005)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @deadline
 async def test_frames_being_read_share_one_budget(nursery):
     cfg = TransportConfig(max_frame_size=MIB, recv_chunk_bytes=64 * 1024)   # recv_budget_bytes = 1 MiB
@@ -167,16 +159,24 @@ async def test_frames_being_read_share_one_budget(nursery):
     assert cfg.recv_budget_bytes == MIB
     first = b"A" * (800 * 1024)
     second = b"B" * (600 * 1024)
+    # Each frame begins in the HELLO's segment, so the handshake read its
+    # start: once connected, the reader needs nothing more from the kernel
+    # to take (or wait for) its budget, and waits on trio alone.
     a = await as_member(port, "n0", trailer=header(FrameKind.DATA, len(first)) + first[:1000])
-    await until(lambda: t.stats().unfinished_bytes == len(first), "n0's frame to take its budget")
-    b = await as_member(port, "n1")
-    nursery.start_soon(b.send_all, encode_frame(second))     # does not fit beside n0's: waits for room
-    await until(lambda: t.stats().budget_waits >= 1, "n1's frame to wait")
-    assert t.stats().unfinished_bytes == len(first)
+    await t.wait_state(lambda s: s.peers["n0"].connected)
+    await trio.testing.wait_all_tasks_blocked()
+    st = t.stats()
+    assert (st.unfinished_bytes, st.budget_waits) == (len(first), 0)
+    b = await as_member(port, "n1", trailer=header(FrameKind.DATA, len(second)) + second[:1000])
+    await t.wait_state(lambda s: s.peers["n1"].connected)
+    await trio.testing.wait_all_tasks_blocked()   # n1's frame does not fit beside n0's: it waits for room
+    st = t.stats()
+    assert (st.unfinished_bytes, st.budget_waits) == (len(first), 1)
+    nursery.start_soon(b.send_all, second[1000:])
     await a.send_all(first[1000:])
     assert await t.receive() == ("n0", first)
     assert await t.receive() == ("n1", second)
-    await until(lambda: t.stats().unfinished_bytes == 0, "the budget to be given back")
+    assert t.stats().unfinished_bytes == 0   # given back before the frame was handed over
 
 
 @deadline
@@ -195,11 +195,14 @@ async def test_a_frame_not_finished_in_time_closes_its_connection_and_frees_its_
 async def test_an_exception_in_the_reader_closes_only_that_connection(nursery, caplog):
     t, port = await acceptor(nursery)
     got = []
+    again_taken = trio.Event()
 
     def sink(src, payload):
         if payload == b"boom":
             raise RuntimeError("the consumer cannot take this")
         got.append((src, payload))
+        if payload == b"again":
+            again_taken.set()
 
     t.set_sink(sink)
     one = await as_member(port, "n0", trailer=encode_frame(b"fine") + encode_frame(b"boom") + encode_frame(b"lost"))
@@ -210,7 +213,7 @@ async def test_an_exception_in_the_reader_closes_only_that_connection(nursery, c
     assert any("RuntimeError" in r.message and r.exc_info for r in caplog.records)
     again = await as_member(port, "n0", trailer=encode_frame(b"again"))
     await t.wait_state(lambda s: s.peers["n0"].connected)
-    await until(lambda: ("n0", b"again") in got, "n0's next connection to deliver")
+    await again_taken.wait()   # n0's next connection delivers
     assert got.count(("n0", b"fine")) == 1 and ("n0", b"lost") not in got and ("n1", b"other") in got
     for s in (one, two, again):
         await s.aclose()
