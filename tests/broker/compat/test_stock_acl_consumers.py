@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from broker.remoting.client import open_remoting_client
-from tests.broker.acl.test_bypasses import ADMIN, start
+from tests.broker.acl.test_bypasses import ADMIN, routed, start
 from tests.broker.compat.stock_client import run_script
 from tools.mqadmin.adminapi import MQAdmin
 
@@ -27,9 +27,7 @@ async def test_stock_consumers_with_session_credentials(tmp_path, nursery, stock
     env = await start(nursery, tmp_path, namesrv=True, messageDelayLevel="1s 1s 1s 1s 1s")
     async with open_remoting_client(rpc_hook=ADMIN) as rc:
         await MQAdmin(rc, env.namesrv).create_topic(env.addr, "Orders", 2, 2, 6, False)
-    with trio.fail_after(20):
-        while "Orders" not in env.broker.registration().topic_configs or not env.broker.registered.is_set():
-            await trio.sleep(0.05)
+    await routed(env, "Orders")
     sent = await run_stock("produce.py", [env.namesrv, "Orders", 3, "--group", "PG", *OWNER], timeout=90)
     assert sent.result["ok"] == 3, sent.result
     push = await run_stock("acl_consumer.py", [env.namesrv, "Orders", 3, "--group", "PushGroup", *OWNER,
