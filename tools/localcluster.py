@@ -6,6 +6,7 @@
 # quickstart demo.
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,17 +18,56 @@ import trio
 from commitlog.admin import admin_call
 
 
+_EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 20000  # above the well-known ports (RocketMQ: 9876, 10909-10912)
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's range for outgoing connections begins (32768 by
+    default on Linux)."""
+    try:
+        with open(_EPHEMERAL) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n: int) -> list[int]:
-    """Ports the kernel just handed out on 127.0.0.1 (bound and released, so
-    a race with another process is possible but unlikely)."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    """n distinct ports free on 127.0.0.1 right now, taken below the
+    kernel's ephemeral range: a port the kernel hands out for binding to 0
+    is also one it hands to the next outgoing connection of any process,
+    which then holds it when the server comes to bind it ("Address already
+    in use", seen with two pytest processes side by side).  Ports outside
+    that range are never taken by outgoing connections; a race with another
+    test picking the same random port remains possible but rare.  Falls
+    back to the kernel's choice where no such range is left."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    socks = []
+    try:
+        for _ in range(n * 50):
+            if len(ports) == n or low - 1 <= _LOWEST_PORT:
+                break
+            port = rng.randint(_LOWEST_PORT, low - 1)
+            if port in ports:
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+        while len(ports) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
     return ports
 
 
