@@ -18,13 +18,14 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import attrs
+
+from tools.localcluster import free_ports
 
 DROP_ENV = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYSPARK_GATEWAY_PORT",
             "PYSPARK_GATEWAY_SECRET", "SPARK_CONF_DIR", "LEDGERMQ_NO_NATIVE")
@@ -40,9 +41,7 @@ def spark_home() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # (below the ephemeral range: see free_ports)
 
 
 def daemon_env(extra: dict | None = None) -> dict:

@@ -15,6 +15,7 @@ from broker.common.values import TopicConfig
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerRegistration
 from broker.remoting.client import open_remoting_client
+from tools.localcluster import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,7 @@ RUN = [sys.executable, "-c", "from broker.cli import mqnamesrv; mqnamesrv()"]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # (below the ephemeral range: see free_ports)
 
 
 async def read_line(stream, timeout: float = 20.0) -> bytes:
