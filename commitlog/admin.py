@@ -33,6 +33,7 @@ import trio
 
 from commitlog.errors import CommitLogError, NotLeaderError
 from commitlog.ratelog import LogBudget
+from commitlog.transport.handshake import peername
 
 log = logging.getLogger("ledgermq.admin")
 
@@ -208,7 +209,7 @@ async def serve_admin(node, host: str, port: int, *, task_status=trio.TASK_STATU
 
     async def handler(stream):
         nonlocal open_connections
-        remote = _peer(stream)
+        remote = peername(stream)
         async with stream:
             if open_connections >= MAX_CONNECTIONS:
                 _count(node, "admin_refused_connections")
@@ -234,14 +235,6 @@ async def serve_admin(node, host: str, port: int, *, task_status=trio.TASK_STATU
         await nursery.start(trio.serve_listeners, handler, listeners)
         task_status.started(bound)
         await trio.sleep(math.inf)
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-        return f"{host}:{port}"
-    except OSError:
-        return "?"
 
 
 async def admin_call(host: str, port: int, req: dict, timeout: float = 10.0) -> dict:
