@@ -307,36 +307,29 @@ class _Parser:
         raise self.error(f"expected a property, literal or '(', found {got}")
 
 
-def _all_of(preds: list[Pred]) -> Pred:
-    """a AND b AND ... in one step (Kleene: FALSE wins, then unknown)."""
+def _kleene(preds: list[Pred], decisive: bool) -> Pred:
+    """a AND b AND ... (decisive False) or a OR b OR ... (decisive True) in
+    one step, Kleene's way: the decisive value wins, then unknown."""
     preds = tuple(preds)
 
-    def all_true(p):
+    def combined(p):
         unknown = False
         for pred in preds:
             x = pred(p)
-            if x is False:
-                return False
+            if x is decisive:
+                return decisive
             if x is None:
                 unknown = True
-        return None if unknown else True
-    return all_true
+        return None if unknown else not decisive
+    return combined
+
+
+def _all_of(preds: list[Pred]) -> Pred:
+    return _kleene(preds, False)
 
 
 def _any_of(preds: list[Pred]) -> Pred:
-    """a OR b OR ... in one step (Kleene: TRUE wins, then unknown)."""
-    preds = tuple(preds)
-
-    def any_true(p):
-        unknown = False
-        for pred in preds:
-            x = pred(p)
-            if x is True:
-                return True
-            if x is None:
-                unknown = True
-        return None if unknown else False
-    return any_true
+    return _kleene(preds, True)
 
 
 def _not(a: Pred) -> Pred:
