@@ -38,11 +38,14 @@ def counting_tasks(producer) -> list:
 
 
 async def stored(ns: str, results) -> dict:
-    """msg_id -> (body, queue offset) of what the queues hold at each result's place."""
+    """msg_id -> (body, queue offset) of what the queues hold at each result's place.
+    SEND_OK means committed; the consume queue is dispatched from the commit
+    point a moment later (as RocketMQ's reput is), so each pull long-polls:
+    the broker answers as soon as that queue holds the offset."""
     out = {}
     async with open_pull_consumer("send_async_reader", namesrv_addr=ns) as pc:
         for r in results:
-            res = await pc.pull(r.queue, r.queue_offset, max_nums=1)
+            res = await pc.pull(r.queue, r.queue_offset, max_nums=1, block=10.0)
             assert res.status is PullStatus.FOUND, (r, res.status)
             m = res.messages[0]
             out[m.msg_id] = (m.body, m.queue_offset)
