@@ -40,6 +40,17 @@
 # tick.  At tens of thousands of single-entry appends per second the trio
 # primitives were most of the leader's CPU; now it is the log and the socket.
 #
+# Leader changes: an append already written when this leader steps down
+# (a leadership transfer, a lost quorum) keeps its waiter.  Raft decides its
+# fate: once the commit index, as the next leader tells it, covers the
+# entry and it still holds the term it was written in, it is committed and
+# the waiter is released as on a commit of its own term (Log Matching); a
+# truncation or log reset that removes it fails it with TermChangedError; past
+# its deadline it times out as before.  A planned transfer thus ends in
+# success for everything written before it (the target was caught up first
+# and its NOOP commits them).  Proposals not yet in the log fail with
+# NotLeaderError: nobody else will write them.
+#
 # Membership (commitlog/raft/membership.py): a Ready that changes the
 # configuration history is persisted first (persist_membership, the
 # ledgermq-members file), then the transport's peer set follows the
@@ -482,11 +493,13 @@ class ReplicaNode:
                 self._membership_ready(rd.membership)
             if rd.reset_to is not None:
                 r = rd.reset_to
+                self._fail_written_from(0, "log reset")
                 logw.reset_to(r.begin_index, r.begin_pos, r.prev_term, r.prev_chain_crc)
                 if self.on_log_reset is not None:
                     self.on_log_reset()
                 self._wrote = True
             if rd.truncate_from is not None:
+                self._fail_written_from(rd.truncate_from, "truncated")
                 logw.truncate_from(rd.truncate_from)
                 self._wrote = True
             if rd.leader_append is not None:
@@ -620,12 +633,18 @@ class ReplicaNode:
         reschedule = trio.lowlevel.reschedule
         released = 0
         limit = commit + 1
+        term = self.core.term
         while waiting:
             r = waiting[0]
             n = len(r.bodies)
             if r.first_index + n > limit:
                 break
             waiting.popleft()
+            if r.term != term and not r.done and self.log.term_at(r.last_index) != r.term:
+                # Held across a leader change (_fail_written_from fails those a
+                # truncation removes; this is the check that cannot be skipped).
+                self._resolve(r, TermChangedError(r.term, term))
+                continue
             if not r.done:
                 r.done = True
                 released += n
@@ -639,24 +658,37 @@ class ReplicaNode:
         old, self.soft_state = self.soft_state, ss
         event, self._role_changed = self._role_changed, trio.Event()
         event.set()
-        if old is not None and (ss.role is not Role.LEADER or ss.term != old.term):
-            # Entries proposed in an earlier term may or may not survive: their
-            # callers must treat them as failed (and possibly duplicated).
-            # A step-down that keeps the term (check-quorum) keeps this term's
-            # waiters: nothing can commit them any more (a term has one
-            # leader), so they end in QuorumTimeoutError or, once a newer
-            # term is seen, TermChangedError.
-            self._fail_all(TermChangedError(old.term, ss.term), keep_term=ss.term)
+        if old is not None and ss.role is not Role.LEADER and old.role is Role.LEADER:
+            # Proposals not yet in the log never will be from here: NotLeaderError
+            # (the broker may hand them to the new leader).  Entries already
+            # written keep their waiters (_hold_written).
+            self._fail_proposals(self.leader_error())
         log.info("%s: %s in term %d (leader %s)", self.node_id, ss.role.value, ss.term, ss.leader_id)
         if self.on_role_change is not None:
             self.on_role_change(ss)
 
-    def _fail_all(self, exc: BaseException, keep_term: int | None = None) -> None:
+    def _fail_all(self, exc: BaseException) -> None:
         for r in list(self._waiting) + self._proposals:
-            if r.term != keep_term:
-                self._resolve(r, exc)
-        self._waiting = collections.deque(r for r in self._waiting if not r.done)
-        self._proposals = [r for r in self._proposals if not r.done]
+            self._resolve(r, exc)
+        self._waiting = collections.deque()
+        self._proposals = []
+
+    def _fail_proposals(self, exc: BaseException) -> None:
+        for r in self._proposals:
+            self._resolve(r, exc)
+        self._proposals = []
+
+    def _fail_written_from(self, index: int, why: str) -> None:
+        """The log no longer holds entries from `index` on (truncated by a
+        later leader, or reset): their waiters fail with TermChangedError;
+        nothing of theirs can commit any more."""
+        waiting = self._waiting
+        while waiting and waiting[-1].last_index >= index:
+            r = waiting.pop()
+            self.stats["held_appends_lost"] += 1
+            self._resolve(r, TermChangedError(r.term, self.core.term))
+        if why:
+            log.debug("%s: appends from entry %d failed: %s", self.node_id, index, why)
 
 
 def _host_port(addr: str | None) -> tuple[str, int] | None:
