@@ -11,10 +11,12 @@
 #                           (MetadataService.leader_barrier),
 #                       then rebuilds the topic-queue offset table from the
 #                       consume queues and installs the append hook
-#                       (ConsumeQueueService.become_leader), announces its
-#                       broker address (brokerIP1:listenPort) through the
-#                       metadata unless the tables already hold it, and
-#                       only then
+#                       (ConsumeQueueService.become_leader), runs the
+#                       before_open hook (a migrated store's one-time
+#                       import: its records are stamped by the append hook
+#                       like every other record), announces its broker
+#                       address (brokerIP1:listenPort) through the metadata
+#                       unless the tables already hold it, and only then
 #   leader, writable    open; brokerId 0 (master).
 #
 # Losing leadership closes the gate at once: on_role_change runs inside the
@@ -26,7 +28,9 @@
 # The gate is the one place that knows "may this broker write now": every
 # write path (send, metadata updates, offset commits) should call
 # check_writable() first; a record appended without the hook would carry no
-# queue offset.  The gate makes itself the metadata service's write_gate,
+# queue offset (nor its PHYSICALOFFSET), so the gate's own writes before it
+# opens -- the migration import and the announcement -- come after the hook
+# is installed.  The gate makes itself the metadata service's write_gate,
 # so metadata writes are refused the same way.  Its NotWritableError names
 # the leader's broker address -- what a RocketMQ client can connect to --
 # from the announcements in the metadata (the DLedger peer address is a
@@ -86,8 +90,9 @@ class RoleGate:
     cq: ConsumeQueueService
     metadata: MetadataService | None = None  # None: a log without metadata (tests)
     peer_ids: tuple[str, ...] | None = None
-    # Awaited after the metadata barrier, before writes open (a migrated
-    # store's one-time import of its old config tables).
+    # Awaited after the metadata barrier and the append hook's install,
+    # before writes open (a migrated store's one-time import of its old
+    # config tables).
     before_open: Callable[[], Awaitable[object]] | None = None
     disk: DiskGuard | None = None  # None: no disk-space rule (tests of the role logic)
 
@@ -215,14 +220,15 @@ class RoleGate:
         await self.cq.dispatcher.dispatched.wait_for(target)
         if self.metadata is not None:
             await self.metadata.leader_barrier()
-        if self.before_open is not None:
-            await self.before_open()
         if not (self.replica.is_leader and self.replica.core.term == term):
             return
         self.cq.become_leader()
+        if self.before_open is not None:  # appends through the hook just installed
+            await self.before_open()
         await self._announce(term)
         # Synchronous from here: no role change can slip in between (one
-        # during the announcement cancelled this task and closed the hook).
+        # during the import or the announcement cancelled this task and
+        # closed the hook).
         if not (self.replica.is_leader and self.replica.core.term == term):
             return
         self._writable = True

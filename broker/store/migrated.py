@@ -11,7 +11,9 @@
 # accepts writes (MigrationImport, the role gate's before_open hook), once:
 # the import ends with a marker offset (IMPORT_MARK_TOPIC@IMPORT_MARK_GROUP)
 # that every later leader sees in the replicated tables and so never
-# imports again.
+# imports again.  The gate runs the hook after it installed the append
+# hook, so the import's records are stamped (QUEUEOFFSET, PHYSICALOFFSET)
+# like every other record and `verifyStore --cq` finds them in order.
 import json
 import logging
 import os
@@ -102,7 +104,8 @@ def import_ops(data: dict, marker_value: int) -> list:
 @attrs.define(eq=False)
 class MigrationImport:
     """The role gate's before_open hook on a migrated store: after the
-    leader barrier (every earlier leader's writes applied), the old tables
+    leader barrier (every earlier leader's writes applied) and with the
+    append hook installed (the records get their offsets), the old tables
     are imported once per group, so the first master serves the old offsets
     from its first request on; a later leader sees the mark and does
     nothing."""
