@@ -135,6 +135,14 @@ KEYS = {
     "longPollingMaxHeldPerConnection": ("long_polling_max_held_per_connection", _int(0, 1 << 24)),
     "longPollingMaxHeldPerAddress": ("long_polling_max_held_per_address", _int(0, 1 << 24)),
     "longPollingMaxHeld": ("long_polling_max_held", _int(0, 1 << 24)),
+    # Planned operations (README "Leadership transfer and rolling restarts"):
+    # how long after it stopped being master a broker still hands the writes
+    # it receives on to the new master, how long one write may wait for a
+    # master, and how many may be held or handed on at once
+    # (broker/processors/forward.py).
+    "sendForwardWindowMillis": ("send_forward_window_ms", _int(0, 3600 * 1000)),
+    "sendForwardHoldMillis": ("send_forward_hold_ms", _int(0, 60 * 1000)),
+    "sendForwardMaxInFlight": ("send_forward_max_in_flight", _int(0, 1 << 20)),
 }
 # Every key some part of ledgermq parses (for "did you mean").
 PARSED_KEYS = (frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS) | frozenset(LIMIT_KEYS)
@@ -173,6 +181,9 @@ class BrokerConfig:
     long_polling_max_held_per_connection: int = 1024
     long_polling_max_held_per_address: int = 2048
     long_polling_max_held: int = 10000
+    send_forward_window_ms: int = 60000  # twice a Java client's 30 s route poll; 0: refuse as a slave at once
+    send_forward_hold_ms: int = 3000  # a producer's default send timeout
+    send_forward_max_in_flight: int = 4096
     # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
     # (to the name servers), and the limits against hostile clients.
     tls: ServerTls = ServerTls()

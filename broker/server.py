@@ -67,6 +67,7 @@ from broker.processors.admin_dledger import DLedgerAdminProcessor
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
 from broker.processors.end_transaction import EndTransactionProcessor
+from broker.processors.forward import WriteForwarder
 from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.pull import PullProcessor
@@ -111,6 +112,8 @@ class Processors:
     end_transaction: EndTransactionProcessor
     transactions: TransactionService
     locks: QueueLockProcessor
+    forwarder: WriteForwarder
+
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
@@ -119,12 +122,16 @@ class Processors:
 
     def services(self) -> tuple:
         """The background services, each started with `nursery.start(s.run)`."""
-        return self.schedule, self.transactions, self.admin, self.pull
+        return self.schedule, self.transactions, self.admin, self.pull, self.forwarder
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
                     stats: StatsBook | None = None, acl: AclService | None = None) -> Processors:
-    send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store)
+    # Writes this broker cannot store (a master that just stepped down, a
+    # leader catching up or transferring) are held or handed on to the
+    # master; its client is set by serve_broker, which owns its connections.
+    forwarder = WriteForwarder(config, bs.gate, bs.replica)
+    send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store, forwarder=forwarder)
     # The check service asks producers through the processor that knows the
     # client registry; the processor asks the service which halves are resolved.
     # With ACL, a check-back goes only to a producer whose account may see
@@ -147,6 +154,7 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
         admin_clients=ClientsAdminProcessor(config, bs, clients),
         admin_dledger=DLedgerAdminProcessor(config, bs),
         schedule=ScheduleService(bs, config.current),
+        forwarder=forwarder,
     )
 
 
@@ -406,6 +414,8 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         if acl is not None:  # requests naming a commitlog offset are judged by the message stored there
             acl.lookup = message_lookup(bs.cq)
         processors = wire_processors(config, bs, clients, stats, acl)
+        # Handed-on writes keep the producer's own signature: a client without the broker's rpc hook.
+        processors.forwarder.client = RemotingClient(nursery, tls=cfg.client_tls)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
         processors.register(dispatcher)

@@ -171,6 +171,13 @@ class ReplicaNode:
     def is_leader(self) -> bool:
         return self.core.role is Role.LEADER
 
+    @property
+    def transferring_to(self) -> str | None:
+        """The target of the leadership transfer this leader is making
+        (it refuses appends meanwhile), or None."""
+        role = self.core.leader_role()
+        return role.transfer_target if role is not None else None
+
     def has_quorum_contact(self, within: float) -> bool:
         """Leader, and heard from a quorum (itself included) within the last
         `within` seconds of real time.  Decisions that would be wrong if

@@ -23,6 +23,10 @@
 # (accept_burst): send_burst.py serves them, one append for all, with the
 # steps here for each message it does not take in C (send_native.py).
 #
+# A send this broker could not store (not leader, transferring, an entry a
+# later leader truncated) first goes to unstored(): the forwarder
+# (forward.py) may hold it until this node is master again or hand it on to
+# the master; otherwise, and for every other error, it is refused.
 # Error translation happens in one place, _failure(): SendError carries a
 # code of its own; commitlog errors map as the issue asks (spec §6.8 maps a
 # quorum timeout to SYSTEM_ERROR; we answer FLUSH_SLAVE_TIMEOUT, with the
@@ -58,6 +62,7 @@ from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.service import MetadataService
 from broker.processors import send_burst, send_native
+from broker.processors.forward import WriteForwarder
 from broker.remoting.codec import encode_response
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -240,6 +245,8 @@ class SendProcessor:
     rng: random.Random = attrs.Factory(random.Random)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     _native: send_native.NativeSends = attrs.Factory(lambda: send_native.NativeSends(_topic_ok))
+    # Hands on or holds what this node cannot store (forward.py); None: refuse at once.
+    forwarder: WriteForwarder | None = None
 
     @property
     def cfg(self) -> BrokerConfig:
@@ -255,9 +262,10 @@ class SendProcessor:
         for code in self.CODES:
             dispatcher.register_burst(code, self)
 
-    async def process(self, request: RemotingCommand, peer) -> RemotingCommand:
+    async def process(self, request: RemotingCommand, peer, *, hand_on: bool = True) -> RemotingCommand:
         """One send, start to answer (also the path of a burst's sends to a
-        topic that is auto-created first)."""
+        topic that is auto-created first).  hand_on=False: the forwarder's
+        own retry here, refused plainly if it fails again."""
         records: list[bytes] = []
         req = None
         try:
@@ -274,7 +282,24 @@ class SendProcessor:
             await self.replica.wait(req)
             return self._success(request, queue_id, req.result, req.stamped, uniq)
         except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
-            return self._failure(request, exc, records, req.first_index if req is not None else -1)
+            first = req.first_index if req is not None else -1
+            if hand_on:
+                return await self.unstored(request, exc, peer, records, first)
+            return self._failure(request, exc, records, first)
+
+    async def unstored(self, request, exc: Exception, peer, records=(), first_index: int = -1) -> RemotingCommand:
+        """The one answer to a send this broker did not store: handed on to
+        the master, or held until this node is the master again, when the
+        forwarder takes it (forward.py: a master that just stepped down, a
+        leader catching up or transferring); else the refusal (_failure).
+        `request` may be a RemotingCommand or a SendRun's RawSend."""
+        fwd = self.forwarder
+        if fwd is not None and fwd.eligible(request, exc):
+            command = request if type(request) is RemotingCommand else request.command()
+            reply = await fwd.take_over(command, lambda: self.process(command, peer, hand_on=False))
+            if reply is not None:
+                return reply
+        return self._failure(request, exc, records, first_index)
 
     def accept_burst(self, conn, cmds: list):
         """The synchronous half of a burst (send_burst.py); returns the

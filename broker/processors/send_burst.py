@@ -11,6 +11,7 @@
 # processor for (burst_hosts, burst_records, REFUSALS, _failure, ...):
 # send.py imports this module, not the other way round.
 from broker.processors import send_native
+from broker.processors.forward import UNSTORED
 from broker.remoting.codec import SendRun
 from broker.remoting.command import RemotingCommand
 from commitlog.errors import CommitLogError
@@ -28,9 +29,12 @@ def accept_burst(proc, conn, cmds: list):
     try:
         proc.gate.check_writable()
     except CommitLogError as exc:  # not the writable leader: all of them alike
-        for i, cmd in enumerate(cmds):
-            replies[i] = ([proc._failure(one, exc, []) for one in cmd.sends()] if type(cmd) is SendRun
-                          else proc._failure(cmd, exc, []))
+        unstored = [(i, k, one) for i, cmd in enumerate(cmds)
+                    for k, one in (enumerate(cmd.sends()) if type(cmd) is SendRun else ((None, cmd),))]
+        if _hands_on(proc, exc):
+            return _handed_on(proc, conn, cmds, replies, unstored, exc)
+        for i, k, one in unstored:
+            _put(replies, cmds, i, k, proc._failure(one, exc, []))
         return _answered(replies)
     born_host, born, born_v6, store_host = proc.burst_hosts(conn.remote_address)
     # (i, k, request, first record, count, queueId, uniq); k: its place in a SendRun, else None
@@ -93,6 +97,14 @@ def accept_burst(proc, conn, cmds: list):
             for r in runs:
                 if not send_native.answer(r, cmds[r.item], replies, placed, stamps, store_host):
                     _answer_run_slowly(proc, r, cmds[r.item], replies, placed)
+        elif _hands_on(proc, failed):  # nothing of it is in the log: hand each on, in arrival order
+            unstored = [(i, k, request) for i, k, request, *_ in parts]
+            for r in runs:
+                sends = cmds[r.item].sends()
+                unstored.extend((r.item, r.k0 + j, sends[r.k0 + j]) for j in range(r.n))
+            unstored.sort(key=lambda t: (t[0], t[1] or 0))
+            for i, k, request in unstored:
+                _put(replies, cmds, i, k, await proc.unstored(request, failed, conn.remote_address))
         else:
             base = req.first_index if req is not None else -1
             for i, k, request, first, count, _, _ in parts:
@@ -119,6 +131,24 @@ def _answer_run_slowly(proc, run, sends: SendRun, replies, placed) -> None:
         out[run.k0 + j] = proc._success_frame(ones[run.k0 + j].command(), run.queue_ids[j],
                                               placed[first:first + 1], None,
                                               run.records[o:o + n].decode())
+
+
+def _hands_on(proc, exc: Exception) -> bool:
+    """Whether refusals for `exc` go to the forwarder (any request of the
+    burst stands for all: the bit it checks per request is checked again
+    in proc.unstored)."""
+    fwd = proc.forwarder
+    return fwd is not None and isinstance(exc, UNSTORED) and fwd.in_window()
+
+
+def _handed_on(proc, conn, cmds: list, replies: list, unstored: list, exc: Exception):
+    """The async half of a burst none of which this node could take: each
+    request handed on (or held) in arrival order, see forward.py."""
+    async def finish() -> list:
+        for i, k, request in unstored:
+            _put(replies, cmds, i, k, await proc.unstored(request, exc, conn.remote_address))
+        return replies
+    return finish
 
 
 def _answered(replies: list):

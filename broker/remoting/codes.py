@@ -11,6 +11,9 @@ import enum
 # flag bits
 RPC_TYPE_RESPONSE = 1 << 0
 RPC_ONEWAY = 1 << 1
+# ledgermq's own: a write one broker of a group handed on to its master
+# (broker/processors/forward.py); the master never hands it on again.
+FORWARDED_WRITE = 1 << 8
 
 # MQVersion.Version ordinals (spec §8.1).  From V4_9_4 on, the name server
 # answers GET_ROUTEINFO_BY_TOPIC in standard JSON; ledgermq always does.
