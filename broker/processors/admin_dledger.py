@@ -9,7 +9,9 @@
 #                                      {id: {matchIndex, lag, lastAckMsAgo, ...}},
 #                                      refusedLeader, identity (what the peer
 #                                      handshake compares), links: {id:
-#                                      {connected, lastError}}}
+#                                      {connected, lastError}}, process: {pid,
+#                                      startedAtMs} (rollingRestart tells a
+#                                      restarted node by it)}
 #                                      from ReplicaNode.status() and the transport
 #   LEDGERMQ_TRANSFER_LEADERSHIP 9101  header targetId (a dLegerSelfId); on the
 #                                      leader: hand over and answer once this
@@ -38,6 +40,8 @@
 # which is what makes compareReplicas a binary search over these answers.
 import json
 import logging
+import os
+import time
 
 import attrs
 import trio
@@ -54,6 +58,8 @@ from commitlog.raft.membership import ChangeKind, ConfChange, MembershipChangeEr
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.admin.dledger")
+
+STARTED_AT_MS = int(time.time() * 1000)  # this process's start, as its status reports it
 
 TRANSFER_TIMEOUT_S = 5.0
 CHANGE_TIMEOUT_S = 30.0
@@ -93,7 +99,7 @@ class DLedgerAdminProcessor(RequestProcessor):
                "clusterName": cfg.broker_cluster_name, "brokerAddr": cfg.broker_addr,
                "brokerId": self.store.gate.broker_id,
                "writable": bool(self.store.gate.writable), "identity": dict(transport.identity),
-               "links": links, **st}
+               "links": links, "process": {"pid": os.getpid(), "startedAtMs": STARTED_AT_MS}, **st}
         return out
 
     async def status(self, request: RemotingCommand) -> RemotingCommand:

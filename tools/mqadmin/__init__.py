@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "tools.mqadmin.message_cmds",
     "tools.mqadmin.dledger_cmds",
     "tools.mqadmin.member_cmds",
+    "tools.mqadmin.restart_cmds",
     "tools.mqadmin.namesrv_cmds",
     "tools.mqadmin.pipeline_cmds",
 ]

@@ -143,6 +143,26 @@ async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
     return 3 if failed else 0
 
 
+async def wait_for_master(admin: MQAdmin, group: str, addr: str, timeout: float) -> str:
+    """Ask the name server until it lists `addr` as `group`'s master
+    (brokerId 0), backing off from 50 ms to 1 s; AdminError after `timeout`
+    seconds.  The name server has no push for routes, so this asks."""
+    deadline = trio.current_time() + timeout
+    delay, seen = 0.05, None
+    while True:
+        try:
+            seen = (await admin.group_addrs(group)).get(0)
+        except AdminError as e:
+            seen = f"({e})"
+        if seen == addr:
+            return addr
+        if trio.current_time() + delay > deadline:
+            raise AdminError(f"the leadership of {group} moved, but after {timeout:g} s the name server still "
+                             f"names {seen or 'no master'} instead of {addr}; clients may need longer to find it")
+        await trio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
 @click.command("leadershipTransfer", epilog="""\b
 Examples:
   mqadmin leadershipTransfer -b broker-a -t n1
@@ -150,9 +170,14 @@ Examples:
 @click.option("-b", "--brokerName", "group", required=True, metavar="GROUP", help="the broker group (brokerName)")
 @click.option("-t", "--to", "target", required=True, metavar="PEER",
               help="the new leader: its dLegerSelfId or broker address")
+@click.option("--wait-seconds", "wait", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="how long to wait for the name server to show the new master (0: do not wait)")
 @online
-async def leadership_transfer(admin: MQAdmin, out: Output, group, target):
-    """Hand a group's leadership to a caught-up peer (the master moves)."""
+async def leadership_transfer(admin: MQAdmin, out: Output, group, target, wait):
+    """Hand a group's leadership to a caught-up peer (the master moves).
+    Returns once the name server routes to the new master, so clients that
+    ask it from then on find it (exit 1 if it does not within --wait-seconds;
+    the old master hands on the writes it still receives meanwhile)."""
     statuses = await _statuses(admin, await _group_nodes(admin, group, None))
     live = {a: s for a, s in statuses.items() if isinstance(s, dict)}
     leader = next((a for a, s in live.items() if s.get("role") == "leader"), None)
@@ -170,6 +195,9 @@ async def leadership_transfer(admin: MQAdmin, out: Output, group, target):
         answer = await admin.transfer_leadership(leader, target_id)
         result = {"group": group, "from": old["selfId"], "to": target_id,
                   "term": int(answer.get("term", 0)) or None, "changed": True}
+    target_addr = next((a for a, sid in by_addr.items() if sid == target_id), None)
+    if wait > 0 and target_addr is not None:
+        result["namesrvMaster"] = await wait_for_master(admin, group, target_addr, wait)
     if out.as_json:
         out.json(result)
     elif result["changed"]:

@@ -1,9 +1,13 @@
 # produce.py NAMESRV TOPIC COUNT [--group G] [--mode sync|oneway|orderly]
 #            [--timeout-ms N] [--tags T] [--keys K] [--body-prefix P] [--shutdown]
 #            [--access-key AK --secret-key SK [--channel C]]
+#            [--until-file PATH [--pace-ms N]]
+# With --until-file it sends until PATH exists (COUNT at most), one message
+# every --pace-ms: a producer running throughout a planned operation.
 # Sends COUNT messages with the stock client and prints
 # {"sent": [{"status", "msg_id", "offset"} | {"error"}], "ok": n, ...}.
 import argparse
+import os
 import time
 
 from _common import finish, text
@@ -25,6 +29,8 @@ def main() -> None:
     p.add_argument("--access-key", default=None, help="ACL: set_session_credentials(access key, secret, channel)")
     p.add_argument("--secret-key", default="")
     p.add_argument("--channel", default="ALIYUN")
+    p.add_argument("--until-file", default=None)
+    p.add_argument("--pace-ms", type=int, default=0)
     a = p.parse_args()
 
     producer = Producer(a.group, timeout=a.timeout_ms)
@@ -34,6 +40,10 @@ def main() -> None:
     producer.start()
     sent, t0 = [], time.monotonic()
     for i in range(a.count):
+        if a.until_file is not None and os.path.exists(a.until_file):
+            break
+        if a.pace_ms:
+            time.sleep(a.pace_ms / 1000)
         msg = Message(a.topic)
         msg.set_tags(a.tags)
         if a.keys:
