@@ -18,6 +18,14 @@
 # flag a running or crashed broker leaves.  (Its config/*.json are read by
 # broker.metadata.snapshot.read_config_dir.)
 #
+# index_coverage() says whether ${root}/index holds every message of the
+# log a stock broker's index would (a message with a UNIQ_KEY or a KEYS
+# token, not a transaction rollback): `migrate apply` keeps a complete
+# index and rebuilds any other (missing, damaged, or with keyed messages
+# outside what its files cover: before the first, between two, after the
+# last).  The walk stops at the first keyed message outside the index, so
+# a complete index costs a few records' reading.
+#
 # Also here: md5 of the last commitlog files (RocketMQ's pre-migration
 # consistency check between a master and its slave, for plain and DLedger
 # stores) and compare_commitlogs, the first record where two stores differ.
@@ -29,11 +37,14 @@ import attrs
 
 from commitlog.segments import infer_segment_size, list_segment_files
 from consumequeue.checkpoint import StoreCheckpoint
+from consumequeue.errors import InconsistentStateError
+from consumequeue.indexfile import DEFAULT_INDEX_NUM, DEFAULT_SLOT_NUM, IndexService
 from consumequeue.source import CommitlogSource
 from native.dispatch import (
     ERR_TEXT,
     MODE_PLAIN,
     REC_CRC_BAD,
+    REC_NO_INDEX,
     SCAN_CHECK_CRC,
     STOP_BLANK,
     STOP_CORRUPT,
@@ -70,6 +81,33 @@ class Recovery:
     @property
     def clean(self) -> bool:
         return self.stop in ("end", "blank")
+
+
+@attrs.frozen
+class IndexCoverage:
+    """How much of a plain commitlog ${root}/index covers (index_coverage)."""
+
+    state: str  # "complete", "missing" (no IndexFile, or none holds a key), "damaged", "incomplete"
+    reason: str = ""  # why it is not complete
+    files: int = 0
+    begin_phy: int = -1  # the first file's beginPhyOffset (-1: no key indexed)
+    end_phy: int = -1  # the last file's endPhyOffset
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "complete"
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "reason": self.reason, "files": self.files, "beginPhyOffset": self.begin_phy,
+                "endPhyOffset": self.end_phy}
+
+
+def indexed_by_rocketmq(view, rec: DispatchRecord) -> bool:
+    """Whether a stock broker's IndexService puts keys for this record: a
+    UNIQ_KEY or a non-empty KEYS token, and not a transaction rollback."""
+    if rec.flags & REC_NO_INDEX:
+        return False
+    return rec.uniq_len > 0 or any(bytes(view[rec.keys_off:rec.keys_off + rec.keys_len]).split(b" "))
 
 
 class LegacyStore:
@@ -227,6 +265,60 @@ class LegacyStore:
         for _, res in self.batches(begin, end):
             for i in range(res.n):
                 yield res.record(i)
+
+    def first_indexed(self, begin: int, end: int, *, after: int = -1) -> int | None:
+        """Position of the first record in [begin, end) past `after` that a
+        stock index holds (indexed_by_rocketmq), or None.  `begin` must be
+        a record start (LegacyStoreError when it is not one)."""
+        for view, res in self.batches(begin, end):
+            for i in range(res.n):
+                r = res.record(i)
+                if r.phy_offset > after and indexed_by_rocketmq(view, r):
+                    return r.phy_offset
+        return None
+
+    def index_coverage(self, end: int | None = None, *, slot_num: int = DEFAULT_SLOT_NUM,
+                       index_num: int = DEFAULT_INDEX_NUM) -> IndexCoverage:
+        """Whether ${root}/index (IndexFiles of slot_num slots and index_num
+        items) holds every message of [begin, end) a stock broker's index
+        would (see the module comment).  Read-only."""
+        end = self.end if end is None else end
+        try:
+            svc = IndexService(self.root, slot_num=slot_num, index_num=index_num, readonly=True).load()
+        except InconsistentStateError as exc:
+            return IndexCoverage("damaged", f"an IndexFile is damaged: {exc.reason}")
+        try:
+            n = len(svc.files)
+            used = [f.header for f in svc.files if f.header.index_count > 1]
+        finally:
+            svc.close()
+        if not used:
+            if end <= self.begin or self.first_indexed(self.begin, end) is None:
+                return IndexCoverage("complete", "", n)  # nothing to index
+            return IndexCoverage("missing", "the store has no IndexFile" if not n else
+                                 f"its {n} IndexFile(s) hold no key", n)
+        cov = {"files": n, "begin_phy": used[0].begin_phy_offset, "end_phy": used[-1].end_phy_offset}
+        # The stretches no file covers: before the first, between two files
+        # (one deleted), after the last; each (scan from, skip through, to).
+        gaps = [(self.begin, -1, used[0].begin_phy_offset)]
+        gaps += [(a.end_phy_offset, a.end_phy_offset, b.begin_phy_offset) for a, b in zip(used, used[1:])]
+        gaps.append((used[-1].end_phy_offset, used[-1].end_phy_offset, end))
+        for k, (start, skip, stop) in enumerate(gaps):
+            where = ("before its first item" if k == 0 else "after its last item" if k == len(gaps) - 1
+                     else f"between its items at {start} and {stop}")
+            if start < self.begin:
+                start, skip = self.begin, -1  # below the log (retention): nothing to miss there
+            stop = min(stop, end)
+            if start >= stop:
+                continue
+            try:
+                at = self.first_indexed(start, stop, after=skip)
+            except LegacyStoreError:
+                return IndexCoverage("incomplete", f"the index names position {start}, which is not a record "
+                                     f"of this commitlog", **cov)
+            if at is not None:
+                return IndexCoverage("incomplete", f"the index misses the message at {at} ({where})", **cov)
+        return IndexCoverage("complete", "", **cov)
 
     def topic_of(self, view, rec: DispatchRecord) -> str:
         off = rec.topic_off

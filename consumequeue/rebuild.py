@@ -5,6 +5,13 @@
 # checkpoint, dispatch the committed log from its first entry, checkpoint.
 # A store migrated from master-slave (consumequeue.migrated) is rebuilt in
 # two parts: the old commitlog in plain mode first, then the DLedger log.
+#
+# Also the index-only rebuild of a plain commitlog (rebuild_plain_index:
+# `migrate apply` on an old store whose index is missing or incomplete).
+# It is deterministic, so every replica of one old commitlog gets the same
+# index files, names included: a file is named by the store timestamp of
+# the first message of the batch that opened it (local time, as RocketMQ's
+# names are), where RocketMQ names it by the clock when it creates it.
 import os
 import time
 
@@ -14,6 +21,8 @@ from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import service
 from consumequeue.dispatcher import DispatchConfig, DispatchEngine, DispatchStats
 from consumequeue.errors import ConsumeQueueError
+from consumequeue.indexfile import IndexService
+from consumequeue.legacy_store import LegacyStore
 from consumequeue.migrated import DividedLog, layered_source, load_marker, redispatch_legacy
 
 
@@ -116,3 +125,39 @@ def rebuild_migrated(root: str, store, marker: DividedLog, *, config=None, backe
     finally:
         engine.close()
         source.close()
+
+
+@attrs.frozen
+class IndexRebuild:
+    files: int  # index files written
+    keys: int  # items put
+    messages: int  # records read
+
+    def to_json(self) -> dict:
+        return {"files": self.files, "keys": self.keys, "messages": self.messages}
+
+
+def rebuild_plain_index(root: str, begin: int, end: int, *, segment_size: int | None = None,
+                        config: DispatchConfig | None = None, backend=None, progress=None) -> IndexRebuild:
+    """Delete ${root}/index and index the plain commitlog ${root}/commitlog
+    [begin, end) (`begin` a record start) again, deterministically (see the
+    module comment).  `progress(done, total)` follows the bytes read."""
+    config = config or DispatchConfig()
+    stamp = [0]  # the "clock" new index files are named by
+    index = IndexService(root, slot_num=config.index_slot_num, index_num=config.index_num, backend=backend,
+                         clock_ms=lambda: stamp[0])
+    index.destroy()
+    messages = 0
+    try:
+        with LegacyStore(root, segment_size=segment_size, backend=backend) as old:
+            for view, res in old.batches(begin, end):
+                stamp[0] = res.record(0).store_timestamp
+                index.put_batch(view, res)
+                messages += res.n
+                if progress is not None:
+                    last = res.record(res.n - 1)
+                    progress(last.phy_offset + last.size - begin, end - begin)
+        index.flush()
+        return IndexRebuild(len(index.files), sum(f.header.index_count - 1 for f in index.files), messages)
+    finally:
+        index.close()

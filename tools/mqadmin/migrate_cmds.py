@@ -191,10 +191,11 @@ def migrate_apply_cmd(conf, root, self_id, segment_size, dry_run, as_json):
         index_size = rc.mapped_file_size_entry_index
     if not root or not self_id:
         raise click.UsageError("give --store and --self-id, or -c with the node's broker.conf")
-    with _progress("completing consume queues", not as_json and not dry_run) as bar:
+    with _progress("completing consume queues and index", not as_json and not dry_run) as bar:
         plan = apply(root, self_id, data_segment_size=segment_size, index_segment_size=index_size,
                      progress=bar, dry_run=dry_run)
-    lines = [f"{'would: ' if dry_run else ''}{a}" for a in plan.actions] + [f"warning: {w}" for w in plan.warnings]
+    lines = [f"{'would: ' if dry_run else ''}{a}" for a in plan.actions] + [f"done: {d}" for d in plan.done]
+    lines += [f"warning: {w}" for w in plan.warnings]
     if not dry_run and not plan.already:
         lines.append(f"migrated: dividedCommitlogOffset {plan.divided}, DLedger segments of "
                      f"{plan.data_segment_size} bytes; start the broker with enableDLegerCommitLog=true, "

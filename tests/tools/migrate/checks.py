@@ -23,11 +23,40 @@ def verify_store_cq(root, self_id: str) -> dict:
     return out
 
 
+CHUNK = 1 << 20
+
+
+def content_digest(path: str) -> str:
+    """md5 of a file's length and its non-zero 1 MiB chunks (by position):
+    equal for equal contents, and fast on a mostly sparse IndexFile (420 MB
+    at the default sizes), reading only its data extents.  Holes and
+    written zeroes count the same (an IndexFile's pages may be populated
+    ahead of use)."""
+    h = hashlib.md5()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        h.update(str(size).encode())
+        chunks, pos = set(), 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after pos
+                break
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            chunks.update(range(start // CHUNK, (end - 1) // CHUNK + 1))
+            pos = end
+        for k in sorted(chunks):
+            data = os.pread(fd, CHUNK, k * CHUNK)
+            if data.count(0) != len(data):
+                h.update(k.to_bytes(8, "big"))
+                h.update(data)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
 def index_digests(root) -> dict[str, str]:
-    """name -> md5 of every file under ROOT/index."""
+    """name -> content_digest of every file under ROOT/index."""
     d = os.path.join(str(root), "index")
-    out = {}
-    for name in sorted(os.listdir(d)):
-        with open(os.path.join(d, name), "rb") as f:
-            out[name] = hashlib.md5(f.read()).hexdigest()
-    return out
+    return {name: content_digest(os.path.join(d, name)) for name in sorted(os.listdir(d))}

@@ -7,6 +7,10 @@
 # consume queues continued, idempotent, old files byte-identical), reads
 # across the boundary through the layered source, retention across the
 # boundary, and `migrate export` read back by LegacyStore and the verifier.
+# apply keeps a complete old index, completes one that lags with the
+# consume queues and rebuilds any other (cut, damaged; a missing one in
+# test_replicated.py), saying which; it names the DLedger data file the
+# first append creates.  `verifyStore --cq` is clean on every migrated store.
 import json
 import os
 
@@ -22,6 +26,7 @@ from consumequeue.migrated import legacy_floor, legacy_retention_pass, load_mark
 from consumequeue.reader import GetMessageStatus, message_at, query_by_key, read_messages
 from consumequeue.service import positions
 from tests.helpers.legacy_fixtures import build_master_slave_store, file_digests
+from tests.tools.migrate.checks import index_digests, verify_store_cq
 from tools.mqadmin import cli
 
 SEG = 8192
@@ -110,18 +115,24 @@ def test_check_detects_lagging_and_diverged_and_align_fixes(trio_of_stores, tmp_
         engine.close()
         engine.source.close()
         store.close()
+    verify_store_cq(diverged.root, "n2")
 
 
 def test_apply_dry_run_then_apply_reads_across_the_boundary(tmp_path):
     fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG)
     digests = file_digests(fx.root)
-    res = run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--dry-run", "--json")
+    res = run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--segment-size", SEG, "--dry-run", "--json")
     plan = as_json(res)
     divided = fx.end - fx.end % SEG + SEG
     assert plan["dividedOffset"] == divided and plan["legacyEnd"] == fx.end and plan["dryRun"]
     assert not os.path.exists(tmp_path / "n0" / "dledger-n0") and file_digests(fx.root) == digests
-    res = run("migrate", "apply", "--store", fx.root, "--self-id", "n0")
+    assert plan["index"]["action"] == "keep" and plan["index"]["state"] == "complete"
+    assert plan["firstDataFile"] == os.path.join(fx.root, "dledger-n0", "data", f"{divided:020d}")
+    index_before = index_digests(fx.root)
+    res = run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--segment-size", SEG)
     assert res.exit_code == 0, res.output
+    assert "old index is complete (1 IndexFile(s)): kept as it is" in res.output
+    assert index_digests(fx.root) == index_before
     assert f"dividedCommitlogOffset {divided}" in res.output
     # Idempotent: a second apply does nothing.
     assert as_json(run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--json"))["alreadyApplied"]
@@ -164,11 +175,15 @@ def test_apply_dry_run_then_apply_reads_across_the_boundary(tmp_path):
         assert query_by_key(engine, "TopicA", q.keys).phy_offsets == [q.phy]
         assert query_by_key(engine, "TopicA", "newkey1").phy_offsets == [new_phys[1]]
         assert engine.cqs.get("TopicA", 1).min_offset == 0
+        engine.checkpoint()
+        store.flush()
+        store.write_checkpoint()
     finally:
         engine.close()
         engine.source.close()
         store.close()
     assert {k.replace("migration-backup/", ""): v for k, v in file_digests(fx.root, ("commitlog", "migration-backup/config")).items()} == digests
+    assert verify_store_cq(fx.root, "n0")["consumeQueues"]["messages"] == 163
 
 
 def _offsets(records: bytes):
@@ -325,6 +340,7 @@ def test_apply_completes_lagging_queues_and_resumes_after_an_interruption(tmp_pa
     assert load_marker(os.path.join(fx.root, "dledger-n0")) is None
     plan = apply(fx.root, "n0")  # run again: resumes
     assert plan.cq_resume > fx.messages[40].phy and not plan.already
+    assert plan.index_action == "complete"  # the index lagged with the queues: completed with them
     store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=SEG))
     engine, _ = open_migrated_engine(store, load_marker(store.store_dir))
     try:
@@ -337,6 +353,7 @@ def test_apply_completes_lagging_queues_and_resumes_after_an_interruption(tmp_pa
         engine.close()
         engine.source.close()
         store.close()
+    verify_store_cq(fx.root, "n0")
 
 
 def test_offline_tools_on_a_migrated_store(tmp_path):
@@ -420,3 +437,90 @@ def test_apply_refuses_while_a_stock_broker_holds_its_lock(tmp_path):
         holder.stdin.close()
         holder.wait()
     assert run("migrate", "apply", "--store", fx.root, "--self-id", "n0").exit_code == 0
+
+
+def test_apply_names_the_data_file_the_first_append_creates(tmp_path):
+    """DLedger names the first data file by the divided offset rounded down
+    to its segment size (MmapFileList.getLastMappedFile); apply says which
+    file that is, and it is the one the first append creates."""
+    fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG)
+    big = 8 * SEG
+    divided = fx.end - fx.end % SEG + SEG
+    first = f"{divided - divided % big:020d}"
+    assert divided % big and first != f"{divided:020d}"  # the case the operator met
+    res = run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--segment-size", big, "--json")
+    out = as_json(res)
+    data_dir = os.path.join(fx.root, "dledger-n0", "data")
+    assert res.exit_code == 0 and out["firstDataFile"] == os.path.join(data_dir, first)
+    assert any(f"is {data_dir}/{first} (the divided offset rounded down" in a for a in out["actions"]), out
+    assert any(a.endswith(f"its first append creates {data_dir}/{first}") for a in out["done"]), out
+    assert f"{divided:020d}" not in json.dumps(out)
+    store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=big))
+    engine, _ = open_migrated_engine(store, load_marker(store.store_dir))
+    try:
+        from consumequeue.queue_offsets import QueueOffsetTable
+        table = QueueOffsetTable()
+        table.rebuild_from_consume_queues(engine.cqs, engine.source, engine.pos, store.end_pos)
+        store.add_append_hook(table.append_hook)
+        placed = store.append_leader([M.MessageRecord(topic="TopicA", queue_id=0, body=b"first").encode()], term=1)
+        assert placed[0][1] == divided and os.listdir(data_dir) == [first]
+        store.set_committed(store.end_index)
+        engine.dispatch_to(positions(store).committed_pos)
+        engine.checkpoint()
+        store.flush()
+        store.write_checkpoint()
+    finally:
+        engine.close()
+        engine.source.close()
+        store.close()
+    assert verify_store_cq(fx.root, "n0")["consumeQueues"]["messages"] == len(fx.messages) + 1
+
+
+def _cut_index(fx, at: int) -> None:
+    from consumequeue.indexfile import IndexService
+    from consumequeue.source import CommitlogSource
+    from native.dispatch import MODE_PLAIN
+    source = CommitlogSource(fx.commitlog_dir, segment_size=SEG, mode=MODE_PLAIN)
+    index = IndexService(fx.root).load()
+    try:
+        index.truncate_phy(at, lambda phy, size=0: source.store_timestamp_at(phy))
+        index.flush()
+    finally:
+        index.close()
+        source.close()
+
+
+def _damage_index(fx, at: int) -> None:
+    [name] = os.listdir(os.path.join(fx.root, "index"))
+    os.truncate(os.path.join(fx.root, "index", name), 4096)
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (_cut_index, "the index misses the message at {phy} (after its last item)"),
+    (_damage_index, "an IndexFile is damaged"),
+])
+def test_apply_rebuilds_an_index_that_misses_messages(tmp_path, spoil, reason):
+    """Consume queues complete, the index not (cut after message 100 -- a
+    stock broker killed before its index flush --, or a damaged file):
+    apply rebuilds it from the old commitlog, and says why; every old key
+    is found exactly once."""
+    fx = build_master_slave_store(tmp_path / "n0", segment_size=SEG)
+    phy = fx.messages[100].phy
+    spoil(fx, phy)
+    dry = as_json(run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--dry-run", "--json"))
+    assert dry["index"]["action"] == "rebuild" and dry["index"]["reason"].startswith(reason.format(phy=phy)), dry
+    res = run("migrate", "apply", "--store", fx.root, "--self-id", "n0", "--segment-size", SEG)
+    assert res.exit_code == 0, res.output
+    assert f"rebuild the index from the old commitlog [0, {fx.end}): {reason.format(phy=phy)}" in res.output
+    assert "done: rebuilt the index from the old commitlog: 1 IndexFile(s), 320 keys of 160 messages" in res.output
+    store = SegmentedStore.open(StoreConfig(fx.root, self_id="n0", data_segment_size=SEG))
+    engine, _ = open_migrated_engine(store, load_marker(store.store_dir))
+    try:
+        for m in fx.messages:
+            assert query_by_key(engine, m.topic, m.keys).phy_offsets == [m.phy]
+            assert query_by_key(engine, m.topic, m.uniq_key).phy_offsets == [m.phy]
+    finally:
+        engine.close()
+        engine.source.close()
+        store.close()
+    verify_store_cq(fx.root, "n0")
