@@ -2,13 +2,18 @@
 # `mqadmin verifyStore --cq` (entries, every message record's BODYCRC and
 # PHYSICALOFFSET, every consume queue unit, queue offsets contiguous in log
 # order, the index inside the committed log) must be clean -- what an
-# operator runs after a migration -- and the index files of a node.
+# operator runs after a migration --; before a group is stopped for it,
+# every node has committed and dispatched the same last entry
+# (wait_group_settled); and the index files of a node, by content.
 import hashlib
 import json
 import os
 
+import trio
 from click.testing import CliRunner
 
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
 from tools.mqadmin import cli
 
 
@@ -60,3 +65,26 @@ def index_digests(root) -> dict[str, str]:
     """name -> content_digest of every file under ROOT/index."""
     d = os.path.join(str(root), "index")
     return {name: content_digest(os.path.join(d, name)) for name in sorted(os.listdir(d))}
+
+
+async def runtime_info(cluster, node: str) -> dict[str, str]:
+    resp = await cluster.remoting.invoke(cluster.addr(node),
+                                         RemotingCommand.create_request(RequestCode.GET_BROKER_RUNTIME_INFO, {}),
+                                         timeout=10)
+    assert resp.code == ResponseCode.SUCCESS, (node, resp.remark)
+    return json.loads(resp.body)["table"]
+
+
+async def wait_group_settled(cluster, nodes, timeout: float = 30) -> None:
+    """Until every node of `nodes` (brokers of a tools.brokercluster group)
+    reports the same last entry, committed, and nothing left to dispatch:
+    stopped then, each node's consume queues cover its committed log, which
+    verifyStore --cq checks."""
+    with trio.fail_after(timeout):
+        while True:
+            infos = [await runtime_info(cluster, n) for n in nodes]
+            ends = {(i["dledgerEndIndex"], i["dledgerCommittedIndex"]) for i in infos}
+            if len(ends) == 1 and len({e for pair in ends for e in pair}) == 1 and all(
+                    i["dispatchBehindBytes"] == "0" for i in infos):
+                return
+            await trio.sleep(0.05)

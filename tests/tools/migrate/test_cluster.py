@@ -7,8 +7,10 @@
 # offsets, QUERY_CONSUMER_OFFSET returns the imported offsets (on the first
 # master and, after kill -9, on its successor, which does not import again),
 # VIEW_MESSAGE_BY_ID and QUERY_MESSAGE work on both sides of the boundary.
-# Finally the stopped n0 is exported to a plain store that reads back, and
-# the old commitlog files are byte-identical to what align left.
+# Every node finds an old key (QUERY_MESSAGE) and, stopped, verifies clean
+# (`verifyStore --cq`: the first leader's import records stamped like any
+# other).  Finally the stopped n0 is exported to a plain store that reads
+# back, and the old commitlog files are byte-identical to what align left.
 import json
 import os
 
@@ -22,6 +24,7 @@ from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
 from consumequeue.legacy_store import LegacyStore
 from tests.helpers.legacy_fixtures import build_master_slave_store, file_digests
+from tests.tools.migrate.checks import verify_store_cq, wait_group_settled
 from tools.brokercluster import open_broker_cluster
 from tools.mqadmin import cli
 
@@ -150,7 +153,16 @@ async def test_migrate_three_copies_and_serve_across_the_boundary(tmp_path):
         with trio.fail_after(30):
             while len(await cluster.broker_ids()) != 3:
                 await trio.sleep(0.1)
+        await wait_group_settled(cluster, list(cluster.brokers))
+        old_key = master.of_queue("TopicB", 2)[3]
+        for n in cluster.brokers:  # every node's index, the old part included
+            resp = await call(cluster, cluster.addr(n), RequestCode.QUERY_MESSAGE, {
+                "topic": "TopicB", "key": old_key.keys, "maxNum": 32, "beginTimestamp": 0, "endTimestamp": 1 << 62})
+            assert resp.code == ResponseCode.SUCCESS, (n, resp.remark)
+            assert [r.body for r in split_records(resp.body)] == [old_key.body]
         await cluster.stop_all()
+    for n, r in roots.items():
+        verify_store_cq(r, n)
 
     # The old commitlog files are exactly what align left; config moved unchanged.
     for n, r in roots.items():

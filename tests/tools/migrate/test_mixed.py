@@ -6,7 +6,10 @@
 # that resumes from its imported offsets.  A replica migrated from a copy
 # that ends in an earlier segment (another divided offset) is refused at
 # the peer handshake with both values named, while the other two serve;
-# `migrate check`, `dledgerStatus` and `compareReplicas` show it.
+# `migrate check`, `dledgerStatus` and `compareReplicas` show it.  apply
+# names the first DLedger data file the one the broker creates (the
+# divided offset rounded down to 1 GiB: 00000000000000000000), and every
+# node, stopped, verifies clean (`verifyStore --cq`).
 import json
 import os
 import sys
@@ -18,6 +21,7 @@ from click.testing import CliRunner
 from broker.client import Message, SendStatus, open_producer, open_push_consumer
 from tests.helpers import REPO_ROOT
 from tests.helpers.legacy_fixtures import build_master_slave_store
+from tests.tools.migrate.checks import verify_store_cq, wait_group_settled
 from tools.brokercluster import open_broker_cluster
 from tools.mqadmin import cli
 
@@ -61,6 +65,9 @@ async def test_apply_and_upgrade_on_start_agree_and_serve(tmp_path):
     assert plan["dividedOffset"] == DIVIDED and plan["legacySegmentSize"] == SEG
     assert any("mappedFileSizeCommitLog 1073741824 differs from the old files' segment size 65536" in w
                for w in plan["warnings"])
+    first = os.path.join(roots["n0"], "dledger-n0", "data", "0" * 20)  # 196608 rounded down to 1 GiB
+    assert plan["firstDataFile"] == first and any(first in a for a in plan["actions"]), plan
+    assert f"{DIVIDED:020d}" not in json.dumps(plan)
 
     async with open_broker_cluster(tmp_path) as cluster:  # default mappedFileSizeCommitLog
         await wait_writable(cluster)
@@ -98,7 +105,11 @@ async def test_apply_and_upgrade_on_start_agree_and_serve(tmp_path):
         assert sorted(got) == want
         cmp = await mqj(cluster, "compareReplicas", "-c", "broker-a")
         assert cmp["consistent"] and cmp["identityMismatches"] == []
+        await wait_group_settled(cluster, list(cluster.brokers))
         await cluster.stop_all()
+    for n, r in roots.items():
+        assert os.listdir(r / f"dledger-{n}" / "data") == ["0" * 20]  # the file apply named
+        verify_store_cq(r, n)
 
     report = run("migrate", "check", "--store", roots["n0"], "--replica", roots["n1"], "--replica", roots["n2"],
                  "--json")
@@ -133,7 +144,10 @@ async def test_replica_with_another_divided_offset_is_refused_while_two_serve(tm
         assert any(f"origin differs: {DIVIDED} at n0, {DIVIDED} at n1, {2 * SEG} at n2" == m
                    for m in cmp["identityMismatches"]), cmp
         assert "log identity differs" in cluster.log_tail("n2")
+        await wait_group_settled(cluster, sorted({master, "n0", "n1"}))
         await cluster.stop_all()
+    for n, r in roots.items():  # n2 too: its old part, nothing replicated
+        verify_store_cq(r, n)
     rep = json.loads(run("migrate", "check", "--store", roots["n0"], "--replica", roots["n1"],
                          "--replica", roots["n2"], "--json").output)
     assert any(p.startswith("migrated divided offsets differ") for p in rep["problems"]), rep["problems"]
