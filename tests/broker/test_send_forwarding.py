@@ -19,7 +19,7 @@ from broker.remoting.codes import FORWARDED_WRITE, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from consumequeue import batch as batches
 from tests.broker.compat.test_stock_broker import v2_send
-from tests.broker.test_node_replacement import mqadmin
+from tests.helpers.cli import mqadmin
 from tools.brokercluster import open_broker_cluster
 
 pytestmark = pytest.mark.slow
