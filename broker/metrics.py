@@ -367,6 +367,18 @@ class BrokerCollector:
             refused.add_metric(bv + [budget], n)
         yield refused
 
+        # --- sends this broker could not store (broker/processors/forward.py)
+        fwd = m.sends.inner.forwarder
+        if fwd is not None:
+            yield _gauge("ledgermq_send_forward_held", "Sends held or being handed on to the master right now",
+                         base, fwd.held)
+            outcomes = CounterMetricFamily(
+                "ledgermq_send_forward", "Sends this broker could not store itself (a master that stepped down, "
+                "a leader catching up or transferring), by outcome", labels=bl + ["outcome"])
+            for outcome, n in sorted(fwd.stats.items()):
+                outcomes.add_metric(bv + [outcome], n)
+            yield outcomes
+
 
 def remoting_families(server, base: dict):
     """RemotingServer.hostile_metrics() as families (one per name)."""

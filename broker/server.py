@@ -122,7 +122,7 @@ class Processors:
 
     def services(self) -> tuple:
         """The background services, each started with `nursery.start(s.run)`."""
-        return self.schedule, self.transactions, self.admin, self.pull, self.forwarder
+        return self.schedule, self.transactions, self.admin, self.pull
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,

@@ -49,7 +49,8 @@
 # its deadline it times out as before.  A planned transfer thus ends in
 # success for everything written before it (the target was caught up first
 # and its NOOP commits them).  Proposals not yet in the log fail with
-# NotLeaderError: nobody else will write them.
+# NotLeaderError: nobody else will write them (the broker may hand them on);
+# a written append never fails with NotLeaderError.
 #
 # Membership (commitlog/raft/membership.py): a Ready that changes the
 # configuration history is persisted first (persist_membership, the
@@ -354,7 +355,10 @@ class ReplicaNode:
             try:
                 await self._driver()
             finally:
-                self._fail_all(self.leader_error())
+                # Stopping: nothing more will be written, but what was may
+                # still commit elsewhere (fate unknown: TermChangedError).
+                self._fail_proposals(self.leader_error())
+                self._fail_all(TermChangedError(self.core.term, self.core.term))
 
     def _wake(self) -> None:
         self._wakeup.set()

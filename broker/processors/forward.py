@@ -27,10 +27,9 @@
 #     so ids stay valid after this node leaves).  The record's bornHost is
 #     then this broker's address (the one thing that differs).
 #   - Only requests that never reached the log are handed on (the caller's
-#     refusal says so: not leader, transferring, a truncated entry); an
-#     append already written waits in the replica for Raft to decide it.
+#     refusal says so: not leader, transferring); an append already written
+#     waits in the replica for Raft to decide it, and is never sent twice.
 import logging
-import math
 import typing
 from collections import Counter
 
@@ -43,13 +42,15 @@ from broker.remoting.codes import FORWARDED_WRITE
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
 from broker.store.gate import RoleGate
-from commitlog.errors import LeaderTransferringError, NotLeaderError, TermChangedError
+from commitlog.errors import LeaderTransferringError, NotLeaderError
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.forward")
 
-# Refusals whose request is known not to be in the log.
-UNSTORED = (NotLeaderError, LeaderTransferringError, TermChangedError)
+# Refusals whose request is known never to have reached the log (the
+# replica fails a written append only with TermChangedError, QuorumTimeoutError
+# or on shutdown; none of those is handed on: it may still commit).
+UNSTORED = (NotLeaderError, LeaderTransferringError)
 
 Serve = typing.Callable[[], typing.Awaitable[RemotingCommand]]
 
@@ -61,8 +62,7 @@ class WriteForwarder:
     replica: ReplicaNode
     client: RemotingClient | None = None  # the composition root sets it (a nursery owns its connections)
     held: int = 0  # writes held or being handed on now
-    stats: Counter = attrs.Factory(Counter)  # forwarded, served_here, refused_window, refused_budget, ...
-    _was_master_until: float = -math.inf  # trio time this node last stopped being the writable master
+    stats: Counter = attrs.Factory(Counter)  # outcome -> count (forwarded, served_here, refused_*, ...)
 
     # --- the broker's view -----------------------------------------------------
 
@@ -76,7 +76,7 @@ class WriteForwarder:
             return False
         if self.replica.is_leader or self.gate.writable:
             return True
-        return trio.current_time() < self._was_master_until + self.window
+        return trio.current_time() < self.gate.closed_at + self.window
 
     def eligible(self, request, exc: BaseException) -> bool:
         return (isinstance(exc, UNSTORED) and not request.flag & FORWARDED_WRITE and self.client is not None
@@ -146,18 +146,3 @@ class WriteForwarder:
             return None
         self.stats["forwarded"] += 1
         return answer.as_response_to(request)
-
-    # --- the role watch -----------------------------------------------------------
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Notes when this node stops being the writable master (the window
-        starts there)."""
-        was = self.gate.writable
-        seen = self.gate.generation.value
-        task_status.started()
-        while True:
-            seen = await self.gate.generation.wait_changed(seen)
-            now = self.gate.writable
-            if was and not now:
-                self._was_master_until = trio.current_time()
-            was = now

@@ -97,6 +97,9 @@ class RoleGate:
     disk: DiskGuard | None = None  # None: no disk-space rule (tests of the role logic)
 
     generation: Watermark = attrs.Factory(lambda: Watermark(0))
+    # trio time writes last closed on losing leadership (-inf: never); the
+    # send forwarder's window starts here (broker/processors/forward.py).
+    closed_at: float = attrs.field(default=-math.inf, init=False)
     role: Role = attrs.field(default=Role.FOLLOWER, init=False)
     term: int = attrs.field(default=0, init=False)
     _writable: bool = attrs.field(default=False, init=False)
@@ -174,6 +177,7 @@ class RoleGate:
         if self._writable:
             self._writable = False
             self._opened = trio.Event()
+            self.closed_at = trio.current_time()
             log.info("%s: lost leadership in term %d; writes closed", self.replica.node_id, ss.term)
         self.cq.become_follower()  # idempotent; the hook is gone before the next append
         self._bump()

@@ -6,7 +6,8 @@
 # the offset msgId, found there by a pull); a node that was never master
 # refuses at once, naming the master; a request already handed on once is
 # never handed on again; and once sendForwardWindowMillis has passed the
-# old master refuses like any slave.
+# old master refuses like any slave.  ledgermq_send_forward_total counts
+# what was handed on.
 import json
 
 import attrs
@@ -19,6 +20,7 @@ from broker.remoting.codes import FORWARDED_WRITE, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from consumequeue import batch as batches
 from tests.broker.compat.test_stock_broker import v2_send
+from tests.broker.test_metrics import PROM, scrape, value
 from tests.helpers.cli import mqadmin
 from tools.brokercluster import open_broker_cluster
 
@@ -36,7 +38,7 @@ def batch_send(topic: str, bodies: list[str], queue_id: int) -> RemotingCommand:
 
 
 async def test_a_deposed_master_hands_sends_on_until_its_window_ends(tmp_path):
-    conf = {"sendForwardWindowMillis": str(int(WINDOW_S * 1000)), "sendForwardHoldMillis": "1000"}
+    conf = {"sendForwardWindowMillis": str(int(WINDOW_S * 1000)), "sendForwardHoldMillis": "1000", **PROM}
     async with open_broker_cluster(tmp_path, extra_conf=conf) as cluster:
         old = await cluster.wait_master()
         ns, rc = cluster.namesrv_addr, cluster.remoting
@@ -74,6 +76,11 @@ async def test_a_deposed_master_hands_sends_on_until_its_window_ends(tmp_path):
         async with open_pull_consumer("handed_on_reader", namesrv_addr=ns) as pc:
             res = await pc.pull(MessageQueue(TOPIC, "broker-a", 1), first_offset, max_nums=1, block=10)
             assert res.status is PullStatus.FOUND and res.messages[0].body == b"handed-on"
+
+        # The operator sees it: 1 + 40 + 1 requests handed on, none held now.
+        samples = await scrape(cluster.brokers[old].info["metrics"])
+        assert value(samples, "ledgermq_send_forward_total", outcome="forwarded") == 42
+        assert value(samples, "ledgermq_send_forward_held") == 0
 
         # A node that was never master refuses at once and names the master.
         t0 = trio.current_time()
