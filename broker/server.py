@@ -399,11 +399,12 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     async with trio.open_nursery() as nursery:
         if acl is not None:
             await nursery.start(acl.run)  # reloads plain_acl.yml when it changes
-        # raw_sends (the C fast path) only without ACL: the guard must see
-        # each send's header and body to check its signature and topic.
+        # raw_sends: plain SEND_MESSAGE_V2 runs take the C fast path; with
+        # ACL the guard checks each send of a run (its header decoded for
+        # the signature and topic) and passes the admitted ones on as runs.
         server = await nursery.start(functools.partial(
             serve_remoting, guard, bind_host or _bind_host(cfg), cfg.listen_port, on_close=closed,
-            bursts=guard, raw_sends=acl is None, tls=cfg.tls, limits=cfg.limits,
+            bursts=guard, raw_sends=True, tls=cfg.tls, limits=cfg.limits,
             max_frame_size=cfg.limits.max_frame_size, max_in_flight=cfg.limits.max_in_flight_per_connection))
         if cfg.listen_port == 0:
             cfg = attrs.evolve(cfg, listen_port=server.port)

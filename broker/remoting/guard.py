@@ -142,15 +142,22 @@ class GuardedDispatcher:
         return singles, out
 
     def _admit_run(self, conn, run: SendRun, admitted: list, refused: list) -> None:
-        """A run of plain sends: with checks, one by one; else what the
-        limiter admits of it at once, the rest refused one by one."""
+        """A run of plain sends: with checks, each checked on its own and
+        the admitted ones kept together as runs (so signed sends still take
+        the native path); else what the limiter admits of it at once, the
+        rest refused one by one."""
         if self.checks:
-            for one in run.sends():
+            start = run.lo
+            for i in range(run.lo, run.hi):
+                one = run.send(i)
                 refusal = self._refusal(conn, one)
-                if refusal is None:
-                    admitted.append(one)
-                else:
+                if refusal is not None:
+                    if i > start:
+                        admitted.append(SendRun(run.scan, start, i))
                     refused.append((one, refusal))
+                    start = i + 1
+            if start < run.hi:
+                admitted.append(run if start == run.lo else SendRun(run.scan, start, run.hi))
             return
         k = len(run) if self.limiter is None else self.limiter.try_acquire_many(len(run))
         if k == len(run):

@@ -1,21 +1,23 @@
-# The native C send path (SendRun, broker/processors/send_native.py) skips
-# the per-request header decoding the ACL needs to check a signature, so the
-# broker turns it off when aclEnable.  Checked on a one-member group served
-# in process: with ACL off the pipelined SEND_MESSAGE_V2s of one write reach
-# admission as SendRuns (the C path is on by default); with ACL on none do,
-# and unsigned, wrongly signed and tampered sends -- one by one and
-# pipelined -- are refused with RocketMQ's remark and store nothing, while a
-# correctly signed burst is stored from queue offset 0.  (The ACL check
-# would also refuse a SendRun's sends -- each decodes its header -- but a
-# broker enforcing ACL must not depend on that: the C path stays off.)
+# The native C send path (SendRun, broker/processors/send_native.py) with
+# and without ACL, on a one-member group served in process.  Without ACL the
+# pipelined SEND_MESSAGE_V2s of one write reach admission as SendRuns.  With
+# ACL they do too: admission (broker/remoting/guard.py) checks each send of
+# a run -- its header decoded for the signature, as on the one-by-one path
+# -- and hands the admitted ones on as runs, so signed sends keep the C
+# record building.  Unsigned, wrongly signed and tampered sends -- one by one
+# and pipelined -- are refused with the same RocketMQ remark on both paths
+# and store nothing, while a correctly signed burst is stored from queue
+# offset 0 by the C path; a run with refused sends in the middle is split
+# around them.
 import attrs
 import pytest
 import trio
 
 from broker.acl.signing import Credentials
 from broker.config import BrokerConfig
+from broker.processors import send_native
 from broker.remoting.client import open_remoting_client
-from broker.remoting.codec import NEED_DATA, CommandDecoder, RawSend, SendRun, encode_command
+from broker.remoting.codec import NEED_DATA, CommandDecoder, SendRun, encode_command
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.server import serve_broker
@@ -84,9 +86,15 @@ async def test_without_acl_sends_take_the_native_path(tmp_path, nursery):
     assert broker.acl is None
 
 
-async def test_with_acl_unsigned_or_wrongly_signed_sends_are_refused(tmp_path, nursery):
+async def test_with_acl_unsigned_or_wrongly_signed_sends_are_refused(tmp_path, nursery, monkeypatch):
     broker, seen = await solo_broker(nursery, broker_config(tmp_path, acl=True))
     port, addr = broker.server.port, broker.broker_addr
+    real_encode, taken = send_native.encode, []
+
+    def encode(run, *args):  # the records of a run the C path took
+        taken.append(run.n)
+        return real_encode(run, *args)
+    monkeypatch.setattr(send_native, "encode", encode)
     denied = "org.apache.rocketmq.acl.common.AclException: "
 
     # One by one (the client's own connection).
@@ -114,5 +122,15 @@ async def test_with_acl_unsigned_or_wrongly_signed_sends_are_refused(tmp_path, n
     ok = await burst(port, numbered([PRODUCER.sign(send_request(i, queue_id=0)) for i in range(6)]))
     assert [a.code for a in ok] == [ResponseCode.SUCCESS] * 6, [a.remark for a in ok]
     assert sorted(int(a.ext_fields["queueOffset"]) for a in ok) == list(range(6))
-    assert seen and SendRun not in seen and RawSend not in seen  # with ACL the C path never took a send
+    assert SendRun in seen  # pipelined sends reach admission as runs with ACL too
     assert broker.acl.refused >= 2 + 18
+
+    # Refused sends in the middle of a run: the rest of it is stored, each answer in place.
+    mixed = [PRODUCER.sign(send_request(10 + i, queue_id=1)) if i % 3 else send_request(10 + i, queue_id=1)
+             for i in range(9)]
+    answers = await burst(port, numbered(mixed))
+    assert [a.code for a in answers] == [ResponseCode.SYSTEM_ERROR if i % 3 == 0 else ResponseCode.SUCCESS
+                                         for i in range(9)], [a.remark for a in answers]
+    assert sorted(int(a.ext_fields["queueOffset"]) for a in answers if a.code == ResponseCode.SUCCESS) \
+        == list(range(6))
+    assert sum(taken) >= 6  # the C path built the signed ones' records (the topic exists by now)
