@@ -60,6 +60,10 @@
 # is the operator's entry point: it waits out the refusals that pass with
 # time (a learner catching up, the previous change or the new leader's NOOP
 # not committed yet) and returns once the change is committed in its term.
+#
+# Round tracing (commitlog/roundtrace.py): submit, the Ready's writes, the
+# messages stepped and sent, the commit and the waiter's wakeup mark their
+# hops; off, each costs one None test.
 import collections
 import errno
 import logging
@@ -68,6 +72,7 @@ from typing import Callable, Sequence
 import attrs
 import trio
 
+from commitlog import roundtrace as _rt
 from commitlog.appends import AppendRequest, RefusedLeader
 from commitlog.entry import iter_batch
 from commitlog.errors import (
@@ -220,6 +225,8 @@ class ReplicaNode:
         self._pending_entries += n
         self._proposals.append(req)
         self._wakeup.set()
+        if _rt.TRACER is not None:  # tools/bench/round.py
+            _rt.TRACER.mark("submitted")
         return req
 
     async def wait(self, req: AppendRequest) -> AppendRequest:
@@ -237,6 +244,8 @@ class ReplicaNode:
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
+        if _rt.TRACER is not None:
+            _rt.TRACER.mark("woken")
         if req.error is not None:
             raise req.error
         return req
@@ -437,6 +446,8 @@ class ReplicaNode:
                     if msg.term <= self.refused.term:
                         continue  # fenced: see the module comment
                     self.refused = None
+                if _rt.TRACER is not None:
+                    _rt.TRACER.stepped(msg)
                 try:
                     self.core.step(msg)
                 except Exception as exc:
@@ -518,6 +529,8 @@ class ReplicaNode:
                 placed = logw.append_leader(la.bodies, la.term, la.magic)
                 self._assign_positions(la.first_index, placed, logw.last_stamps)
                 self._wrote = True
+                if _rt.TRACER is not None:
+                    _rt.TRACER.mark("appended", la.first_index + len(la.bodies) - 1)
             if rd.follower_append is not None:
                 try:
                     logw.append_follower(rd.follower_append)
@@ -525,6 +538,9 @@ class ReplicaNode:
                     self._refuse_leader(exc)
                     return
                 self._wrote = True
+                if _rt.TRACER is not None:
+                    batch = rd.follower_append
+                    _rt.TRACER.mark("written", batch.first_index + batch.count - 1)
             if writes:
                 self.out_of_space = None  # this Ready's writes found room
             if rd.committed_index is not None:
@@ -623,13 +639,18 @@ class ReplicaNode:
         # Messages go first: they are the critical path of the next commit.
         outbox, self._outbox = self._outbox, []
         send = self.transport.send
+        tracer = _rt.TRACER
         for msg in outbox:
+            if tracer is not None:
+                tracer.sending(msg)
             if not send(msg.dst, wire.encode_scatter(msg)):
                 self.stats["send_dropped"] += 1
         if self._new_commit is not None:
             commit, self._new_commit = self._new_commit, None
             self.log.set_committed(commit)
             self.committed.advance(commit)
+            if tracer is not None:
+                tracer.mark("committed", commit)
             if self._waiting and self._waiting[0].last_index <= commit:
                 if outbox:
                     # Let the transport's writers put this round's pushes on

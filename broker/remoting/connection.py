@@ -36,6 +36,9 @@
 # bug) closes this connection, is logged once with the peer's address and
 # counted (containment.py); run() never raises it.  Nothing a peer sends
 # ends anything but its own connection.
+#
+# Round tracing (commitlog/roundtrace.py, tools/bench/round.py): the read
+# loop and the burst's write mark their hops; off, each costs one None test.
 import functools
 import itertools
 import logging
@@ -68,6 +71,7 @@ from broker.remoting.errors import (
 from broker.remoting.intake import RECV_CHUNK, FrameIntake
 from broker.remoting.pacing import InFlightWindow, Pacer, run_credits
 from broker.remoting.streams import FrameBudget, direct_writer
+from commitlog import roundtrace as _rt
 
 log = logging.getLogger(__name__)
 
@@ -471,6 +475,8 @@ class Connection:
                     return self.close_reason
                 intake.receive(data, buffered)
                 self._window.unbilled += len(data)
+                if _rt.TRACER is not None:  # tools/bench/round.py
+                    _rt.TRACER.read()
                 continue
             if cmd is CLOSED:
                 await hand_over(requests, count, give)
@@ -488,6 +494,8 @@ class Connection:
             else:
                 count += 1
                 credit -= 1
+            if _rt.TRACER is not None:
+                _rt.TRACER.decoded(cmd)
             requests.append(cmd)
 
     def _hand_over(self, tasks: trio.Nursery, requests: list, count: int, bill: list | None) -> None:
@@ -570,6 +578,8 @@ class Connection:
                 self._frame_answer(frames, cmd, response)
             if frames:
                 await self._send_bytes(b"".join(frames))  # one write for the burst's answers
+                if _rt.TRACER is not None:
+                    _rt.TRACER.mark("answered")
         except RemotingConnectionLostError:
             pass  # the reader notices and ends the connection
         except Exception as e:  # (answering failed in a way no answer can report)

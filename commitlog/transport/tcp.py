@@ -54,6 +54,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from commitlog import roundtrace as _rt
 from commitlog.ratelog import LogBudget
 from commitlog.transport.base import Counters, TransportConfig, TransportStats, backoff_delay
 from commitlog.transport.errors import CONNECTION_ERRORS, FrameError, UnknownPeerError
@@ -368,6 +369,8 @@ class PeerTransport:
                 raise FrameError(f"unexpected {frame.kind.name} frame after the handshake")
             c.received_frames += 1
             c.received_bytes += len(frame.payload)
+            if _rt.TRACER is not None:  # tools/bench/round.py
+                _rt.TRACER.frame_in(peer.peer_id)
             sink = self._sink
             if sink is None:
                 await self._in_send.send((peer.peer_id, frame.payload))
