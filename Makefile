@@ -57,6 +57,8 @@ bench: setup native
 	$(VPY) -m tools.bench.replication
 	$(VPY) -m tools.bench.dispatch
 	$(VPY) -m tools.bench.broker
+	$(VPY) -m tools.bench.round
+	$(VPY) -m tools.bench.round --flush sync
 	$(VPY) -m tools.bench.groups
 	$(VPY) -m tools.bench.pipeline
 
