@@ -44,8 +44,9 @@ from broker.client.errors import (
 from broker.client.instance import ROUTE_INTERVAL, ClientInstance, TopicRoute, open_client_instance
 from broker.client.latency import LatencyFaultTolerance
 from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
+from broker.client.wire import SendRequest
 from broker.common.msgid import UniqKeyGenerator
-from broker.remoting.codes import CURRENT_VERSION, LanguageCode, RequestCode, ResponseCode, SerializeType
+from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import LocalProtocolError
 from consumequeue import batch as batches
@@ -267,7 +268,7 @@ class Producer:
             self._async_done_one()
 
     def _request(self, msg: Message, extra_properties: dict | None = None,
-                 sysflag: int = 0) -> tuple[str, RemotingCommand]:
+                 sysflag: int = 0) -> tuple[str, SendRequest]:
         """The V2 request without its queue, built once per message
         (`extra_properties` and `sysflag`: what a transactional send adds)."""
         msg.check(self.max_message_size)
@@ -282,28 +283,19 @@ class Producer:
                                           batch=False)
 
     def _header_request(self, topic: str, body: bytes, sysflag: int, flag: int, props: str,
-                        batch: bool) -> RemotingCommand:
-        # Every value is text already and the rest is in converted form:
-        # trusted() skips RemotingCommand's converters (a send pays this).
-        fields = {"a": self.group, "b": topic, "c": AUTO_CREATE_TOPIC_KEY, "d": str(self.default_topic_queue_nums),
-                  "e": "-1", "f": str(sysflag), "g": str(int(time.time() * 1000)), "h": str(flag), "i": props,
-                  "j": "0", "k": "false", "m": "true" if batch else "false"}
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-        return RemotingCommand.trusted(int(code), LanguageCode.PYTHON, CURRENT_VERSION, 0, 0, None, fields,
-                                       body, SerializeType.JSON)
+                        batch: bool) -> SendRequest:
+        # wire.py assembles the header from pre-encoded pieces (the same
+        # bytes as the RemotingCommand of these fields: a send pays this).
+        return SendRequest(int(RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2),
+                           self.group, topic, self.default_topic_queue_nums, sysflag, int(time.time() * 1000), flag,
+                           props, batch, body)
 
     @staticmethod
-    def _for_queue(req: RemotingCommand, mq: MessageQueue, code: int) -> RemotingCommand:
+    def _for_queue(req: SendRequest, mq: MessageQueue, code: int) -> SendRequest:
         """req addressed to mq.  The request belongs to this one send, and
-        each attempt is encoded before the next one readdresses it, so its
-        fields are set in place."""
-        fields = req.ext_fields
-        fields["e"] = str(mq.queue_id)
-        fields["n"] = mq.broker_name
-        if req.code == code:
-            return req
-        return RemotingCommand.trusted(int(code), req.language, req.version, 0, 0, None, fields, req.body,
-                                       req.serialize_type)
+        each attempt is encoded before the next one readdresses it, so it
+        is readdressed in place."""
+        return req.for_queue(mq.queue_id, mq.broker_name, int(code))
 
     def _result(self, resp: RemotingCommand, mq: MessageQueue, *uniqs: str) -> list[SendResult]:
         f = resp.ext_fields

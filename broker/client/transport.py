@@ -6,8 +6,10 @@
 # breaks, with the same calls and errors as broker.remoting.client's trio
 # one, which the server side keeps).
 #
-# The bytes are the sans-IO codec's (broker/remoting/codec.py): this module
-# only moves them.  Errors are broker.remoting.errors' (RemotingConnectError,
+# The bytes are the sans-IO codec's (broker/remoting/codec.py), through the
+# client's cheap per-send forms of it (wire.py: a producer's SendRequest is
+# taken wherever a RemotingCommand is, and each read is decoded in one go by
+# a ResponseDecoder): this module only moves them.  Errors are broker.remoting.errors' (RemotingConnectError,
 # RemotingTimeoutError, RemotingConnectionLostError); the library's
 # ClientInstance turns them into ClientErrors at its one translation point.
 #
@@ -32,19 +34,12 @@ import anyio
 import anyio.abc
 import sniffio
 
-from broker.remoting.codec import (
-    CLOSED,
-    DEFAULT_MAX_FRAME_SIZE,
-    NEED_DATA,
-    CommandDecoder,
-    encode_command,
-    encode_request,
-)
-from broker.remoting.codes import ResponseCode, code_name
+from broker.client.wire import ResponseDecoder, SendRequest
+from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, encode_command, encode_request
+from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import (
     LocalProtocolError,
-    RemoteProtocolError,
     RemotingConnectError,
     RemotingConnectionLostError,
     RemotingTimeoutError,
@@ -134,7 +129,7 @@ class ClientConnection:
         self.max_frame_size = max_frame_size
         self.close_reason: str | None = None
         self._handler = handler or not_supported
-        self._decoder = CommandDecoder(max_frame_size)
+        self._decoder = ResponseDecoder(max_frame_size)
         # Frames wait in the outbox for the connection's writer task, which
         # sends everything queued in one write: pipelined requests cost one
         # send syscall per burst, not one each, and a requester's timeout
@@ -236,7 +231,8 @@ class ClientConnection:
         if self._closed:
             raise RemotingConnectionLostError(self.remote_address, self.close_reason or "connection closed")
         opaque = self._next_opaque()
-        data = encode_request(cmd, opaque, False, self.max_frame_size)
+        data = cmd.frame(opaque, False, self.max_frame_size) if type(cmd) is SendRequest else \
+            encode_request(cmd, opaque, False, self.max_frame_size)
         waiter = _Waiter(self._new_event(), cmd.code, timeout)
         self._pending[opaque] = waiter
         try:
@@ -265,7 +261,8 @@ class ClientConnection:
         if self._closed or self._outbox_bytes >= OUTBOX_LIMIT:
             return False
         opaque = self._next_opaque()
-        data = encode_request(cmd, opaque, False, self.max_frame_size)
+        data = cmd.frame(opaque, False, self.max_frame_size) if type(cmd) is SendRequest else \
+            encode_request(cmd, opaque, False, self.max_frame_size)
         self._pending[opaque] = _Waiter(None, cmd.code, timeout, done)
         self._queue(data)
         if len(self._pending) == 1:
@@ -282,7 +279,9 @@ class ClientConnection:
             log.exception("%s: the callback of request %d failed", self.remote_address, opaque)
 
     async def send_request_oneway(self, cmd: RemotingCommand, timeout: float = math.inf) -> None:
-        data = encode_request(cmd, self._next_opaque(), True, self.max_frame_size)
+        opaque = self._next_opaque()
+        data = cmd.frame(opaque, True, self.max_frame_size) if type(cmd) is SendRequest else \
+            encode_request(cmd, opaque, True, self.max_frame_size)
         with anyio.move_on_after(timeout):
             await self._send(data)
             return
@@ -305,36 +304,33 @@ class ClientConnection:
             log.debug("%r closed: %s", self, self.close_reason)
 
     async def _read_loop(self, tasks) -> None:
+        decoder, pending, receive = self._decoder, self._pending, self.stream.receive
         while True:
             try:
-                cmd = self._decoder.next_command()
-            except RemoteProtocolError as e:
-                self.close_reason = f"malformed frame: {e}"
+                data = await receive(RECV_CHUNK)
+            except anyio.EndOfStream:
+                data = b""
+            except _IO_ERRORS as e:
+                self.close_reason = f"receive failed: {e!r}"
                 return
-            if cmd is NEED_DATA:
-                try:
-                    data = await self.stream.receive(RECV_CHUNK)
-                except anyio.EndOfStream:
-                    data = b""
-                except _IO_ERRORS as e:
-                    self.close_reason = f"receive failed: {e!r}"
-                    return
-                self._decoder.receive_data(data)
-                continue
-            if cmd is CLOSED:
+            for cmd in decoder.feed(data):
+                if cmd.flag & RPC_TYPE_RESPONSE:
+                    waiter = pending.get(cmd.opaque)
+                    if waiter is None:
+                        continue
+                    if waiter.done is not None:
+                        self._call_done(cmd.opaque, waiter, cmd, None)
+                    elif not waiter.event.is_set():
+                        waiter.response = cmd
+                        waiter.event.set()
+                    continue
+                tasks.start_soon(self._serve, cmd)
+            if decoder.error is not None:
+                self.close_reason = f"malformed frame: {decoder.error}"
+                return
+            if decoder.closed:
                 self.close_reason = self.close_reason or "closed by peer"
                 return
-            if cmd.is_response:
-                waiter = self._pending.get(cmd.opaque)
-                if waiter is None:
-                    continue
-                if waiter.done is not None:
-                    self._call_done(cmd.opaque, waiter, cmd, None)
-                elif not waiter.event.is_set():
-                    waiter.response = cmd
-                    waiter.event.set()
-                continue
-            tasks.start_soon(self._serve, cmd)
 
     def _fail_pending(self) -> None:
         for opaque, waiter in list(self._pending.items()):
@@ -441,8 +437,10 @@ class RemotingClient:
         for conn in list(self._conns.values()):
             conn.close("client closed")
 
-    def _outgoing(self, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd if self.rpc_hook is None else self.rpc_hook(cmd)
+    def _outgoing(self, cmd: RemotingCommand | SendRequest) -> RemotingCommand | SendRequest:
+        if self.rpc_hook is None:
+            return cmd
+        return self.rpc_hook(cmd.command() if type(cmd) is SendRequest else cmd)
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
         cmd = self._outgoing(cmd)
