@@ -81,7 +81,7 @@ def parse_end_transaction_header(request: RemotingCommand) -> EndTransactionHead
 
 @attrs.define(eq=False)
 class EndTransactionProcessor:
-    send: SendProcessor  # config, replica, gate, store and the one error translation (_failure)
+    send: SendProcessor  # config, replica, gate, store and the one error translation (refusal)
     service: TransactionService
     clients: ClientManager
     # (connection, producer group, real topic) -> may that connection be
@@ -131,7 +131,7 @@ class EndTransactionProcessor:
         except TransactionError as exc:
             return request.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
         except (SendError, RequestError, CommitLogError, M.MessageFormatError) as exc:
-            return s._failure(request, exc, records)
+            return s.refusal(request, exc, records)
         finally:
             if half is not None:
                 self.service.release(half)

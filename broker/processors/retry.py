@@ -23,7 +23,7 @@
 #             original topic (kept when already set), ORIGIN_MESSAGE_ID = the
 #             original's (or its offset message id), reconsumeTimes + 1;
 #          7. SUCCESS only after the append committed (send's quorum rule);
-#             failures are translated by SendProcessor._failure.
+#             failures are translated by SendProcessor.refusal.
 #
 #   ensure_retry_topic()  what HEART_BEAT does for every consumer group on
 #        the writable leader (ClientManageProcessor.heartBeat): the group
@@ -232,7 +232,7 @@ class SendBackProcessor:
             await s.replica.append(records)
             return request.make_response(ResponseCode.SUCCESS)
         except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
-            return s._failure(request, exc, records)
+            return s.refusal(request, exc, records)
 
     @staticmethod
     def _check_writable_topic(cfg: TopicConfig | None, topic: str) -> None:

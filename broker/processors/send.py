@@ -27,7 +27,7 @@
 # later leader truncated) first goes to unstored(): the forwarder
 # (forward.py) may hold it until this node is master again or hand it on to
 # the master; otherwise, and for every other error, it is refused.
-# Error translation happens in one place, _failure(): SendError carries a
+# Error translation happens in one place, refusal(): SendError carries a
 # code of its own; commitlog errors map as the issue asks (spec §6.8 maps a
 # quorum timeout to SYSTEM_ERROR; we answer FLUSH_SLAVE_TIMEOUT, with the
 # msgId/queueOffset read from the local log when it still holds our records,
@@ -41,7 +41,7 @@
 # SCHEDULE_TOPIC_XXXX (broker/store/schedule.py rewrites it; the reply's queueId is
 # the one the producer asked for, its queueOffset the schedule queue's, as
 # Java answers); batches with DELAY are refused.  CONSUMER_SEND_MSG_BACK
-# (retry/DLQ) lives in broker/processors/retry.py and reuses _failure.
+# (retry/DLQ) lives in broker/processors/retry.py and reuses refusal.
 # Transactional half messages (PREPARED) are rewritten by
 # broker/store/transaction.py (_half_record) and reach the log like any
 # send; END_TRANSACTION lives in broker/processors/end_transaction.py.
@@ -244,7 +244,7 @@ class SendProcessor:
     uniq_keys: UniqKeyGenerator = attrs.Factory(UniqKeyGenerator)
     rng: random.Random = attrs.Factory(random.Random)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
-    _native: send_native.NativeSends = attrs.Factory(lambda: send_native.NativeSends(_topic_ok))
+    native_sends: send_native.NativeSends = attrs.Factory(lambda: send_native.NativeSends(_topic_ok))
     # Hands on or holds what this node cannot store (forward.py); None: refuse at once.
     forwarder: WriteForwarder | None = None
 
@@ -285,13 +285,13 @@ class SendProcessor:
             first = req.first_index if req is not None else -1
             if hand_on:
                 return await self.unstored(request, exc, peer, records, first)
-            return self._failure(request, exc, records, first)
+            return self.refusal(request, exc, records, first)
 
     async def unstored(self, request, exc: Exception, peer, records=(), first_index: int = -1) -> RemotingCommand:
         """The one answer to a send this broker did not store: handed on to
         the master, or held until this node is the master again, when the
         forwarder takes it (forward.py: a master that just stepped down, a
-        leader catching up or transferring); else the refusal (_failure).
+        leader catching up or transferring); else refusal().
         `request` may be a RemotingCommand or a SendRun's RawSend."""
         fwd = self.forwarder
         if fwd is not None and fwd.eligible(request, exc):
@@ -299,7 +299,7 @@ class SendProcessor:
             reply = await fwd.take_over(command, lambda: self.process(command, peer, hand_on=False))
             if reply is not None:
                 return reply
-        return self._failure(request, exc, records, first_index)
+        return self.refusal(request, exc, records, first_index)
 
     def accept_burst(self, conn, cmds: list):
         """The synchronous half of a burst (send_burst.py); returns the
@@ -518,7 +518,7 @@ class SendProcessor:
     def _reply(self, request, code, queue_id, ids, queue_offset, uniq, remark=None) -> RemotingCommand:
         return request.make_response(code, remark, ext_fields=self._reply_fields(queue_id, ids, queue_offset, uniq))
 
-    def _success_frame(self, request, queue_id, placed, stamps, uniq) -> bytes:
+    def success_frame(self, request, queue_id, placed, stamps, uniq) -> bytes:
         """_success, encoded directly (the burst path answers every message so)."""
         ids, queue_offset = self._stamped(placed, stamps)
         return encode_response(request, ResponseCode.SUCCESS, None,
@@ -549,8 +549,9 @@ class SendProcessor:
         return self._reply(request, ResponseCode.FLUSH_SLAVE_TIMEOUT, rec.queue_id, ids, queue_offset, uniq,
                            remark=str(exc))
 
-    def _failure(self, request: RemotingCommand, exc: Exception, records, first_index: int = -1) -> RemotingCommand:
-        """The one translation point from errors to response codes
+    def refusal(self, request: RemotingCommand, exc: Exception, records=(), first_index: int = -1) -> RemotingCommand:
+        """The one translation point from errors to response codes, shared
+        by every write path (the burst path, retry.py, end_transaction.py)
         (`records` and `first_index`: where they were appended, if they were)."""
         if isinstance(exc, (SendError, RequestError)):
             code, remark = exc.code, exc.remark

@@ -8,7 +8,7 @@
 # them all (the connection writes the answers in one write).  Sends to a
 # topic that must be auto-created first take the one-at-a-time path
 # (SendProcessor.process).  What it needs of the general path it asks the
-# processor for (burst_hosts, burst_records, REFUSALS, _failure, ...):
+# processor for (burst_hosts, burst_records, REFUSALS, refusal, ...):
 # send.py imports this module, not the other way round.
 from broker.processors import send_native
 from broker.processors.forward import UNSTORED
@@ -35,7 +35,7 @@ def accept_burst(proc, conn, cmds: list):
         if _hands_on(proc, exc):
             return _handed_on(proc, conn, cmds, replies, unstored, exc)
         for i, k, one in unstored:
-            _put(replies, cmds, i, k, proc._failure(one, exc, []))
+            _put(replies, cmds, i, k, proc.refusal(one, exc, []))
         return _answered(replies)
     born_host, born, born_v6, store_host = proc.burst_hosts(conn.remote_address)
     # (i, k, request, first record, count, queueId, uniq); k: its place in a SendRun, else None
@@ -51,7 +51,7 @@ def accept_burst(proc, conn, cmds: list):
         try:
             made = proc.burst_records(request, born_host)
         except proc.REFUSALS as exc:
-            _put(replies, cmds, i, k, proc._failure(request, exc, []))
+            _put(replies, cmds, i, k, proc.refusal(request, exc, []))
             return
         if made is None:
             slow.append((i, k, request))  # auto-create first, or answer why not
@@ -66,7 +66,7 @@ def accept_burst(proc, conn, cmds: list):
             continue
         lo = cmd.lo
         while lo < cmd.hi:
-            run, lo = proc._native.take(proc, cmd, lo, i, born_v6, rules, props_fixed, props_uniq)
+            run, lo = proc.native_sends.take(proc, cmd, lo, i, born_v6, rules, props_fixed, props_uniq)
             if run is not None:  # records stay in arrival order
                 send_native.encode(run, records, born, store_host, proc.clock_ms(), cluster, proc.uniq_keys)
                 runs.append(run)
@@ -92,7 +92,7 @@ def accept_burst(proc, conn, cmds: list):
         if failed is None and req is not None:
             placed, stamps = req.result, req.stamped
             for i, k, request, first, count, queue_id, uniq in parts:
-                _put(replies, cmds, i, k, proc._success_frame(
+                _put(replies, cmds, i, k, proc.success_frame(
                     request, queue_id, placed[first:first + count],
                     stamps[first:first + count] if stamps is not None else None, uniq))
             for r in runs:
@@ -109,14 +109,14 @@ def accept_burst(proc, conn, cmds: list):
         else:
             base = req.first_index if req is not None else -1
             for i, k, request, first, count, _, _ in parts:
-                _put(replies, cmds, i, k, proc._failure(request, failed, records[first:first + count],
+                _put(replies, cmds, i, k, proc.refusal(request, failed, records[first:first + count],
                                                         base + first if base >= 0 else -1))
             for r in runs:
                 sends = cmds[r.item].sends()
                 out = send_native.run_replies(replies, r.item, cmds[r.item])
                 for j in range(r.n):
                     first = r.first + j
-                    out[r.k0 + j] = proc._failure(sends[r.k0 + j], failed, records[first:first + 1],
+                    out[r.k0 + j] = proc.refusal(sends[r.k0 + j], failed, records[first:first + 1],
                                                   base + first if base >= 0 else -1)
         if _rt.TRACER is not None:  # tools/bench/round.py
             _rt.TRACER.mark("encoded")
@@ -131,7 +131,7 @@ def _answer_run_slowly(proc, run, sends: SendRun, replies, placed) -> None:
     for j in range(run.n):
         first = run.first + j
         o, n = run.uniq_off[j], run.uniq_len[j]
-        out[run.k0 + j] = proc._success_frame(ones[run.k0 + j].command(), run.queue_ids[j],
+        out[run.k0 + j] = proc.success_frame(ones[run.k0 + j].command(), run.queue_ids[j],
                                               placed[first:first + 1], None,
                                               run.records[o:o + n].decode())
 

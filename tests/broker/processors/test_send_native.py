@@ -476,7 +476,7 @@ async def test_mixed_bursts_answer_in_order_as_the_general_path(tmp_path, autoju
         ]
         got_native = await _serve(native, _raw(burst))
         assert sum(len(c) for c in _raw(burst) if isinstance(c, SendRun)) == 10
-        assert b"TopicA" in native._native.topics and not general._native.topics  # each took its path
+        assert b"TopicA" in native.native_sends.topics and not general.native_sends.topics  # each took its path
         got_general = await _serve(general, burst)
         await g.settle()
         a = [_comparable(r, leader) for r in got_native]
