@@ -28,6 +28,9 @@ RESERVED_PROPERTIES = frozenset({M.PROPERTY_TAGS, M.PROPERTY_KEYS, M.PROPERTY_UN
                                  M.PROPERTY_DELAY})
 
 
+_CHECKED_TOPICS: set = set()  # topic names check_topic_name() accepted
+
+
 def retry_topic(group: str) -> str:
     return RETRY_GROUP_TOPIC_PREFIX + group
 
@@ -58,10 +61,14 @@ class Message:
 
     def check(self, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         """Validators.checkMessage: raises InvalidMessageError."""
-        try:
-            check_topic_name(self.topic)
-        except InvalidMetadataError as e:
-            raise InvalidMessageError(str(e)) from None
+        if type(self.topic) is not str or self.topic not in _CHECKED_TOPICS:  # (few topics, many sends each)
+            try:
+                check_topic_name(self.topic)
+            except InvalidMetadataError as e:
+                raise InvalidMessageError(str(e)) from None
+            if len(_CHECKED_TOPICS) > 4096:
+                _CHECKED_TOPICS.clear()
+            _CHECKED_TOPICS.add(self.topic)
         if not self.body:
             raise InvalidMessageError("the message body is empty")
         if len(self.body) > max_size:
@@ -213,6 +220,24 @@ class SendResult:
     queue: MessageQueue
     queue_offset: int
     region_id: str | None = None
+
+
+_SEND_RESULT_SETTERS = tuple(SendResult.__dict__[f.name].__set__ for f in attrs.fields(SendResult))
+
+
+def send_result(status: SendStatus, msg_id: str, offset_msg_id: str, queue: MessageQueue, queue_offset: int,
+                region_id: str | None) -> SendResult:
+    """SendResult(...) without the frozen class's per-field __setattr__
+    (a SendResult per send: the slots' own setters cost a third)."""
+    r = object.__new__(SendResult)
+    s = _SEND_RESULT_SETTERS
+    s[0](r, status)
+    s[1](r, msg_id)
+    s[2](r, offset_msg_id)
+    s[3](r, queue)
+    s[4](r, queue_offset)
+    s[5](r, region_id)
+    return r
 
 
 class ConsumeStatus(enum.Enum):

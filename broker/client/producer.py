@@ -43,7 +43,14 @@ from broker.client.errors import (
 )
 from broker.client.instance import ROUTE_INTERVAL, ClientInstance, TopicRoute, open_client_instance
 from broker.client.latency import LatencyFaultTolerance
-from broker.client.model import DEFAULT_MAX_MESSAGE_SIZE, Message, MessageQueue, SendResult, SendStatus
+from broker.client.model import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Message,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+    send_result,
+)
 from broker.client.wire import SendRequest
 from broker.common.msgid import UniqKeyGenerator
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -68,6 +75,8 @@ _STATUS = {ResponseCode.SUCCESS: SendStatus.SEND_OK, ResponseCode.FLUSH_DISK_TIM
            ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
            ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE}
 _SENT_CODES = tuple(_STATUS)
+_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_NO_ADDRS: frozenset = frozenset()
 
 
 class Producer:
@@ -100,6 +109,35 @@ class Producer:
         """Send and wait for the broker's answer (the entry is committed on
         a quorum when status is SEND_OK)."""
         uniq, req = self._request(msg)
+        # The first attempt inline when nothing has to wait (a cached route
+        # with a master, a connection our heartbeat went over): _send's
+        # first turn without its closures and clock reads.  Anything else,
+        # and the attempts after a failure, are _send's.
+        inst = self.instance
+        route = inst.cached_route(msg.topic)
+        if route is not None and route.write_queues and not self.closed:
+            mq = self._choose(route, msg, selector, _NO_ADDRS, None)
+            addr = route.master(mq.broker_name)
+            if addr is not None and inst.heartbeat_current(addr):
+                inst.auto_create_topics.add(msg.topic)
+                timeout = self.send_timeout if timeout is None else timeout
+                request = req.for_queue(mq.queue_id, mq.broker_name, _V2)
+                sent_at = time.monotonic()
+                try:
+                    resp = await inst.invoke(addr, request, timeout, ok=None)
+                    if resp.code not in _SENT_CODES:
+                        check_response(resp, addr, _V2, _SENT_CODES)
+                except ClientError as e:
+                    now = time.monotonic()
+                    if isinstance(e, (ConnectionFailedError, BrokerUnavailableError)):
+                        self.faults.record(mq.broker_name, 0.0, True, now, addr)
+                    return await self._send(msg.topic, msg, lambda q: self._for_queue(req, q, _V2),
+                                            lambda r, q: self._result1(r, q, uniq), selector,
+                                            timeout - (now - sent_at), failed=(e, route, mq))
+                if self.faults.enabled:
+                    now = time.monotonic()
+                    self.faults.record(mq.broker_name, now - sent_at, False, now, addr)
+                return self._result1(resp, mq, uniq)
         return await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
                                 lambda resp, mq: self._result1(resp, mq, uniq), selector, timeout)
 
@@ -313,8 +351,8 @@ class Producer:
         queue = mq if queue_id is None or queue_id == str(mq.queue_id) else \
             MessageQueue(mq.topic, mq.broker_name, int(queue_id))
         offset = int(f.get("queueOffset", -1))
-        return SendResult(_STATUS[resp.code], uniq, f.get("msgId") or "", queue, offset if offset >= 0 else -1,
-                          f.get("MSG_REGION"))
+        return send_result(_STATUS[resp.code], uniq, f.get("msgId") or "", queue, offset if offset >= 0 else -1,
+                           f.get("MSG_REGION"))
 
     def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
                 last_broker: str | None) -> MessageQueue:

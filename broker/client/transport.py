@@ -445,10 +445,15 @@ class RemotingClient:
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
         cmd = self._outgoing(cmd)
         timeout = self.default_timeout if timeout is None else timeout
-        deadline = anyio.current_time() + timeout
-        conn = await self.connection(addr, timeout)
+        conn = self._conns.get(addr)
+        if conn is None or conn._closed or self._closed:  # dial (or learn why not) first, within the timeout
+            deadline = anyio.current_time() + timeout
+            conn = await self.connection(addr, timeout)
+            remaining = max(0.0, deadline - anyio.current_time())
+        else:
+            remaining = timeout  # (a cached connection: no clock reads, nothing awaited before the request)
         try:
-            return await conn.invoke(cmd, max(0.0, deadline - anyio.current_time()))
+            return await conn.invoke(cmd, remaining)
         except RemotingTimeoutError as e:
             e.addr, e.timeout = addr, timeout
             raise

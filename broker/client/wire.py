@@ -53,6 +53,7 @@ _LANGUAGES = {m.name: m for m in LanguageCode}
 _BEFORE_OPAQUE = b'},"flag":0,"language":"PYTHON","opaque":'
 _AFTER_OPAQUE = b',"serializeTypeCurrentRPC":"JSON","version":%d}' % CURRENT_VERSION
 _AUTO_CREATE_TOPIC_KEY = "TBW102"
+_PRE: dict[tuple, bytes] = {}  # (group, topic, queue nums) -> the header's first fields, encoded
 
 
 class SendRequest:
@@ -69,15 +70,21 @@ class SendRequest:
                  props: str, batch: bool, body: bytes) -> None:
         self.code = code
         self.body = body
-        self._values = values = (group, topic, str(queue_nums), str(sysflag), str(born_ms), str(flag), props, batch)
+        self._values = (group, topic, queue_nums, sysflag, born_ms, flag, props, batch)
         self._head: bytes | None = None
         self._broker: tuple[int, str] | None = None
         try:
             # a b c d | e | f g h i j k m | n, as sorted keys come out.
-            self._pre = b'"a":%b,"b":%b,"c":"TBW102","d":%b,' % (_dumps(group), _dumps(topic), _dumps(values[2]))
+            pre = _PRE.get((group, topic, queue_nums))
+            if pre is None:
+                if len(_PRE) > 1024:
+                    _PRE.clear()
+                pre = _PRE[group, topic, queue_nums] = b'"a":%b,"b":%b,"c":"TBW102","d":%b,' % (
+                    _dumps(group), _dumps(topic), _dumps(str(queue_nums)))
+            self._pre = pre
             self._mid = b'"f":%b,"g":"%d","h":%b,"i":%b,"j":"0","k":"false","m":"%b",' % (
-                b'"%d"' % sysflag if type(sysflag) is int else _dumps(values[3]), born_ms,
-                b'"%d"' % flag if type(flag) is int else _dumps(values[5]), _dumps(props),
+                b'"%d"' % sysflag if type(sysflag) is int else _dumps(str(sysflag)), born_ms,
+                b'"%d"' % flag if type(flag) is int else _dumps(str(flag)), _dumps(props),
                 b"true" if batch else b"false")
         except TypeError:  # a lone surrogate: encode_request says so when the attempt is encoded
             self._pre = self._mid = None
@@ -95,8 +102,8 @@ class SendRequest:
 
     def fields(self) -> dict[str, str]:
         group, topic, d, f, g, h, i, batch = self._values
-        fields = {"a": group, "b": topic, "c": _AUTO_CREATE_TOPIC_KEY, "d": d, "e": "-1", "f": f, "g": g, "h": h,
-                  "i": i, "j": "0", "k": "false", "m": "true" if batch else "false"}
+        fields = {"a": group, "b": topic, "c": _AUTO_CREATE_TOPIC_KEY, "d": str(d), "e": "-1", "f": str(f),
+                  "g": str(g), "h": str(h), "i": i, "j": "0", "k": "false", "m": "true" if batch else "false"}
         if self._broker is not None:
             fields["e"], fields["n"] = str(self._broker[0]), self._broker[1]
         return fields

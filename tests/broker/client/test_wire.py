@@ -229,3 +229,13 @@ def test_the_decoded_send_response_is_what_the_producer_reads():
     (cmd,) = ResponseDecoder().feed(frame)
     assert (cmd.code, cmd.opaque, cmd.is_response, cmd.ext_fields["queueOffset"]) == (0, 9, True, "41")
     assert cmd.language is LanguageCode.JAVA and cmd.version == CURRENT_VERSION
+
+
+def test_send_result_is_the_frozen_class_built_cheaply():
+    from broker.client.model import SendResult, SendStatus, send_result
+    q = MessageQueue("T", "b", 1)
+    fast = send_result(SendStatus.SEND_OK, "U", "O", q, 5, None)
+    assert fast == SendResult(SendStatus.SEND_OK, "U", "O", q, 5) and type(fast) is SendResult
+    assert hash(fast) == hash(SendResult(SendStatus.SEND_OK, "U", "O", q, 5, None))
+    with pytest.raises(AttributeError):
+        fast.queue_offset = 6
