@@ -19,6 +19,13 @@
 # duplicate caused by a lost response is recognisable downstream.  With
 # several broker groups, latency fault tolerance (latency.py, on by default)
 # keeps sends away from a group that just failed or answered slowly.
+#
+# Per-send cost (issue 28 part 5).  A send's request is a wire.SendRequest,
+# its header assembled from pre-encoded pieces (byte-identical to the
+# general encoding, tests/broker/client/test_wire.py); send() and
+# send_async() make their first attempt inline when nothing has to wait
+# (cached route, current heartbeat, open connection) and hand a failed one
+# to _send, which makes the rest exactly as for any other send.
 import itertools
 import logging
 import math
