@@ -181,7 +181,7 @@ class ReplicaNode:
     def transferring_to(self) -> str | None:
         """The target of the leadership transfer this leader is making
         (it refuses appends meanwhile), or None."""
-        role = self.core.leader_role()
+        role = self.core.leader_role
         return role.transfer_target if role is not None else None
 
     def has_quorum_contact(self, within: float) -> bool:

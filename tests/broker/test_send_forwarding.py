@@ -1,7 +1,7 @@
 # A master that handed its leadership over hands on the sends it still
 # receives (broker/processors/forward.py), on real processes: what a
 # producer whose route is stale (it asks the name server every 30 s) sees
-# right after `mqadmin leadershipTransfer` is SEND_OK, for single sends,
+# during and right after `mqadmin leadershipTransfer` is SEND_OK, for single sends,
 # batches and a pipelined burst, stored by the new master (its address in
 # the offset msgId, found there by a pull); a node that was never master
 # refuses at once, naming the master; a request already handed on once is
@@ -47,10 +47,29 @@ async def test_a_deposed_master_hands_sends_on_until_its_window_ends(tmp_path):
         assert r.code == ResponseCode.SUCCESS, r.remark
         target, bystander = sorted(n for n in cluster.brokers if n != old)
 
-        out = json.loads(await mqadmin("leadershipTransfer", "-b", "broker-a", "-t", target, "--json", ns=ns))
+        # A producer that keeps sending to the master through the transfer:
+        # held while the transfer is under way, then handed on.
+        through: list = []
+        stop = trio.Event()
+
+        async def keep_sending():
+            i = 0
+            while not stop.is_set():
+                r = await rc.invoke(old_addr, v2_send(TOPIC, f"through-{i}", i % 4), 10)
+                through.append((r.code, r.remark))
+                i += 1
+        async with trio.open_nursery() as producer:
+            producer.start_soon(keep_sending)
+            out = json.loads(await mqadmin("leadershipTransfer", "-b", "broker-a", "-t", target, "--json", ns=ns))
+            stop.set()
+        assert len(through) > 10 and all(code == ResponseCode.SUCCESS for code, _ in through), \
+            [t for t in through if t[0] != ResponseCode.SUCCESS][:3]
         # it returned once the name server routes to the new master
         assert out["changed"] and out["namesrvMaster"] == cluster.addr(target)
         deposed_at = trio.current_time()
+        metrics_url = cluster.brokers[old].info["metrics"]
+        forwarded_before = value(await scrape(metrics_url), "ledgermq_send_forward_total", outcome="forwarded")
+        assert forwarded_before >= 1  # some of the sends above were handed on
 
         # A producer with the old route: every send is stored, by the new master.
         r = await rc.invoke(old_addr, v2_send(TOPIC, "handed-on", 1), 10)
@@ -78,8 +97,8 @@ async def test_a_deposed_master_hands_sends_on_until_its_window_ends(tmp_path):
             assert res.status is PullStatus.FOUND and res.messages[0].body == b"handed-on"
 
         # The operator sees it: 1 + 40 + 1 requests handed on, none held now.
-        samples = await scrape(cluster.brokers[old].info["metrics"])
-        assert value(samples, "ledgermq_send_forward_total", outcome="forwarded") == 42
+        samples = await scrape(metrics_url)
+        assert value(samples, "ledgermq_send_forward_total", outcome="forwarded") == forwarded_before + 42
         assert value(samples, "ledgermq_send_forward_held") == 0
 
         # A node that was never master refuses at once and names the master.

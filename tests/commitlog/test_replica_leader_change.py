@@ -117,11 +117,18 @@ async def test_a_transfer_under_load_fails_no_append_that_reached_the_log(autoju
                     return
                 await trio.sleep(0.001)
 
+        assert old.node.transferring_to is None
         async with trio.open_nursery() as producers:
             for k in range(8):
                 producers.start_soon(producer, k)
             await trio.sleep(0.01)
-            await old.node.transfer_leadership(target.node_id)
+            # While the transfer is under way the leader says so (appends are
+            # refused meanwhile, and the broker holds them).
+            during = await old.node.call(lambda core: (core.transfer_leadership(target.node_id),
+                                                       old.node.transferring_to)[1])
+            assert during == target.node_id
+            await until(lambda: not old.node.is_leader)
+        assert old.node.transferring_to is None
         assert unknown == []
         assert stored and refused
         assert await wait_leader(members) is target and old.node.soft_state.role is Role.FOLLOWER
