@@ -182,7 +182,7 @@ class BrokerConfig:
     long_polling_max_held_per_address: int = 2048
     long_polling_max_held: int = 10000
     send_forward_window_ms: int = 60000  # twice a Java client's 30 s route poll; 0: refuse as a slave at once
-    send_forward_hold_ms: int = 3000  # a producer's default send timeout
+    send_forward_hold_ms: int = 1000  # well inside a producer's default 3 s send timeout, so it can retry
     send_forward_max_in_flight: int = 4096
     # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
     # (to the name servers), and the limits against hostile clients.

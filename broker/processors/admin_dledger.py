@@ -140,6 +140,17 @@ class DLedgerAdminProcessor(RequestProcessor):
                                f"change={kind_text!r}: one of {', '.join(k.value for k in ChangeKind)}") from None
         change = ConfChange(kind, h.str("peerId").strip(), (h.str("peerAddr", "") or "").strip() or None)
         timeout = (h.long("timeoutMillis", 0) or 0) / 1000 or CHANGE_TIMEOUT_S
+        if self.replica.is_leader:
+            # A new leader opens writes only after announcing its broker
+            # address through the log; a change proposed before that (a
+            # removal right after removeDLedgerPeer's hand-over) could
+            # commit first, and the removed node would never learn where
+            # the master is (it hands the sends it still gets on to it).
+            try:
+                await self.store.gate.wait_writable(timeout)
+            except trio.TooSlowError:
+                raise RequestError(ResponseCode.SYSTEM_BUSY, f"{self.replica.node_id} leads but has not caught up "
+                                   f"within {timeout:g} s; try again") from None
         try:
             entry = await self.replica.change_membership(change, timeout=timeout)
         except MembershipChangeError as e:

@@ -43,6 +43,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
 from broker.store.gate import RoleGate
 from commitlog.errors import LeaderTransferringError, NotLeaderError
+from commitlog.ratelog import LogBudget
 from commitlog.replica import ReplicaNode
 
 log = logging.getLogger("ledgermq.forward")
@@ -63,6 +64,7 @@ class WriteForwarder:
     client: RemotingClient | None = None  # the composition root sets it (a nursery owns its connections)
     held: int = 0  # writes held or being handed on now
     stats: Counter = attrs.Factory(Counter)  # outcome -> count (forwarded, served_here, refused_*, ...)
+    _log_budget: LogBudget = attrs.Factory(lambda: LogBudget(lines=5, window=10.0))
 
     # --- the broker's view -----------------------------------------------------
 
@@ -108,8 +110,17 @@ class WriteForwarder:
             target = None if forwarded else self._master_addr()
             if target is not None:
                 return await self._forward(target, request, deadline)
+            if not self._may_learn_master():
+                self.stats["refused_no_master"] += 1
+                return None
             if trio.current_time() >= deadline:
                 self.stats["refused_hold_timeout"] += 1
+                leader = self.replica.core.leader_id
+                self._log_budget.log(log, logging.WARNING, trio.current_time(),
+                                     "held a send (code %d) %d ms for a master and found none (leader %s, its "
+                                     "broker address %s); refused", request.code,
+                                     self.config.current.send_forward_hold_ms, leader or "unknown",
+                                     self.gate.leader_broker_addr(leader) or "unknown")
                 return None
             generation, commit = self.gate.generation.value, self.replica.committed.value
             with trio.move_on_at(deadline):
@@ -119,6 +130,16 @@ class WriteForwarder:
                         waits.cancel_scope.cancel()
                     waits.start_soon(changed, self.gate.generation, generation)
                     waits.start_soon(changed, self.replica.committed, commit)
+
+    def _may_learn_master(self) -> bool:
+        """Whether waiting can make a master reachable: a member of the
+        group may yet learn the leader (the next election, the log that
+        announces its broker address); a node removed from the group
+        learns nothing more, so its sends are refused at once (the
+        refusal sends the client to the name server)."""
+        core = self.replica.core
+        latest = core.membership.latest
+        return latest.empty or latest.is_member(self.replica.node_id)
 
     def _master_addr(self) -> str | None:
         """The current leader's broker address, when it is another node."""
