@@ -693,7 +693,7 @@ class ReplicaNode:
         if old is not None and ss.role is not Role.LEADER and old.role is Role.LEADER:
             # Proposals not yet in the log never will be from here: NotLeaderError
             # (the broker may hand them to the new leader).  Entries already
-            # written keep their waiters (_hold_written).
+            # written keep their waiters (module comment, "Leader changes").
             self._fail_proposals(self.leader_error())
         log.info("%s: %s in term %d (leader %s)", self.node_id, ss.role.value, ss.term, ss.leader_id)
         if self.on_role_change is not None:
