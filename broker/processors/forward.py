@@ -163,7 +163,9 @@ class WriteForwarder:
             answer = await self.client.invoke(target, outgoing, timeout)
         except RemotingError as exc:
             self.stats["forward_failed"] += 1
-            log.warning("could not hand a write (code %d) on to the master at %s: %s", request.code, target, exc)
+            self._log_budget.log(log, logging.WARNING, trio.current_time(),
+                                 "could not hand a write (code %d) on to the master at %s: %s", request.code, target,
+                                 exc)
             return None
         self.stats["forwarded"] += 1
         return answer.as_response_to(request)
