@@ -112,7 +112,6 @@ async def test_acl_tls_and_name_server_on_a_secure_group(tmp_path):
             assert "request code=9101" in await refusal(lambda: producer_admin.transfer_leadership(addr, "n1"))
 
         # --- the permission table with our client (TLS) --------------------------------
-        await trio.sleep(0.5)  # the new topics' routes reach the name server with the next registration
         async with open_producer("PG", namesrv_addr=ns, credentials=PRODUCER, tls=tls) as p:
             with trio.fail_after(20):
                 while True:  # wait for the route of Orders
@@ -187,8 +186,17 @@ async def test_acl_tls_and_name_server_on_a_secure_group(tmp_path):
             for node in cluster.brokers:
                 while (await unsigned_runtime_info(cluster.addr(node))).code != ResponseCode.SUCCESS:
                     await trio.sleep(0.1)
-        acl_file.write_text("accounts: [{accessKey: x}]\n")  # a bad edit: the rules in force stay
-        await trio.sleep(1.0)
+        # A bad edit: the rules in force stay.  The broker says so in its log
+        # once it has read the file, and only then is the check meaningful.
+        node = cluster.node_of(addr)
+
+        def kept_rules() -> int:
+            return cluster.log_tail(node, 1 << 20).count("the rules loaded before stay in force")
+        kept_before = kept_rules()
+        acl_file.write_text("accounts: [{accessKey: x}]\n")
+        with trio.fail_after(15):
+            while kept_rules() == kept_before:
+                await trio.sleep(0.1)
         assert (await unsigned_runtime_info(addr)).code == ResponseCode.SUCCESS
         acl_file.write_text(PLAIN_ACL.format(white="[]"))
         with trio.fail_after(15):

@@ -2,12 +2,26 @@
 # waiting in whichever event loop the test runs on, and the order checks.
 import anyio
 
+from broker.client.consumer_api import ConsumerApi
+
 
 async def wait_until(predicate, timeout: float, what: str) -> None:
     """Until predicate() holds (a test's wait on what consumers did)."""
     with anyio.fail_after(timeout):
         while not predicate():
             await anyio.sleep(0.05)
+
+
+async def wait_group_caught_up(observer, group: str, queues, timeout: float = 20.0) -> None:
+    """Until `group`'s committed offset of every queue is the queue's max
+    offset (read through `observer`, a pull consumer): the group consumed
+    everything it was going to -- the barrier before checking that
+    something did NOT arrive.  On either event loop."""
+    offsets = ConsumerApi(observer.instance, group)
+    want = {mq: await observer.max_offset(mq) for mq in queues}
+    with anyio.fail_after(timeout):
+        while {mq: await offsets.query_offset(mq) for mq in queues} != want:
+            await anyio.sleep(0.1)
 
 
 def order_problems(seqs: list[int], n: int) -> list[str]:

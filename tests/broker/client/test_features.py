@@ -37,7 +37,7 @@ from broker.common.subscription import Subscription
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.broker.client.cluster_helpers import thread_cluster
-from tests.broker.client.feature_helpers import order_problems, wait_until
+from tests.broker.client.feature_helpers import order_problems, wait_group_caught_up, wait_until
 from tests.helpers import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
@@ -69,7 +69,8 @@ async def test_sql92_selector(cluster, anyio_backend):
                                       subscriptions={topic: MessageSelector.by_sql("a > 5 AND color = 'red'")},
                                       handler=collector(got)):
             await wait_until(lambda: len(got) >= 2, 20, "the matching messages")
-            await anyio.sleep(1)
+            async with open_pull_consumer(f"sql_obs_{anyio_backend}", namesrv_addr=ns) as observer:
+                await wait_group_caught_up(observer, f"sql_g_{anyio_backend}", await observer.fetch_queues(topic))
         assert sorted(m.body for m in got) == [b"m0", b"m4"]
         async with open_pull_consumer(f"sql_pull_{anyio_backend}", namesrv_addr=ns) as pc:
             queues = await pc.fetch_queues(topic)
@@ -179,8 +180,14 @@ async def test_transactions(cluster, anyio_backend):
     seen_during_execute: list = []
     checked: list = []
 
+    live: dict = {}  # "marker": a plain producer of the topic, while the consumer runs
+
     async def execute(msg, arg):
-        await anyio.sleep(1.0)  # the half is stored now: a consumer must still not see it
+        # The half is stored now.  Once the consumer has a plain message sent
+        # after it (so it is live on the topic), it must still not see the half.
+        body = b"marker-%d" % len(seen_during_execute)
+        assert (await live["marker"].send(Message(topic, body))).status is SendStatus.SEND_OK
+        await wait_until(lambda: any(m.body == body for m in got), 20, "the marker")
         seen_during_execute.append(any(m.body == msg.body for m in got))
         return arg
 
@@ -205,8 +212,10 @@ async def test_transactions(cluster, anyio_backend):
         assert (await plain.send(Message(topic, b"first"))).status is SendStatus.SEND_OK
     async with open_push_consumer(f"tx_c_{anyio_backend}", namesrv_addr=ns, subscriptions={topic: "*"},
                                   consume_from=FIRST, handler=collector(got)), \
+            open_producer(f"tx_marker_{anyio_backend}", namesrv_addr=ns) as marker, \
             open_transactional_producer(group, namesrv_addr=ns, execute=execute, check=check,
                                         topics=[topic]) as survivor:
+        live["marker"] = marker
         for body, state in ((b"commit", S.COMMIT_MESSAGE), (b"rollback", S.ROLLBACK_MESSAGE),
                             (b"unknown", S.UNKNOW)):
             r = await survivor.send_in_transaction(Message(topic, body), state)
@@ -226,7 +235,7 @@ async def test_transactions(cluster, anyio_backend):
         except TimeoutError:
             raise AssertionError(f"delivered {[m.body for m in got]}, checked {checked}") from None
         await anyio.sleep(2.5)  # a rollback would have shown by now
-    bodies = [m.body for m in got]
+    bodies = [m.body for m in got if not m.body.startswith(b"marker-")]
     assert sorted(bodies) == [b"commit", b"first", b"killed-orphan", b"orphan", b"unknown"]
     assert seen_during_execute == [False] * 4
     assert set(checked) | set(checked_by_dying) == {b"unknown", b"orphan", b"killed-orphan"}
