@@ -74,11 +74,11 @@ async def test_rolling_restart_fails_no_send(tmp_path, stock_client):
                 load = Load(producer, TOPIC, senders=4)
                 nursery.start_soon(load.run)
                 nursery.start_soon(stock_producer(ns, TOPIC, until, stock))
-                await trio.sleep(3.0)  # both producers running
+                await more_acks(load, 200)  # the group serves (the stock producer's count is checked at the end)
                 out = await mqadmin("rollingRestart", "-b", "broker-a", "--json", "--drain-seconds", "35",
                                     "--restart-command", f"{sys.executable} -c \"{ASK}\" {port} {{selfId}}", ns=ns)
                 report = json.loads(out)
-                await trio.sleep(2.0)
+                await more_acks(load, 200)  # and it goes on serving after the last restart
                 until.touch()
                 load.stop.set()
             restarts.cancel_scope.cancel()
@@ -97,6 +97,14 @@ async def test_rolling_restart_fails_no_send(tmp_path, stock_client):
         # Everything acknowledged is consumed, and the replicas are identical.
         await consume_all(ns, TOPIC, GROUP, {body for _, _, body in load.acked} | stock_bodies(sent))
         await replicas_identical(ns)
+
+
+async def more_acks(load, n: int, timeout: float = 30.0) -> None:
+    """Until the Python producer has `n` more acknowledged sends than now."""
+    target = len(load.acked) + n
+    with trio.fail_after(timeout):
+        while len(load.acked) < target:
+            await trio.sleep(0.05)
 
 
 def stock_bodies(sent: list) -> set[str]:
@@ -161,7 +169,7 @@ async def test_replace_the_master_node_fails_no_send(tmp_path, stock_client):
             load = Load(producer, topic, senders=4)
             nursery.start_soon(load.run)
             nursery.start_soon(stock_producer(ns, topic, until, stock))
-            await trio.sleep(3.0)  # both producers running
+            await more_acks(load, 200)  # the group serves (the stock producer's count is checked at the end)
             started = trio.current_time()
             marks: dict = {}
 
@@ -181,11 +189,11 @@ async def test_replace_the_master_node_fails_no_send(tmp_path, stock_client):
             marks["removed"] = round(trio.current_time() - started, 1)
             # The README's step 5: clients' next route poll finds the new
             # master while the old one hands on what it still receives.
-            await trio.sleep(35)
+            await trio.sleep(35)  # the drain is time itself: the C++ client asks for routes every 30 s
             await cluster.stop(old)
             done = trio.current_time()
             marks["stopped"] = round(done - started, 1)
-            await trio.sleep(2.0)
+            await more_acks(load, 200)  # the group goes on serving without the old node
             until.touch()
             load.stop.set()
 
