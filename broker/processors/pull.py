@@ -56,7 +56,10 @@
 # and sends it back (0) once it has caught up.  The threshold is
 # PullProcessor.slave_read_lag_bytes.  Like a RocketMQ slave without
 # offsetCheckInSlave, a non-leader does not correct offsets: OFFSET_MOVED
-# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset;
+# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset
+# (a pull with SUSPEND whose offset is beyond this node's queue is held
+# first, as for a new message: the entries may be committed and on their
+# way into the queue; it is answered so when the hold ends without them);
 # neither does a master whose dispatch is behind its commit index, nor one
 # that has not heard from a quorum within an election timeout
 # (a follower's dispatch may lag, and resetting a consumer on a lagging view
@@ -92,10 +95,14 @@ from broker.remoting.header import HeaderReader
 from broker.store.broker_store import BrokerStore
 from commitlog.errors import CommitLogError
 from commitlog.raft.state import Role
-from consumequeue.reader import DEFAULT_MAX_BYTES, PullResult, pull_response_code, read_messages
+from consumequeue.reader import DEFAULT_MAX_BYTES, GetMessageStatus, PullResult, pull_response_code, read_messages
 from consumequeue.record import MessageFormatError, decode
 
 log = logging.getLogger("ledgermq.pull")
+
+# A request offset beyond this node's consume queue (see the hold in _process).
+_BEYOND = (GetMessageStatus.OFFSET_OVERFLOW_BADLY, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+           GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
 
 DEFAULT_SUSPEND_MS = 15000  # the push consumer's brokerSuspendMaxTimeMillis
 SHORT_POLLING_MS = 1000  # shortPollingTimeMills
@@ -242,7 +249,12 @@ class PullProcessor:
         code = self._code(result, header.queue_offset, judge)
         if header.commit and leader and header.commit_offset >= 0:
             self._commit(header)
-        if code == ResponseCode.PULL_NOT_FOUND and header.suspend:
+        beyond = not judge and result.status in _BEYOND and code == ResponseCode.PULL_RETRY_IMMEDIATELY
+        if header.suspend and (code == ResponseCode.PULL_NOT_FOUND or beyond):
+            # (An offset beyond what this node has dispatched, on a node that
+            # may not correct it -- a slave, a master whose dispatch lags its
+            # commit: the messages may be committed and on their way into
+            # the queue, so the pull waits for them as for a new one.)
             timeout_ms = header.suspend_timeout_ms if self.long_polling_enable else self.short_polling_ms
             timeout_ms = min(max(timeout_ms, 0), self.config.current.long_polling_suspend_max_ms)
             if timeout_ms > 0:

@@ -24,7 +24,7 @@ from broker.common.subscription import (
 from broker.config import LiveConfig
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
-from broker.processors.pull import PullProcessor
+from broker.processors.pull import Hold, PullProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.server import RequestDispatcher
@@ -175,6 +175,10 @@ async def test_no_new_msg_offset_moved_and_checks(tmp_path, autojump_clock):
         follower = next(m for m in g.alive() if m is not leader)
         fr = await pull_processor(follower).process(pull_req(10))
         assert (fr.code, hdr(fr)["nextBeginOffset"]) == (ResponseCode.PULL_RETRY_IMMEDIATELY, 10)
+        # ... but with SUSPEND it holds a pull beyond its queue first: the entries
+        # may be committed and on their way into the queue (a lagging dispatch)
+        held = pull_processor(follower)._begin(pull_req(10, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=5000))
+        assert type(held) is Hold and held.header.queue_offset == 10
 
         assert (await p.process(pull_req(0, topic="Nope"))).code == ResponseCode.TOPIC_NOT_EXIST
         assert (await p.process(pull_req(0, queue_id=9))).code == ResponseCode.SYSTEM_ERROR
