@@ -5,6 +5,8 @@
 # results).  Appends from clients are group-committed: everything queued while
 # the driver was busy becomes one propose() and one log write.
 #
+# Recovery from a Ready that cannot be carried out lives in replica_faults.py.
+#
 # Durability rule: in "sync" flush policy the log is fdatasync'ed once per
 # driver round, BEFORE any message of that round leaves and before the
 # committed watermark moves; in "async" policy a background flusher syncs
@@ -86,24 +88,22 @@ from commitlog.errors import (
     TermChangedError,
 )
 from commitlog.inbox import PeerInbox
-from commitlog.members import recover
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
-from commitlog.raft.membership import ConfChange, ConfigEntry, MembershipChangeError, MembershipLog
-from commitlog.raft.messages import PushRequest
+from commitlog.raft.membership import ConfChange, ConfigEntry, MembershipChangeError
 from commitlog.raft.state import HardState, Ready, Role, SoftState
 from commitlog.ratelog import LogBudget
+from commitlog.replica_faults import FaultRecovery
 from commitlog.watermark import Watermark
 
 log = logging.getLogger("ledgermq.replica")
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_NO_SPACE_LOG_EVERY = 10.0  # seconds between repeats of the out-of-space error
 STALL_TICKS = 5  # a ticker this many ticks late was stalled: the missed ticks are dropped (_ticker)
 
 
 @attrs.define(eq=False)
-class ReplicaNode:
+class ReplicaNode(FaultRecovery):
     """Drives one RaftCore.  Construct, then `await nursery.start(node.run)`."""
 
     core: RaftCore
@@ -549,59 +549,6 @@ class ReplicaNode:
                 self._on_soft_state(rd.soft_state)
             self._outbox.extend(rd.messages)
             core.advance(rd)
-
-    def _refuse_leader(self, exc: AppendRejectedError) -> None:
-        """The store refused the leader's entries (nothing was written).
-        Drop this Ready (its messages would acknowledge them) and rebuild
-        the core from the durable state: the hard state this Ready carried
-        is already persisted, the log is as before the append, and commit is
-        what was published."""
-        old = self.core
-        self.refused = RefusedLeader(old.leader_id or "?", old.term, str(exc))
-        self.stats["refused_appends"] += 1
-        log.error("%s: cannot place entries from leader %s (term %d): %s; not replicating from it in this term "
-                  "(fix this store and restart the node)", self.node_id, self.refused.leader, old.term, exc)
-        self._rebuild_core(HardState(old.term, old.voted_for))
-
-    def _no_space(self, exc: Exception) -> None:
-        """A write of the current Ready found no space: drop the Ready (its
-        messages would promise what is not on disk) and rebuild the core
-        from what is durable, as _refuse_leader does but without a fence."""
-        self.out_of_space = DiskFullError(getattr(self.log, "store_dir", "?"), 1.0)
-        self.stats["out_of_space"] += 1
-        now = trio.current_time()
-        if self._no_space_logged is None or now - self._no_space_logged >= _NO_SPACE_LOG_EVERY:
-            self._no_space_logged = now
-            log.error("%s: no space left to write (%s; %d times so far): nothing written or acknowledged; "
-                      "replicating again once space is freed", self.node_id, exc, self.stats["out_of_space"])
-        self._rebuild_core(self._durable_hard)
-
-    def _step_failed(self, msg, exc: Exception) -> None:
-        """The core raised on an admitted peer message (a push that would
-        drop committed entries, a check admission.py lacks, a bug): the
-        message is dropped and the core, which may have stopped half-way
-        through it, is rebuilt from what is durable, as after a restart.
-        A push that failed fences its leader for its term, as entries this
-        node cannot place do.  The node keeps running."""
-        self.stats["peer_messages_failed"] += 1
-        self._log_budget.log(log, logging.ERROR, trio.current_time(),
-                             "%s: %s from %s (term %d) failed in the Raft core (%s: %s); dropped, core rebuilt "
-                             "from the durable state", self.node_id, type(msg).__name__, msg.src, msg.term,
-                             type(exc).__name__, exc, exc_info=exc)
-        if isinstance(msg, PushRequest):
-            self.refused = RefusedLeader(msg.src, msg.term, f"{type(exc).__name__}: {exc}")
-        self._rebuild_core(self._durable_hard)
-
-    def _rebuild_core(self, hard_state: HardState) -> None:
-        """A new core from `hard_state`, the log as it is, the published
-        commit and the configurations the log holds (what a restart reads)."""
-        old = self.core
-        self.core = RaftCore(old.node_id, old.voters, old.log, old.rng, old.config,
-                             hard_state=hard_state, committed_index=self.committed.value,
-                             membership=MembershipLog(recover(old.membership.snapshot(), old.log)))
-        ss = self.core.soft_state()
-        if ss != self.soft_state:
-            self._on_soft_state(ss)
 
     def _membership_ready(self, history: tuple) -> None:
         """Persist the configuration history (before the log changes) and
