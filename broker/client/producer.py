@@ -312,12 +312,22 @@ class Producer:
         finally:
             self._async_done_one()
 
+    async def send_as(self, msg: Message, uniq_key: str, *, extra_properties: dict | None = None, sysflag: int = 0,
+                      selector: Selector | None = None, timeout: float | None = None) -> SendResult:
+        """send() of a message whose UNIQ_KEY the caller chose already (a
+        gateway relaying another client's message id: broker/proxy), with
+        the properties and sysflag a timed or transactional send adds; the
+        attempts and retries are send()'s."""
+        uniq, req = self._request(msg, extra_properties, sysflag, uniq_key=uniq_key)
+        return await self._send(msg.topic, msg, lambda q: self._for_queue(req, q, _V2),
+                                lambda resp, q: self._result1(resp, q, uniq), selector, timeout)
+
     def _request(self, msg: Message, extra_properties: dict | None = None,
-                 sysflag: int = 0) -> tuple[str, SendRequest]:
+                 sysflag: int = 0, uniq_key: str | None = None) -> tuple[str, SendRequest]:
         """The V2 request without its queue, built once per message
         (`extra_properties` and `sysflag`: what a transactional send adds)."""
         msg.check(self.max_message_size)
-        uniq = self._uniq.next()
+        uniq = uniq_key or self._uniq.next()
         body = msg.body
         if self.compress_over is not None and len(body) > self.compress_over:
             body, sysflag = zlib.compress(body, COMPRESS_LEVEL), sysflag | M.COMPRESSED_FLAG
