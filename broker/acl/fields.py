@@ -125,6 +125,14 @@ CONSUME_STATS = {"consumerGroup": NAME, "topic": NAME, "topicList": TEXT}
 RESET_OFFSET = {"topic": NAME, "group": NAME, "timestamp": LONG, "isForce": BOOL, "queueId": INT, "offset": LONG}
 CONSUMER_RUNNING_INFO = {"consumerGroup": NAME, "clientId": TEXT, "jstackEnable": BOOL}
 BROKER_STATS = {"statsName": NAME, "statsKey": TEXT}
+# RocketMQ 5's POP consumption (broker/processors/pop.py); BATCH_ACK_MESSAGE
+# 200151 has only a body (BatchAckMessageRequestBody)
+POP_MESSAGE = {
+    "consumerGroup": NAME, "topic": NAME, "queueId": INT, "maxMsgNums": INT, "invisibleTime": LONG,
+    "pollTime": LONG, "bornTime": LONG, "initMode": INT, "expType": NAME, "exp": TEXT, "order": BOOL,
+    "attemptId": TEXT}
+ACK_MESSAGE = {"consumerGroup": NAME, "topic": NAME, "queueId": INT, "extraInfo": TEXT, "offset": LONG}
+CHANGE_INVISIBLE_TIME = {**ACK_MESSAGE, "invisibleTime": LONG}
 # ledgermq's own (broker/processors/admin_dledger.py, tools/mqadmin/adminapi.py)
 TRANSFER_LEADERSHIP = {"targetId": NAME}
 CHAIN_CRC = {"index": LONG}

@@ -356,6 +356,11 @@ RULES: dict[int, Rule] = {
     C.SET_MESSAGE_REQUEST_MODE: not_served(),
     C.GET_BROKER_MEMBER_GROUP: not_served(),
     C.BROKER_HEARTBEAT: not_served(),
+    C.POP_MESSAGE: not_served(),
+    C.ACK_MESSAGE: not_served(),
+    C.CHANGE_MESSAGE_INVISIBLETIME: not_served(),
+    C.BATCH_ACK_MESSAGE: not_served(),
+    C.RECALL_MESSAGE: not_served(),
     # ledgermq's replication codes: each changes or reveals the replicated
     # log (a learner added at a stranger's address receives all of it).
     C.LEDGERMQ_DLEDGER_STATUS: admin(),

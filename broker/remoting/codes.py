@@ -139,8 +139,17 @@ class RequestCode(enum.IntEnum):
     #                                (addLearner), timeoutMillis; sent to the leader; answer fields
     #                                configIndex, voters, learners (comma-separated)
     LEDGERMQ_CHANGE_MEMBERSHIP = 9103
-    # The POP codes are left out on purpose: their values differ between
-    # RocketMQ 5.x releases (3442.. vs 200050..), see spec §8.5.
+    # RocketMQ 5's POP consumption (broker/processors/pop.py).  Above
+    # 32767: they travel only in JSON headers (a ROCKETMQ binary header's
+    # i16 code cannot hold them; encoding one refuses, and a Java client's
+    # binary header would arrive truncated, e.g. 200050 as 3442, a code
+    # nobody serves: REQUEST_CODE_NOT_SUPPORTED).
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
+    # RocketMQ 5.3's timer-message recall (RecallMessageRequestHeader).
+    RECALL_MESSAGE = 370
 
 
 class ResponseCode(enum.IntEnum):

@@ -21,7 +21,7 @@ from broker.remoting.codes import RequestCode as C
 from broker.remoting.command import RemotingCommand
 from tools import codes_table
 
-UNKNOWN_CODES = (0, 1, 16, 9104, 9999, 3442, 200050, 2**31 - 1)
+UNKNOWN_CODES = (0, 1, 16, 9104, 9999, 3442, 200052, 2**31 - 1)
 
 
 @pytest.fixture(scope="module")
