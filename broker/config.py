@@ -135,6 +135,15 @@ KEYS = {
     "longPollingMaxHeldPerConnection": ("long_polling_max_held_per_connection", _int(0, 1 << 24)),
     "longPollingMaxHeldPerAddress": ("long_polling_max_held_per_address", _int(0, 1 << 24)),
     "longPollingMaxHeld": ("long_polling_max_held", _int(0, 1 << 24)),
+    # POP consumption (README "POP consumption"): held POP_MESSAGE long
+    # polls per connection and in all, unacked messages per queue and
+    # group before pops skip the queue, the longest invisible time, and the
+    # percentage of pops that look at the retry topic first.
+    "popPollingMaxHeldPerConnection": ("pop_polling_max_held_per_connection", _int(0, 1 << 24)),
+    "popPollingMaxHeld": ("pop_polling_max_held", _int(0, 1 << 24)),
+    "popInflightMessageThreshold": ("pop_inflight_message_threshold", _int(1, 1 << 24)),
+    "popInvisibleTimeMaxMillis": ("pop_invisible_time_max_ms", _int(1, 7 * 24 * 3600 * 1000)),
+    "popFromRetryProbability": ("pop_from_retry_probability", _int(0, 100)),
     # Planned operations (README "Leadership transfer and rolling restarts"):
     # how long after it stopped being master a broker still hands the writes
     # it receives on to the new master, how long one write may wait for a
@@ -181,6 +190,11 @@ class BrokerConfig:
     long_polling_max_held_per_connection: int = 1024
     long_polling_max_held_per_address: int = 2048
     long_polling_max_held: int = 10000
+    pop_polling_max_held_per_connection: int = 64
+    pop_polling_max_held: int = 4096
+    pop_inflight_message_threshold: int = 10000  # RocketMQ's popInflightMessageThreshold
+    pop_invisible_time_max_ms: int = 12 * 3600 * 1000  # the proxy's longest invisible duration
+    pop_from_retry_probability: int = 20  # RocketMQ's popFromRetryProbability
     send_forward_window_ms: int = 60000  # twice a Java client's 30 s route poll; 0: refuse as a slave at once
     send_forward_hold_ms: int = 1000  # well inside a producer's default 3 s send timeout, so it can retry
     send_forward_max_in_flight: int = 4096
