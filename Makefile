@@ -13,7 +13,7 @@ ARGS    ?=
 $(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel
-	$(VPY) -m pip install -q -e '.[test,spark,bench,dashboard]'
+	$(VPY) -m pip install -q -e '.[test,spark,bench,dashboard,grpc]'
 	@touch $(STAMP)
 
 setup: $(STAMP) browser
