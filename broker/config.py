@@ -152,6 +152,12 @@ KEYS = {
     "sendForwardWindowMillis": ("send_forward_window_ms", _int(0, 3600 * 1000)),
     "sendForwardHoldMillis": ("send_forward_hold_ms", _int(0, 60 * 1000)),
     "sendForwardMaxInFlight": ("send_forward_max_in_flight", _int(0, 1 << 20)),
+    # Timer messages (README "Timer messages", broker/store/timer.py): the
+    # furthest delivery time accepted, the rounding of delivery times (up,
+    # never early), and how many pending timers the master keeps in memory.
+    "timerMaxDelaySec": ("timer_max_delay_sec", _int(1, 10 * 365 * 86400)),
+    "timerPrecisionMs": ("timer_precision_ms", _int(1, 60000)),
+    "timerMaxInMemory": ("timer_max_in_memory", _int(1, 1 << 26)),
 }
 # Every key some part of ledgermq parses (for "did you mean").
 PARSED_KEYS = (frozenset(KEYS) | frozenset(REPLICATION_KEYS) | frozenset(METRICS_KEYS) | frozenset(LIMIT_KEYS)
@@ -198,6 +204,9 @@ class BrokerConfig:
     send_forward_window_ms: int = 60000  # twice a Java client's 30 s route poll; 0: refuse as a slave at once
     send_forward_hold_ms: int = 1000  # well inside a producer's default 3 s send timeout, so it can retry
     send_forward_max_in_flight: int = 4096
+    timer_max_delay_sec: int = 3 * 86400  # RocketMQ's default: 3 days
+    timer_precision_ms: int = 10
+    timer_max_in_memory: int = 200_000  # about 350 bytes each
     # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
     # (to the name servers), and the limits against hostile clients.
     tls: ServerTls = ServerTls()

@@ -64,7 +64,7 @@ NOT_IMPLEMENTED = frozenset({
     "enablePopBufferMerge", "enableScheduleMessageStats", "enableLmq", "enableMultiDispatch",
     "metricsGrpcExporterTarget", "metricsGrpcExporterHeader", "metricsLabel", "metricsInDelta",
     "brokerNotActiveTimeoutMillis", "compatibleWithOldNameSrv", "enableDetailStat", "isolateLogEnable",
-    "autoDeleteUnusedStats", "messageStorePlugIn", "maxDelayTime", "timerMaxDelaySec",
+    "autoDeleteUnusedStats", "messageStorePlugIn", "maxDelayTime",
 })
 
 ALL = NO_EFFECT | NOT_IMPLEMENTED
