@@ -9,7 +9,8 @@
 #
 #   rmq_sys_LEDGERMQ_TOPIC_CONFIG        topic.upsert, topic.delete, broker.announce
 #   rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP  group.upsert, group.delete
-#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete, delay.offset
+#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete, delay.offset,
+#                                        timer.done
 #
 # Each op is one ordinary v1 message record (consumequeue/record.py), queue 0,
 # TAGS = the op name, KEYS = the topic or group it is about (so mqadmin's
@@ -23,11 +24,16 @@
 #   {"v":1,"op":"offset.reset","offsetTable":{"T@G":{"0":0}}}           (may move offsets back)
 #   {"v":1,"op":"offset.delete","offsetKeys":["T@G"]}
 #   {"v":1,"op":"delay.offset","offsetTable":{"3":17}}    (delay level -> next offset; only grows)
+#   {"v":1,"op":"timer.done","offsets":[5,9],"batch":[5]}   (timer queue units now done: delivered
+#       or recalled; "batch": the units whose delivered records follow this
+#       record in the same append, in order -- broker/store/timer.py)
 #   {"v":1,"op":"broker.announce","selfId":"n1","brokerAddr":"127.0.0.1:10911"}   (a new leader)
 #   {"v":1,"op":"mq.lock","group":"G","clientId":"C","mqs":[["T",0]],"maxLiveMs":60000}
 #   {"v":1,"op":"mq.unlock","group":"G","clientId":"C","mqs":[["T",0]]}
 #       (orderly consumption's queue locks, on the consumer offset topic: who
 #       gets a contested queue is decided when the record is applied)
+#   pop.ck, pop.ack, pop.change, pop.revive   POP consumption's checkpoints
+#       (broker/metadata/pop.py, on the consumer offset topic)
 #
 # An op that does not decode (unknown op or version, wrong topic, bad field)
 # raises MetadataRecordError.  The applier stops on it rather than skip it:
@@ -37,6 +43,7 @@ import json
 import attrs
 
 from broker.common.values import InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
+from broker.metadata.pop import POP_OPS
 from broker.metadata.tables import MetadataState, SubscriptionGroupConfig, split_offset_key
 from consumequeue.record import LOCALHOST, PROPERTY_KEYS, PROPERTY_TAGS, HostAddr, MessageRecord, encode
 
@@ -277,6 +284,39 @@ class DelayOffsetCommit:
         state.delay_offsets.commit(self.table, index, ts)
 
 
+MAX_TIMER_OFFSETS = 100_000  # units per timer.done record (the service writes at most a batch)
+
+
+def _timer_offsets(value) -> tuple:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_TIMER_OFFSETS:
+        raise InvalidMetadataError(f"timer offsets must be a list of at most {MAX_TIMER_OFFSETS}")
+    for o in value:
+        if isinstance(o, bool) or not isinstance(o, int) or not 0 <= o < 1 << 63:
+            raise InvalidMetadataError(f"bad timer queue offset {o!r}")
+    return tuple(value)
+
+
+@attrs.frozen
+class TimerDone:
+    """Timer queue units delivered or recalled (broker/store/timer.py)."""
+
+    offsets: tuple = attrs.field(converter=_timer_offsets)
+    batch: tuple = attrs.field(default=(), converter=_timer_offsets)
+    OP = "timer.done"
+    TOPIC = CONSUMER_OFFSET_TOPIC
+    subject = None
+
+    def body(self) -> dict:
+        return {"offsets": list(self.offsets), "batch": list(self.batch)}
+
+    @classmethod
+    def from_body(cls, obj: dict) -> "TimerDone":
+        return cls(obj.get("offsets"), obj.get("batch", ()))
+
+    def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
+        state.timer.mark(self.offsets, self.batch, index, ts)
+
+
 def _nonempty_str(_inst, attr, value) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidMetadataError(f"{attr.name} must be a non-empty string, got {value!r}")
@@ -372,7 +412,11 @@ class QueueUnlockBatch:
 
 
 OPS = {cls.OP: cls for cls in (TopicUpsert, TopicDelete, GroupUpsert, GroupDelete, OffsetCommit, OffsetReset,
-                                OffsetDelete, DelayOffsetCommit, BrokerAnnounce, QueueLockBatch, QueueUnlockBatch)}
+                                OffsetDelete, DelayOffsetCommit, BrokerAnnounce, QueueLockBatch, QueueUnlockBatch,
+                                TimerDone)}
+
+
+OPS.update({cls.OP: cls for cls in POP_OPS})
 
 
 def encode_op(op, *, timestamp_ms: int, host: HostAddr = LOCALHOST) -> bytes:

@@ -50,6 +50,7 @@ from broker.metadata.records import (
     QueueLockBatch,
     QueueUnlockBatch,
     TopicDelete,
+    TimerDone,
     TopicUpsert,
     encode_op,
     is_internal_topic,
@@ -171,6 +172,11 @@ class MetadataService:
         """The schedule service's committed next offset of a delay level."""
         return self.state.delay_offsets.get(level)
 
+    @property
+    def timer_progress(self):
+        """The timer service's replicated progress (tables.TimerProgress)."""
+        return self.state.timer
+
     def broker_addr_of(self, self_id: str | None) -> str | None:
         """The broker address a member announced when it last led."""
         return self.state.broker_addrs.get(self_id) if self_id else None
@@ -204,6 +210,9 @@ class MetadataService:
 
     def delay_offset_record(self, table: dict[int, int]) -> bytes:
         return self.encode(DelayOffsetCommit(table))
+
+    def timer_done_record(self, offsets, batch=()) -> bytes:
+        return self.encode(TimerDone(tuple(offsets), tuple(batch)))
 
     async def announce_leader(self, self_id: str, broker_addr: str) -> int:
         """Record this leader's broker address (called by the role gate

@@ -6,6 +6,9 @@
 #   subscriptionGroup.json  {"dataVersion":{..},"subscriptionGroupTable":{"G":{..}},"ledgermqAppliedIndex":N}
 #   consumerOffset.json     {"dataVersion":{..},"offsetTable":{"T@G":{"0":123}},"ledgermqAppliedIndex":N}
 #   delayOffset.json        {"dataVersion":{..},"offsetTable":{"3":17},"ledgermqAppliedIndex":N}
+#   ledgermqTimer.json      {"low":N,"done":[[a,b]],"lastBatch":[..],"lastIndex":I,"dataVersion":{..},
+#                            "ledgermqAppliedIndex":N}   (ours: the timer progress, optional like
+#                            delayOffset.json)
 #
 # topics.json also carries "ledgermqBrokerAddrs" ({selfId: brokerAddr}, the
 # leaders' announcements), consumerOffset.json "ledgermqQueueLocks" (the
@@ -40,10 +43,12 @@ import attrs
 
 from broker.common.values import DataVersion, InvalidMetadataError, TopicConfig
 from broker.metadata import fastjson
+from broker.metadata.pop import PopTable
 from broker.metadata.tables import (
     ConsumerOffsetTable,
     DelayOffsetTable,
     MetadataState,
+    TimerProgress,
     QueueLockTable,
     SubscriptionGroupConfig,
     SubscriptionGroupTable,
@@ -57,11 +62,13 @@ TOPICS_FILE = "topics.json"
 GROUPS_FILE = "subscriptionGroup.json"
 OFFSETS_FILE = "consumerOffset.json"
 DELAY_FILE = "delayOffset.json"
-FILES = (TOPICS_FILE, GROUPS_FILE, OFFSETS_FILE, DELAY_FILE)
-_OPTIONAL = frozenset({DELAY_FILE})
+TIMER_FILE = "ledgermqTimer.json"
+FILES = (TOPICS_FILE, GROUPS_FILE, OFFSETS_FILE, DELAY_FILE, TIMER_FILE)
+_OPTIONAL = frozenset({DELAY_FILE, TIMER_FILE})
 APPLIED_FIELD = "ledgermqAppliedIndex"
 BROKER_ADDRS_FIELD = "ledgermqBrokerAddrs"
 LOCKS_FIELD = "ledgermqQueueLocks"
+POP_FIELD = "ledgermqPopCheckpoints"  # POP consumption (broker/metadata/pop.py)
 
 
 @attrs.frozen
@@ -88,12 +95,15 @@ def render(state: MetadataState) -> dict[str, bytes]:
               APPLIED_FIELD: idx}
     offsets = {"dataVersion": state.offsets.data_version.to_json(),
                "offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in state.offsets.offsets.items()},
-               LOCKS_FIELD: state.locks.to_json(), APPLIED_FIELD: idx}
+               LOCKS_FIELD: state.locks.to_json(), POP_FIELD: state.pop.to_json(),
+               APPLIED_FIELD: idx}
     delays = {"dataVersion": state.delay_offsets.data_version.to_json(),
               "offsetTable": {str(k): v for k, v in sorted(state.delay_offsets.offsets.items())},
               APPLIED_FIELD: idx}
+    timer = {**state.timer.to_json(), APPLIED_FIELD: idx}
     return {TOPICS_FILE: fastjson.dumps(topics).encode(), GROUPS_FILE: fastjson.dumps(groups).encode(),
-            OFFSETS_FILE: fastjson.dumps(offsets).encode(), DELAY_FILE: fastjson.dumps(delays).encode()}
+            OFFSETS_FILE: fastjson.dumps(offsets).encode(), DELAY_FILE: fastjson.dumps(delays).encode(),
+            TIMER_FILE: fastjson.dumps(timer).encode()}
 
 
 # --- writing (blocking; run it in a worker thread) -------------------------
@@ -176,7 +186,8 @@ def _load_delays(obj: dict) -> DelayOffsetTable:
 
 
 _LOADERS = {TOPICS_FILE: ("topics", _load_topics), GROUPS_FILE: ("groups", _load_groups),
-            OFFSETS_FILE: ("offsets", _load_offsets), DELAY_FILE: ("delay_offsets", _load_delays)}
+            OFFSETS_FILE: ("offsets", _load_offsets), DELAY_FILE: ("delay_offsets", _load_delays),
+            TIMER_FILE: ("timer", TimerProgress.from_json)}
 
 
 def load_snapshot(root: str) -> LoadedSnapshot:
@@ -208,6 +219,7 @@ def load_snapshot(root: str) -> LoadedSnapshot:
                 state.broker_addrs = {str(k): str(v) for k, v in addrs.items()}
             if name == OFFSETS_FILE:
                 state.locks = QueueLockTable.from_json(obj.get(LOCKS_FIELD) or [])
+                state.pop = PopTable.from_json(obj.get(POP_FIELD) or [])
         except (ValueError, TypeError, AttributeError, InvalidMetadataError, UnicodeDecodeError) as exc:
             problems.append(f"{path}: {exc}")
             bad.add(name)

@@ -15,6 +15,8 @@
 #
 # Offsets never move backward through a commit; only an explicit reset op
 # (resetOffsetByTime, mqadmin resetOffset) can lower them.
+import bisect
+
 import attrs
 
 from broker.common.values import (
@@ -30,6 +32,7 @@ from broker.common.values import (
     from_camel_json,
     to_camel_json,
 )
+from broker.metadata.pop import PopTable
 
 PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
 TOPIC_GROUP_SEPARATOR = "@"
@@ -186,6 +189,82 @@ class DelayOffsetTable:
         self.data_version = DataVersion(index, 0, timestamp)
 
 
+# --- timer progress (broker/store/timer.py) ----------------------------------
+
+
+@attrs.define
+class TimerProgress:
+    """Which units of the timer topic's queue are done (delivered or
+    recalled): every offset below `low`, and the sorted, disjoint [a, b)
+    ranges in `done` above it (as many ranges as gaps of pending timers,
+    so its size follows the pending timers, not the delivered ones).
+    `last_batch`/`last_index`: the units whose delivered records follow
+    the last timer op at log index `last_index`, in order -- what a new
+    leader checks to finish a batch its predecessor committed only in
+    part.  Replay is idempotent: marking a done unit again changes
+    nothing."""
+
+    low: int = 0
+    done: list = attrs.Factory(list)  # [[a, b), ...] sorted, a > low
+    last_batch: tuple = ()
+    last_index: int = -1
+    data_version: DataVersion = attrs.Factory(DataVersion)
+
+    def is_done(self, offset: int) -> bool:
+        if offset < self.low:
+            return True
+        i = bisect.bisect_right(self.done, offset, key=lambda r: r[0]) - 1
+        return i >= 0 and offset < self.done[i][1]
+
+    def mark(self, offsets, batch, index: int, timestamp: int) -> None:
+        for o in offsets:
+            self._add(o)
+        self.last_batch = tuple(batch)
+        self.last_index = index
+        self.data_version = DataVersion(index, 0, timestamp)
+
+    def _add(self, o: int) -> None:
+        if self.is_done(o):
+            return
+        done = self.done
+        if o == self.low:  # the head moves: fold the first range in when it touches
+            self.low = o + 1
+            if done and done[0][0] == self.low:
+                self.low = done.pop(0)[1]
+            return
+        i = bisect.bisect_right(done, o, key=lambda r: r[0])
+        left = done[i - 1] if i > 0 and done[i - 1][1] == o else None
+        right = done[i] if i < len(done) and done[i][0] == o + 1 else None
+        if left is not None and right is not None:
+            left[1] = right[1]
+            del done[i]
+        elif left is not None:
+            left[1] = o + 1
+        elif right is not None:
+            right[0] = o
+        else:
+            done.insert(i, [o, o + 1])
+
+    def pending_between(self, lo: int, hi: int) -> int:
+        """Units in [lo, hi) not done (stats)."""
+        n = max(0, hi - max(lo, self.low))
+        for a, b in self.done:
+            n -= max(0, min(b, hi) - max(a, lo, self.low))
+        return n
+
+    def to_json(self) -> dict:
+        return {"low": self.low, "done": [list(r) for r in self.done], "lastBatch": list(self.last_batch),
+                "lastIndex": self.last_index, "dataVersion": self.data_version.to_json()}
+
+    @classmethod
+    def from_json(cls, obj) -> "TimerProgress":
+        if not isinstance(obj, dict):
+            raise ValueError("timer progress is not an object")
+        done = [[int(a), int(b)] for a, b in obj.get("done") or []]
+        return cls(int(obj.get("low", 0)), done, tuple(int(o) for o in obj.get("lastBatch") or ()),
+                   int(obj.get("lastIndex", -1)), DataVersion.from_json(obj.get("dataVersion")))
+
+
 @attrs.frozen
 class QueueLock:
     client_id: str
@@ -251,6 +330,8 @@ class MetadataState:
     delay_offsets: DelayOffsetTable = attrs.Factory(DelayOffsetTable)
     broker_addrs: dict[str, str] = attrs.Factory(dict)
     locks: QueueLockTable = attrs.Factory(QueueLockTable)
+    pop: PopTable = attrs.Factory(PopTable)  # POP consumption's checkpoints (pop.py)
+    timer: TimerProgress = attrs.Factory(TimerProgress)
 
     def apply(self, op, index: int, timestamp: int) -> None:
         """Apply one decoded op (broker.metadata.records) committed at
