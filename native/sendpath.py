@@ -4,7 +4,7 @@
 # SendMessageResponseHeader answers -- each in one call per burst.
 #
 # The helpers take only the usual request (plain digits, no DELAY/CLUSTER/
-# TRAN_MSG property, strict JSON...) and decline the rest with a status; a
+# TRAN_MSG/TIMER_* property, strict JSON...) and decline the rest with a status; a
 # declined request goes through the general path in Python
 # (broker.remoting.codec + broker.processors.send), which is therefore the
 # pure-Python twin of everything here: the oracle tests check that whatever

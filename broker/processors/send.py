@@ -70,6 +70,7 @@ from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
 from broker.store.gate import NotWritableError, RoleGate, describe_leader
 from broker.store.schedule import DelayPropertyError, to_schedule
+from broker.store.timer import TIMER_PROPERTIES, TIMER_TOPIC, timer_key, to_timer
 from broker.store.transaction import to_half
 from commitlog.errors import (
     CommitLogError,
@@ -99,7 +100,8 @@ AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET (+ the auto-create template topic)
 NOT_ALLOWED_SEND_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
-    "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", AUTO_CREATE_TOPIC_KEY_TOPIC})
+    "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", AUTO_CREATE_TOPIC_KEY_TOPIC,
+    TIMER_TOPIC})
 PROPERTY_TRAN_MSG = "TRAN_MSG"
 PROPERTY_MSG_REGION = "MSG_REGION"
 PROPERTY_TRACE_SWITCH = "TRACE_ON"
@@ -396,7 +398,7 @@ class SendProcessor:
         general path (see _plain_record)."""
         if text and (text[-1] != "\x02" or text.count("\x01") != text.count("\x02")):
             return None
-        if "DELAY\x01" in text or "CLUSTER\x01" in text:
+        if "DELAY\x01" in text or "CLUSTER\x01" in text or "TIMER_" in text:  # (TIMER_: timer.py)
             return None
         at = 0 if text.startswith(_UNIQ_NAME) else text.find("\x02" + _UNIQ_NAME)
         if at >= 0:
@@ -438,12 +440,15 @@ class SendProcessor:
                 rec = to_schedule(rec, len(self.cfg.message_delay_levels_ms))
             except DelayPropertyError as exc:
                 raise SendError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
-            return [M.encode(rec)], uniq
+            rec = to_timer(rec, store_timestamp, self.cfg)  # TimerMessageError: MESSAGE_ILLEGAL in refusal()
+            return [M.encode(rec)], timer_key(uniq, rec, self.cfg.broker_name)
         # SEND_BATCH_MESSAGE: one record (and one log entry) per message.
         if header.properties.get(PROPERTY_TRAN_MSG, "").lower() == "true" or header.sys_flag & M.TRANSACTION_MASK:
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction")
         if header.properties.get(M.PROPERTY_DELAY, "0").strip() not in ("", "0"):
             raise SendError(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay")
+        if any(p in header.properties for p in TIMER_PROPERTIES):
+            raise SendError(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support timer message")
         # Every message plain: the records in C (send_native.batch_records);
         # else each message's record from wire-form parts when its
         # properties are plain (as _plain_record does for one message), the
@@ -513,6 +518,9 @@ class SendProcessor:
                   PROPERTY_MSG_REGION: DEFAULT_REGION, PROPERTY_TRACE_SWITCH: "true"}
         if uniq is not None:
             fields["transactionId"] = uniq
+            handle = getattr(uniq, "recall_handle", None)  # a timer message's (broker/store/timer.py)
+            if handle is not None:
+                fields["recallHandle"] = handle
         return fields
 
     def _reply(self, request, code, queue_id, ids, queue_offset, uniq, remark=None) -> RemotingCommand:

@@ -376,7 +376,7 @@ static int32_t parse_one(const uint8_t *hdr, int64_t hlen, lmq_send_req *r, uint
         }
         if (props[plen - 1] != 2 || c1 != c2) return LMQ_SEND_PROPS;
         if (find(props, plen, "DELAY\x01", 6) || find(props, plen, "CLUSTER\x01", 8) ||
-            find(props, plen, "TRAN_MSG\x01", 9))
+            find(props, plen, "TRAN_MSG\x01", 9) || find(props, plen, "TIMER_", 6))
             return LMQ_SEND_PROPS;
         const uint8_t *u = NULL;
         if (plen >= 9 && memcmp(props, "UNIQ_KEY\x01", 9) == 0) u = props;
