@@ -133,6 +133,8 @@ POP_MESSAGE = {
     "attemptId": TEXT}
 ACK_MESSAGE = {"consumerGroup": NAME, "topic": NAME, "queueId": INT, "extraInfo": TEXT, "offset": LONG}
 CHANGE_INVISIBLE_TIME = {**ACK_MESSAGE, "invisibleTime": LONG}
+# RECALL_MESSAGE 370 (RecallMessageRequestHeader; broker/processors/recall.py)
+RECALL_MESSAGE = {"producerGroup": NAME, "topic": NAME, "recallHandle": TEXT, "brokerName": BROKER}
 # ledgermq's own (broker/processors/admin_dledger.py, tools/mqadmin/adminapi.py)
 TRANSFER_LEADERSHIP = {"targetId": NAME}
 CHAIN_CRC = {"index": LONG}

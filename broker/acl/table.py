@@ -360,7 +360,9 @@ RULES: dict[int, Rule] = {
     C.ACK_MESSAGE: not_served(),
     C.CHANGE_MESSAGE_INVISIBLETIME: not_served(),
     C.BATCH_ACK_MESSAGE: not_served(),
-    C.RECALL_MESSAGE: not_served(),
+    C.RECALL_MESSAGE: needs("`topic` PUB (the topic the timer message is for); `producerGroup` not DENY'd by name",
+                            _header(_topic_field("topic", PUB), lambda cmd: producer_group(_f(cmd, "producerGroup"))),
+                            F.RECALL_MESSAGE),
     # ledgermq's replication codes: each changes or reveals the replicated
     # log (a learner added at a stranger's address receives all of it).
     C.LEDGERMQ_DLEDGER_STATUS: admin(),

@@ -121,6 +121,8 @@ SAMPLES = {
                          "commitOrRollback": 8, "fromTransactionCheck": "1", "msgId": "m", "transactionId": "m"},
                         b"", ["group:P (ANY)", "topic:Real (PUB)"]),
     C.GET_CONSUMER_LIST_BY_GROUP: ({"consumerGroup": "G"}, b"", ["group:G (SUB)"]),
+    C.RECALL_MESSAGE: ({"producerGroup": "P", "topic": "T", "recallHandle": "djEgVCBiIDEgbQ==", "brokerName": "b"},
+                       b"", ["topic:T (PUB)", "group:P (ANY)"]),
     C.LOCK_BATCH_MQ: ({}, json.dumps({"consumerGroup": "G", "clientId": "c", "mqSet": MQS}).encode(),
                       ["group:G (SUB)", "topic:T (SUB)", "group:G (SUB)"]),
     C.UNLOCK_BATCH_MQ: ({}, json.dumps({"consumerGroup": "G", "clientId": "c", "mqSet": MQS}).encode(),
