@@ -71,6 +71,7 @@ from broker.processors.forward import WriteForwarder
 from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
 from broker.processors.pull import PullProcessor
+from broker.processors.recall import RecallProcessor
 from broker.processors.retry import RetryTopics, SendBackProcessor
 from broker.processors.send import AUTO_CREATE_TOPIC_KEY_TOPIC, SendProcessor
 from broker.remoting.client import RemotingClient, open_remoting_client
@@ -83,6 +84,7 @@ from broker.remoting.server import RemotingServer, RequestDispatcher, serve_remo
 from broker.store.broker_store import BrokerStore, serve_broker_store
 from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
+from broker.store.timer import TimerService
 from broker.store.transaction import TransactionService
 from broker.telemetry.stats import StatsBook
 from commitlog.replica import ReplicaNode
@@ -113,16 +115,18 @@ class Processors:
     transactions: TransactionService
     locks: QueueLockProcessor
     forwarder: WriteForwarder
+    timer: TimerService  # timer messages (broker/store/timer.py) and RECALL_MESSAGE
+    recall: RecallProcessor
 
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
-                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks):
+                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks, self.recall):
             p.register(dispatcher)
 
     def services(self) -> tuple:
         """The background services, each started with `nursery.start(s.run)`."""
-        return self.schedule, self.transactions, self.admin, self.pull
+        return self.schedule, self.transactions, self.admin, self.pull, self.timer
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
@@ -140,7 +144,10 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
     end_transaction = EndTransactionProcessor(send, transactions, clients,
                                               acl.may_check_back if acl is not None else None)
     transactions.check_back = end_transaction.check_back
+    timer = TimerService(bs, config.current)
     return Processors(
+        timer=timer,
+        recall=RecallProcessor(config, bs.gate, bs.metadata, timer),
         end_transaction=end_transaction,
         transactions=transactions,
         locks=QueueLockProcessor(config, bs.metadata),
