@@ -39,6 +39,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError, RequestError
 from broker.remoting.header import HeaderReader
 from broker.store.schedule import to_schedule
+from broker.store.timer import to_timer
 from broker.store.transaction import (
     HALF_TOPIC,
     PROPERTY_PRODUCER_GROUP,
@@ -120,6 +121,7 @@ class EndTransactionProcessor:
             if tran == M.TRANSACTION_COMMIT_TYPE:
                 real = to_schedule(from_half(half, store_timestamp=now, store_host=host),
                                    len(s.cfg.message_delay_levels_ms))
+                real = to_timer(real, now, s.cfg)  # a timer half waits for its time from the commit
                 records.append(M.encode(real))
             records.append(M.encode(op_record(half, store_timestamp=now, store_host=host)))
             s.gate.check_writable()
