@@ -18,6 +18,7 @@ from broker.client import ConsumeFromWhere, ConsumeStatus, Message, open_produce
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.helpers import REPO_ROOT
+from tests.helpers.waiting import eventually
 from tools.bench.broker import create_topic_request
 from tools.brokercluster import open_broker_cluster
 
@@ -55,17 +56,6 @@ def value(samples, name: str, **labels) -> float:
     hits = [v for n, lab, v in samples if n == name and all(lab.get(k) == w for k, w in labels.items())]
     assert hits, f"no sample {name} {labels}"
     return sum(hits)
-
-
-async def eventually(check, timeout: float = 20.0):
-    """check() until it stops raising AssertionError (values the brokers
-    derive from committed state follow it by a few milliseconds)."""
-    with trio.fail_after(timeout):
-        while True:
-            try:
-                return await check()
-            except AssertionError:
-                await trio.sleep(0.2)
 
 
 async def call(cluster, addr: str, code: int, fields: dict | None = None, body: bytes = b""):

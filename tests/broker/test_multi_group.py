@@ -23,6 +23,7 @@ from broker.client import ConsumeFromWhere, ConsumeStatus, Message, SendStatus, 
 from tests.broker.compat.conftest import stock_client  # noqa: F401 (the fixture: the compat venv)
 from tests.broker.compat.stock_client import run_script
 from tests.helpers import REPO_ROOT
+from tests.helpers.waiting import wait_until
 from tools.brokercluster import open_multi_group_cluster
 from tools.mqadmin.adminapi import MQAdmin, NotFoundError
 
@@ -206,8 +207,8 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
             # --- load over both groups, the consumer balancing over all 8 queues -------------
             load = Load(producer, TOPIC)
             nursery.start_soon(load.run)
-            await trio.sleep(2.0)
-            assert load.to("broker-a") and load.to("broker-b")
+            await wait_until(lambda: load.to("broker-a") and load.to("broker-b"), 20,
+                             "acknowledged sends in both groups")
             with trio.fail_after(20):
                 while len([q for q in consumer.assigned_queues() if q.topic == TOPIC]) != 8:
                     await trio.sleep(0.2)
@@ -220,7 +221,12 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
                     "produce.py", [ns, STOCK_TOPIC, "600", "--group", "stock_producers", "--body-prefix", "cpp-"],
                     timeout=120))
             nursery.start_soon(stock_producer)
-            await trio.sleep(0.5)
+
+            async def stock_is_sending():   # the kill lands in the middle of its 600 sends
+                stored = [w["maxOffset"] for addr in (await admin.masters(CLUSTER)).values()
+                          for w in (await admin.topic_stats(addr, STOCK_TOPIC)).values()]
+                return sum(stored) > 0
+            await wait_until(stock_is_sending, 30, "the stock producer's first stored send", interval=0.1)
             a = mc["broker-a"]
             old = await a.wait_master()
             a.kill(old)
@@ -246,15 +252,18 @@ async def test_two_groups_spread_fail_over_and_drain_one(tmp_path):
             out = await mqadmin(ns, "wipeWritePerm", "-b", "broker-b")
             assert out.count("wipe write perm of broker[broker-b]") == 2
             wiped_at = trio.current_time()
-            await trio.sleep(3.0)                          # the producer's next route poll (1 s)
-            assert not load.to("broker-b", after=wiped_at + 2.5)
-            assert load.to("broker-a", after=wiped_at + 2.5)
+
+            def only_to_a():  # after the producer's next route poll (1 s): the time it went to broker-a only
+                tail = [(t, b) for t, b, _ in load.acked if t >= wiped_at][-200:]
+                return len(tail) == 200 and all(b == "broker-a" for _, b in tail) and tail[0][0]
+            stopped_at = await wait_until(only_to_a, 20, "the producer sending to broker-a only")
             with trio.fail_after(40):
                 while (await diff_by_broker(ns)).get("broker-b") != 0:
                     await trio.sleep(0.5)
             # topicList -c (cluster model) finds the consumer group through both groups' masters.
             rows = json.loads(await mqadmin(ns, "topicList", "-c", "--json"))["topics"]
             assert {(r["cluster"], r["topic"]) for r in rows if GROUP in r["groups"]} == {(CLUSTER, TOPIC)}, rows
+            assert not load.to("broker-b", after=stopped_at)   # not one send went back while wiped
             out = await mqadmin(ns, "addWritePerm", "-b", "broker-b")
             assert out.count("add write perm of broker[broker-b]") == 2
             reopened_at = trio.current_time()

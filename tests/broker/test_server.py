@@ -33,6 +33,7 @@ from broker.server import Processors, serve_broker
 from consumequeue import record as M
 from tests.broker.compat.stock_client import StockClientUnavailable, ensure_venv, run_script
 from tests.helpers import REPO_ROOT
+from tests.helpers.waiting import wait_until
 from tools.localcluster import free_ports
 
 pytestmark = pytest.mark.slow
@@ -300,8 +301,10 @@ async def test_failed_registration_round_is_retried_before_the_next_period(tmp_p
         broker = await nursery.start(lambda task_status: serve_broker(
             cfg, bind_host="127.0.0.1", task_status=task_status))
         await broker.gate.wait_writable(timeout=10)
-        await trio.sleep(3)  # the start-up rounds (role and topic changes kick them) have all failed
-        assert broker.registrations and all(isinstance(r, RemotingError) for r in broker.last_results.values())
+        # The start-up rounds (role and topic changes kick them) fail: two
+        # completed rounds, the later one a kick's or the first retry.
+        await wait_until(lambda: broker.registrations >= 2, 10, "two failed registration rounds")
+        assert all(isinstance(r, RemotingError) for r in broker.last_results.values())
         await nursery.start(serve_namesrv, NamesrvConfig(listen_port=ns_port, bind_address="127.0.0.1"))
         async with open_remoting_client() as rc:
             ns = NamesrvClient(rc, f"127.0.0.1:{ns_port}")

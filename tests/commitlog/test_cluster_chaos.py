@@ -22,6 +22,7 @@ import trio
 
 from commitlog.scan import verify_store
 from tests.commitlog import chaos_helpers as chaos
+from tests.helpers.waiting import wait_until
 from tools.localcluster import LocalCluster
 
 SMALL_SEGMENTS = {"mappedFileSizeCommitLog": 256 * 1024, "mappedFileSizeForEntryIndex": 32 * 1024}
@@ -92,10 +93,8 @@ async def _run(cluster: LocalCluster, run: chaos.ChaosRun, chaos_seconds: float)
             # Let the healed group serve the clients for a moment: progress
             # after the last fault is part of what is checked.
             healed_at = trio.current_time()
-            with trio.fail_after(CONVERGE_TIMEOUT):
-                while not any(a.at > healed_at for a in run.acks):
-                    await trio.sleep(0.05)
-            await trio.sleep(0.5)
+            await wait_until(lambda: sum(a.at > healed_at for a in run.acks) >= 10 * CLIENTS, CONVERGE_TIMEOUT,
+                             "acknowledgements after the heal", interval=0.05)
             stop_clients.set()
         # (the nursery waited for the clients' last calls, so every ack is in)
         last = max(a.index for a in run.acks)

@@ -1,15 +1,7 @@
 # Helpers of the feature tests (orderly, transactions, broadcasting, SQL92):
 # waiting in whichever event loop the test runs on, and the order checks.
-import anyio
-
 from broker.client.consumer_api import ConsumerApi
-
-
-async def wait_until(predicate, timeout: float, what: str) -> None:
-    """Until predicate() holds (a test's wait on what consumers did)."""
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.05)
+from tests.helpers.waiting import wait_until
 
 
 async def wait_group_caught_up(observer, group: str, queues, timeout: float = 20.0) -> None:
@@ -19,9 +11,10 @@ async def wait_group_caught_up(observer, group: str, queues, timeout: float = 20
     something did NOT arrive.  On either event loop."""
     offsets = ConsumerApi(observer.instance, group)
     want = {mq: await observer.max_offset(mq) for mq in queues}
-    with anyio.fail_after(timeout):
-        while {mq: await offsets.query_offset(mq) for mq in queues} != want:
-            await anyio.sleep(0.1)
+
+    async def caught_up():
+        return {mq: await offsets.query_offset(mq) for mq in queues} == want
+    await wait_until(caught_up, timeout, f"{group} committed every queue's max offset {want}", interval=0.1)
 
 
 def order_problems(seqs: list[int], n: int) -> list[str]:

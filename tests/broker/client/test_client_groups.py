@@ -25,6 +25,7 @@ from broker.client.consumer_api import ConsumerApi
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.broker.client.helpers import wait_committed
+from tests.helpers.waiting import wait_until
 from tools.brokercluster import open_broker_cluster
 
 pytestmark = pytest.mark.slow
@@ -33,12 +34,6 @@ pytestmark = pytest.mark.slow
 def owned(consumer, topic):
     """The consumer's queues of `topic` (it also owns %RETRY%<group> queues)."""
     return [q for q in consumer.assigned_queues() if q.topic == topic]
-
-
-async def wait_for(predicate, timeout: float, what: str):
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
 
 
 async def test_group_splits_rebalances_commits_and_resumes(tmp_path):
@@ -68,30 +63,30 @@ async def test_group_splits_rebalances_commits_and_resumes(tmp_path):
                     assert r.status is SendStatus.SEND_OK
 
             async with open_push_consumer(group, handler=handler("c1"), **opts) as c1:
-                await wait_for(lambda: len(owned(c1, topic)) == 4, 10, "c1 owns all")
+                await wait_until(lambda: len(owned(c1, topic)) == 4, 10, "c1 owns all")
                 async with open_push_consumer(group, handler=handler("c2"), **opts) as c2:
                     ids = sorted([c1.instance.client_id, c2.instance.client_id])
-                    await wait_for(lambda: len(owned(c1, topic)) == 2 and len(owned(c2, topic)) == 2,
+                    await wait_until(lambda: len(owned(c1, topic)) == 2 and len(owned(c2, topic)) == 2,
                                    10, "split")
                     for c in (c1, c2):
                         assert owned(c, topic) == allocate_averagely(c.instance.client_id, queues, ids)
-                    await wait_for(lambda: b"create" in got["c1"] + got["c2"], 10, "create consumed")
+                    await wait_until(lambda: b"create" in got["c1"] + got["c2"], 10, "create consumed")
                     await send("two", 40)
-                    await wait_for(lambda: sum(b.startswith(b"two-") for b in got["c1"] + got["c2"]) >= 40,
+                    await wait_until(lambda: sum(b.startswith(b"two-") for b in got["c1"] + got["c2"]) >= 40,
                                    15, "two consumed")
                     two = [b for b in got["c1"] + got["c2"] if b.startswith(b"two-")]
                     assert sorted(two) == sorted(f"two-{i}".encode() for i in range(40))  # exactly once
                     assert any(b.startswith(b"two-") for b in got["c1"])
                     assert any(b.startswith(b"two-") for b in got["c2"])
                 # c2 left: the broker's notification makes c1 take every queue
-                await wait_for(lambda: len(owned(c1, topic)) == 4, 10, "c1 takes over")
+                await wait_until(lambda: len(owned(c1, topic)) == 4, 10, "c1 takes over")
                 await send("one", 20)
-                await wait_for(lambda: sum(b.startswith(b"one-") for b in got["c1"]) >= 20, 15, "one consumed")
+                await wait_until(lambda: sum(b.startswith(b"one-") for b in got["c1"]) >= 20, 15, "one consumed")
             # c1 closed and committed: every queue's committed offset is its max offset
             await wait_committed(ConsumerApi(observer.instance, group), observer, queues)
             await send("later", 10)
             async with open_push_consumer(group, handler=handler("c3"), **opts):
-                await wait_for(lambda: len(got["c3"]) >= 10, 15, "c3 resumed")
+                await wait_until(lambda: len(got["c3"]) >= 10, 15, "c3 resumed")
                 # c3 committed every queue's max offset: it consumed all it was going to
                 # (a re-read from an earlier offset would be in got["c3"] before that)
                 await wait_committed(ConsumerApi(observer.instance, group), observer, queues, timeout=20)
@@ -102,7 +97,7 @@ async def test_group_splits_rebalances_commits_and_resumes(tmp_path):
                     "topic": topic, "group": group, "timestamp": 0, "isForce": True})
                 resp = await cluster.remoting.invoke(cluster.addr(master), reset, 10)
                 assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["notifiedClients"] == "1", resp
-                await wait_for(lambda: len(got["c3"]) >= 10 + 71, 15, "c3 re-read everything")
+                await wait_until(lambda: len(got["c3"]) >= 10 + 71, 15, "c3 re-read everything")
             assert set(got["c3"]) == set(got["c1"] + got["c2"]) | {f"later-{i}".encode() for i in range(10)}
 
 

@@ -23,6 +23,7 @@ from broker.client.consumer_api import ConsumerApi
 from broker.client.errors import NotSupportedError
 from broker.remoting.codes import ResponseCode
 from tests.broker.client.cluster_helpers import thread_cluster
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -146,7 +147,7 @@ async def test_send_pull_push_round_trip(cluster, anyio_backend):
                 async def blocked_pull():
                     box["res"] = await pc.pull(mq, top, block=8)
                 nursery.start_soon(blocked_pull)
-                await anyio.sleep(0.3)
+                await anyio.wait_all_tasks_blocked()  # the pull is on the wire, waiting
                 await producer.send(Message(topic, b"wake", tags="W"), selector=lambda qs, m: qs[0])
         assert box["res"].status is PullStatus.FOUND and box["res"].messages[0].body == b"wake"
         assert await pc.fetch_offset(mq) == -1
@@ -193,7 +194,13 @@ async def test_send_pull_push_round_trip(cluster, anyio_backend):
             with anyio.fail_after(10):
                 while len(at_time) < 3:
                     await anyio.sleep(0.05)
-            await anyio.sleep(0.3)
+            # A marker at the end of every queue: anything older than `since`
+            # delivered by mistake comes before it (queues are pulled in order).
+            markers = {f"end-{i}".encode() for i in range(16)}
+            for body in sorted(markers):
+                await producer.send(Message(topic, body), selector=lambda qs, m: qs[int(m.body[4:]) % len(qs)])
+            await wait_until(lambda: markers <= set(at_time), 10, "the end markers")
+    at_time = [b for b in at_time if b not in markers]
     assert sorted(fresh) == sorted(at_time) == [f"new-{i}".encode() for i in range(3)]
 
 

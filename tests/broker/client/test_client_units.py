@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 import trio
+import trio.testing
 
 from broker.client import (
     BrokerUnavailableError,
@@ -87,10 +88,10 @@ async def test_process_queue_commit_offset_and_flow_control():
         woke.append(pq.in_flight)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(puller)
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
         assert woke == []  # 4 in flight: parked
         pq.remove(more[:1])
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
         assert woke == []  # still 3
         pq.remove(more[1:2])
     assert woke == [2]

@@ -37,8 +37,9 @@ from broker.common.subscription import Subscription
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.broker.client.cluster_helpers import thread_cluster
-from tests.broker.client.feature_helpers import order_problems, wait_group_caught_up, wait_until
+from tests.broker.client.feature_helpers import order_problems, wait_group_caught_up
 from tests.helpers import REPO_ROOT
+from tests.helpers.waiting import WaitTimeout, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
@@ -211,7 +212,7 @@ async def test_transactions(cluster, anyio_backend):
     async with open_producer(f"tx_first_{anyio_backend}", namesrv_addr=ns) as plain:
         assert (await plain.send(Message(topic, b"first"))).status is SendStatus.SEND_OK
     async with open_push_consumer(f"tx_c_{anyio_backend}", namesrv_addr=ns, subscriptions={topic: "*"},
-                                  consume_from=FIRST, handler=collector(got)), \
+                                  consume_from=FIRST, handler=collector(got), persist_interval=0.5), \
             open_producer(f"tx_marker_{anyio_backend}", namesrv_addr=ns) as marker, \
             open_transactional_producer(group, namesrv_addr=ns, execute=execute, check=check,
                                         topics=[topic]) as survivor:
@@ -232,9 +233,14 @@ async def test_transactions(cluster, anyio_backend):
         want = {b"first", b"commit", b"unknown", b"orphan", b"killed-orphan"}
         try:  # generous: checks come every transactionCheckInterval (2 s), the machine may be loaded
             await wait_until(lambda: want <= {m.body for m in got}, 60, "commits")
-        except TimeoutError:
-            raise AssertionError(f"delivered {[m.body for m in got]}, checked {checked}") from None
-        await anyio.sleep(2.5)  # a rollback would have shown by now
+        except WaitTimeout as e:
+            raise AssertionError(f"delivered {[m.body for m in got]}, checked {checked}") from e
+        # The barrier a wrongly committed rollback would have to pass: the
+        # check that committed the last half ("killed-orphan") had passed the
+        # rollback's half already (halves are checked in order), and the group
+        # has now consumed every queue up to its max offset.
+        async with open_pull_consumer(f"tx_obs_{anyio_backend}", namesrv_addr=ns) as observer:
+            await wait_group_caught_up(observer, f"tx_c_{anyio_backend}", await observer.fetch_queues(topic))
     bodies = [m.body for m in got if not m.body.startswith(b"marker-")]
     assert sorted(bodies) == [b"commit", b"first", b"killed-orphan", b"orphan", b"unknown"]
     assert seen_during_execute == [False] * 4
@@ -281,8 +287,12 @@ async def test_broadcasting_with_local_offsets(cluster, anyio_backend, tmp_path)
             b_before = len(b)
             async with open_push_consumer(group, handler=collector(b), instance_name="B",
                                           offset_store_dir=str(tmp_path), **opts):
-                await wait_until(lambda: len(b) >= b_before + 10 and len(a) >= 31, 30, "the restart resumes")
-                await anyio.sleep(1)
+                # Every message sent while B was away, each in a queue after B's
+                # saved offset: a re-read of an older one (pulled in offset
+                # order) would have come before them and fails the check below.
+                later = {f"m{i}".encode() for i in range(20, 30)}
+                await wait_until(lambda: later <= {m.body for m in b[b_before:]} and len(a) >= 31, 30,
+                                 "the restart resumes")
     assert sorted(m.body for m in a) == sorted([b"first"] + [f"m{i}".encode() for i in range(30)])
     # B's restart took only what came while it was away
     assert sorted(m.body for m in b[b_before:]) == sorted(f"m{i}".encode() for i in range(20, 30))

@@ -19,11 +19,13 @@ from broker.client import (
     Message,
     MessageSelector,
     open_producer,
+    open_pull_consumer,
     open_push_consumer,
     open_transactional_producer,
 )
 from tests.broker.client.cluster_helpers import thread_cluster
-from tests.broker.client.feature_helpers import order_problems, wait_until
+from tests.broker.client.feature_helpers import order_problems, wait_group_caught_up
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
@@ -98,7 +100,7 @@ async def test_features_across_a_leader_kill(cluster, anyio_backend, tmp_path):
         async with open_push_consumer("fo_ord", namesrv_addr=ns, subscriptions={"FoOrd": "*"}, handler=ordered,
                                       orderly=True, consume_from=FIRST, lock_retry_interval=0.3), \
                 open_push_consumer("fo_txc", namesrv_addr=ns, subscriptions={"FoTx": "*"}, handler=tx_handler,
-                                   consume_from=FIRST), \
+                                   consume_from=FIRST, persist_interval=0.5), \
                 open_push_consumer("fo_bc", namesrv_addr=ns, handler=broadcast("A"), consume_from=FIRST,
                                    subscriptions={"FoSql": MessageSelector.by_sql("parity = 'even'")},
                                    message_model="BROADCASTING", instance_name="A",
@@ -123,7 +125,19 @@ async def test_features_across_a_leader_kill(cluster, anyio_backend, tmp_path):
                              "the open transactions, checked back by the new master")
             want = {f"s{n}".encode() for n in range(0, seq["sql"], 2)}
             await wait_until(lambda: all(want <= set(v) for v in evens.values()), 60, "every even one, twice")
-            await anyio.sleep(2)
+            # The barriers a late wrong delivery would have to pass first: an
+            # even marker at the end of every FoSql queue (an odd message let
+            # through, pulled in offset order, comes before it), and the
+            # rolled-back half checked by the new master, then fo_txc caught
+            # up with every FoTx queue.
+            markers = {f"end-{i}".encode() for i in range(16)}
+            for body in sorted(markers):
+                await p.send(Message("FoSql", body, properties={"parity": "even"}),
+                             selector=lambda qs, m: qs[int(m.body[4:]) % len(qs)])
+            await wait_until(lambda: all(markers <= set(v) for v in evens.values()), 30, "the end markers")
+            await wait_until(lambda: b"rb-open" in answered, 30, "the rolled-back half's check")
+            async with open_pull_consumer("fo_obs", namesrv_addr=ns) as observer:
+                await wait_group_caught_up(observer, "fo_txc", await observer.fetch_queues("FoTx"))
     assert not overlaps, overlaps[:5]
     for k in keys:
         assert not order_problems(consumed[k], 3 * per_phase), (k, str(consumed[k]))
@@ -131,4 +145,5 @@ async def test_features_across_a_leader_kill(cluster, anyio_backend, tmp_path):
     for body in (b"open-1", b"open-2"):
         assert tx_got[body] >= answered[body]  # invisible until the check's commit
     for name, got in evens.items():
-        assert set(got) == want, (name, sorted(set(got) ^ want))  # every even one, no odd one
+        got = set(got) - markers
+        assert got == want, (name, sorted(got ^ want))  # every even one, no odd one

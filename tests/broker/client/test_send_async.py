@@ -75,12 +75,24 @@ async def test_sends_go_out_without_a_task_once_ready(cluster, anyio_backend):
         # an async callback runs in a task of its own, and drain() waits for it
         ended = []
 
+        started, release, drained = anyio.Event(), anyio.Event(), anyio.Event()
+
         async def slow_callback(result, error):
-            await anyio.sleep(0.2)
+            started.set()
+            await release.wait()
             ended.append((result.status, error))
         producer.send_async(Message(topic, b"awaited"), slow_callback)
-        with anyio.fail_after(10):
+
+        async def drain():
             await producer.drain()
+            drained.set()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain)
+                await started.wait()
+                await anyio.wait_all_tasks_blocked()  # drain() had every chance to return
+                assert not drained.is_set() and ended == []
+                release.set()
         assert ended == [(SendStatus.SEND_OK, None)] and tasks == ["finish"]
 
 

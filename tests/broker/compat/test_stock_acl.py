@@ -10,7 +10,8 @@ import trio
 from broker.remoting.client import open_remoting_client
 from tests.broker.acl.test_secure_group import ADMIN, secure_cluster
 from tests.broker.compat.stock_client import run_script
-from tools.mqadmin.adminapi import MQAdmin
+from tests.helpers.waiting import wait_until
+from tools.mqadmin.adminapi import MQAdmin, NotFoundError
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +26,15 @@ async def test_stock_cpp_client_with_session_credentials(tmp_path, stock_client)
         master = await cluster.wait_master()
         ns = cluster.namesrv_addr
         async with open_remoting_client(rpc_hook=ADMIN, tls=tls) as rc:
-            await MQAdmin(rc, ns).create_topic(cluster.addr(master), "Orders", 4, 4, 6, False)
-        await trio.sleep(1.0)
+            admin = MQAdmin(rc, ns)
+            await admin.create_topic(cluster.addr(master), "Orders", 4, 4, 6, False)
+
+            async def routed():  # the stock producer asks the name server once, at its first send
+                try:
+                    return bool((await admin.route("Orders")).queue_datas)
+                except NotFoundError:
+                    return False
+            await wait_until(routed, 30, "the name server's route of Orders")
         creds = ["--access-key", "producer1", "--secret-key", "producer-secret"]
         ok = await run_stock("produce.py", [ns, "Orders", 3, "--group", "PG", *creds], timeout=90)
         assert ok.result["ok"] == 3, (ok.result, ok.log_text[-3000:])

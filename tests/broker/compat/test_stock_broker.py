@@ -31,6 +31,7 @@ from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
 from tests.broker.compat.stock_client import run_script
 from tests.broker.test_server import running_group, wait_group, wait_route
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +55,21 @@ async def query_offsets(rc, addr: str, group: str, topic: str, nq: int) -> dict[
         resp = await rc.invoke(addr, req, 5)
         out[q] = int(resp.ext_fields["offset"]) if resp.code == ResponseCode.SUCCESS else None
     return out
+
+
+async def consumer_online(rc, addr: str, group: str) -> None:
+    """Until the broker at `addr` has a heartbeat of a consumer of `group`
+    (the stock push consumer has started: it heartbeats before its first
+    rebalance and pulls)."""
+    async def online():
+        req = RemotingCommand.create_request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+        resp = await rc.invoke(addr, req, 5)
+        return resp.code == ResponseCode.SUCCESS
+    await wait_until(online, 60, f"a consumer of {group} heartbeating to {addr}", interval=0.1)
+
+
+async def committed_at(rc, addr: str, group: str, topic: str, maxes: dict[int, int]) -> bool:
+    return await query_offsets(rc, addr, group, topic, len(maxes)) == maxes
 
 
 async def max_offsets(rc, addr: str, topic: str, nq: int) -> dict[int, int]:
@@ -110,7 +126,7 @@ async def test_stock_push_consumer_mixed_producers_commits_offsets(tmp_path, sto
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(push)
-            await trio.sleep(3)  # the consumer is (being) started: these go through long polling
+            await consumer_online(rc, master, group)  # started: these go through long polling
             for i in range(n_own):
                 resp = await rc.invoke(master, v2_send(topic, f"own-{i}", i % nq), 10)
                 assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
@@ -122,10 +138,8 @@ async def test_stock_push_consumer_mixed_producers_commits_offsets(tmp_path, sto
         assert len(got) == len(expect), sorted(got)  # exactly once
         maxes = await max_offsets(rc, master, topic, nq)
         assert sum(maxes.values()) == n_stock + n_own
-        with trio.fail_after(15):
-            while (committed := await query_offsets(rc, master, group, topic, nq)) != maxes:
-                await trio.sleep(0.2)
-        assert committed == maxes, (committed, maxes, run.log_text[-4000:])
+        await wait_until(lambda: committed_at(rc, master, group, topic, maxes), 15,
+                         f"{group} committed {maxes} (push log: {run.log_text[-4000:]})", interval=0.2)
 
 
 async def black_hole(port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -162,14 +176,15 @@ async def test_stock_push_consumer_survives_master_kill(tmp_path, stock_client):
         async with trio.open_nursery() as silent:  # the dead master's port, see below
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(push)
-                await trio.sleep(3)
+                await consumer_online(rc, master, group)
                 for i in range(n1):
                     resp = await rc.invoke(master, v2_send(topic, f"b-{i}", i % 4), 10)
                     assert resp.code == ResponseCode.SUCCESS, resp.remark
                 # let the consumer commit (C++ persists offsets every 5 s)
-                with trio.fail_after(30):
-                    while sum((await query_offsets(rc, master, group, topic, 4)).values()) < 4 + n1:
-                        await trio.sleep(0.5)
+                async def committed_before_kill():
+                    return sum((await query_offsets(rc, master, group, topic, 4)).values()) >= 4 + n1
+                await wait_until(committed_before_kill, 30, "the consumer's commit of everything sent so far",
+                                 interval=0.5)
                 dead = node_of[master]
                 os.kill(g.procs[dead].pid, signal.SIGKILL)
                 await g.procs[dead].wait()
@@ -202,9 +217,8 @@ async def test_stock_push_consumer_survives_master_kill(tmp_path, stock_client):
         # the consumer committed to the new master: every queue at its max
         maxes = await max_offsets(rc, new_master, topic, 4)
         assert sum(maxes.values()) == len(expect)
-        with trio.fail_after(15):
-            while (committed := await query_offsets(rc, new_master, group, topic, 4)) != maxes:
-                await trio.sleep(0.2)
+        await wait_until(lambda: committed_at(rc, new_master, group, topic, maxes), 15,
+                         f"{group} committed {maxes} on the new master", interval=0.2)
         # a fresh consumer in the same group starts from those committed
         # offsets (none would mean offset 0, i.e. everything again)
         for i in range(8):

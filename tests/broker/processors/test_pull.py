@@ -33,6 +33,7 @@ from consumequeue import record as M
 from native.hashing import java_hash_str
 from tests.broker.processors.test_send import BORN, processor, v2
 from tests.broker.store.test_gate import Group
+from tests.helpers.waiting import wait_until
 
 TOPIC = "TopicP"
 
@@ -373,13 +374,12 @@ async def test_long_poll_over_tcp_does_not_block_other_requests(tmp_path):
                         1, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=20000), timeout=25))
 
                 nursery.start_soon(held)
-                await trio.sleep(0.3)
+                await wait_until(lambda: p.holds.table.total == 1, 10, "the pull held by the processor")
                 quick = await client.invoke(server.address, pull_req(0), timeout=5)
                 assert quick.code == ResponseCode.SUCCESS and not got
                 assert p.holds.table.total == 1 and p.held_in_tasks == 0
                 assert (await send(leader, b"late", "TagA")).code == ResponseCode.SUCCESS
-                while not got:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: got, 10, "the held pull's answer")
                 assert got[0].code == ResponseCode.SUCCESS
                 assert [r.body for r in records(got[0].body)] == [b"late"]
                 assert got[0].ext_fields["suggestWhichBrokerId"] == "0"

@@ -20,6 +20,7 @@ import trio
 
 import broker.client as client
 from broker.remoting.codes import ResponseCode
+from tests.helpers.waiting import wait_until
 from tools.brokercluster import LocalBrokerCluster
 from tools.mqadmin.adminapi import MQAdmin
 from tools.quickstart import verify_node
@@ -146,8 +147,15 @@ async def test_master_disk_full_refuses_writes_keeps_data_and_recovers(tmp_path)
 
             # 1. at diskMaxUsedSpaceRatio (60 %), with space left: refused, with a clear code and remark
             fill(filler, leave=int(TMPFS_MIB * 2 ** 20 * 0.30))
-            await trio.sleep(0.3)  # the guard re-measures at most every 100 ms while there is room
-            err = await refused(producer)
+
+            async def refusing():  # the guard re-measures at most every 100 ms while there is room
+                try:
+                    await send_all(producer, 1, acked)  # taken before it did: acknowledged like the others
+                except client.SendFailedError as e:
+                    errs = [x for x in e.errors if isinstance(x, client.BrokerError)]
+                    assert errs, e
+                    return errs[-1]
+            err = await wait_until(refusing, 10, "the disk guard refusing writes")
             assert err.code == ResponseCode.SERVICE_NOT_AVAILABLE
             assert "full; writes refused" in err.remark and cluster.store_root("n0") in err.remark, err.remark
 

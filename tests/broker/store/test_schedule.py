@@ -196,8 +196,15 @@ async def test_kill_master_while_delayed_messages_wait(tmp_path):
         with trio.fail_after(30):
             while await max_offset(new) < 8:
                 await trio.sleep(0.2)
-        await trio.sleep(2)  # nothing more arrives: level 1 was not re-delivered
-        assert await max_offset(new) == 8
+        # The barrier a re-delivery of level 1 would pass first: one more
+        # level-1 message, delivered from that level's queue after the ones
+        # the old master had delivered (a queue is delivered in order).
+        resp = await rc.invoke(new, v2(topic=topic, body=b"c0", queue_id=0, props=delayed(1)), 10)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        with trio.fail_after(30):
+            while await max_offset(new) < 9:
+                await trio.sleep(0.2)
+        assert await max_offset(new) == 9
         pull = RemotingCommand.create_request(RequestCode.PULL_MESSAGE, {
             "consumerGroup": "g", "topic": topic, "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,
             "sysFlag": 0x4, "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0})
@@ -208,7 +215,7 @@ async def test_kill_master_while_delayed_messages_wait(tmp_path):
             rec = M.decode(resp.body, off)
             bodies.append(rec.body.decode())
             off += int.from_bytes(resp.body[off:off + 4], "big")
-        assert sorted(bodies) == [f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)]
+        assert sorted(bodies) == [f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)] + ["c0"]
 
 
 def test_delay_offset_snapshot_file(tmp_path):

@@ -11,6 +11,7 @@ import random
 
 import pytest
 import trio
+import trio.testing
 
 from commitlog.config import ConfigError, ReplicationConfig
 from commitlog.node import serve_node
@@ -28,6 +29,7 @@ from commitlog.transport.framing import (
     encode_frame,
 )
 from tests.commitlog.transport.test_tcp import FAST, Node, bind
+from tests.helpers.waiting import wait_until
 
 SECRET = "correct horse battery staple"
 IDS = ("n0", "n1", "n2")
@@ -89,7 +91,7 @@ async def test_a_node_without_the_secret_never_connects(nursery, auth0, auth1, d
         await t0.wait_state(lambda st: dialer_error in (st.peers["n1"].last_error or ""))
         if acceptor_rejects:
             await t1.wait_state(lambda st: st.rejected_connections >= 1)
-    await trio.sleep(0.3)
+    await trio.testing.wait_all_tasks_blocked()  # both sides done with that attempt
     assert not t0.connected_peers() and not t1.connected_peers()
 
 
@@ -191,7 +193,12 @@ async def test_a_stranger_cannot_move_term_leader_or_log(tmp_path):
         follower = next(i for i in IDS if i != leader and i != "n0")  # "n0" dials it: a valid claim
         seen = await stranger_attack(ports[follower], follower, "n0", term, end)
         assert seen[0] == "HELLO_OK" and "DATA" not in seen  # challenged, never talked to as a member
-        await trio.sleep(1.0)  # ten heartbeat intervals for anything to have taken effect
+        # What the stranger sent was stepped or dropped by the time the
+        # follower turned it away, and every task has run since: a moved term,
+        # leader or log shows in the snapshot now.
+        await wait_until(lambda: nodes[follower].transport.rejected_connections >= 1, 10,
+                         "the follower turning the stranger away")
+        await trio.testing.wait_all_tasks_blocked()
         assert snapshot(nodes) == before
         assert nodes[follower].transport.rejected_connections >= 1
         # The group still works: the members' own connections were never displaced.

@@ -9,6 +9,7 @@ import socket
 
 import pytest
 import trio
+import trio.testing
 
 from commitlog.transport import (
     FrameError,
@@ -516,7 +517,7 @@ async def test_a_sink_takes_messages_from_the_reader_and_can_hold_it_back():
         for i in range(4):
             assert n0.send("n1", b"m%d" % i)
         await received(3)
-        await trio.sleep(0.2)  # the reader is parked on `hold`: nothing more is taken
+        await trio.testing.wait_all_tasks_blocked()  # the reader is parked on `hold`: nothing more is taken
         assert got[1:] == [("n0", b"m0"), ("n0", b"m1")]
         hold.set()
         with trio.fail_after(5):
