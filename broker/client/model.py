@@ -18,6 +18,7 @@ from broker.common.values import InvalidMetadataError, check_topic_name
 from consumequeue import record as M
 
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_MIN_OFFSET = "MIN_OFFSET"
 PROPERTY_MAX_OFFSET = "MAX_OFFSET"
@@ -48,7 +49,9 @@ class Message:
     """A message to send.  `keys` are index keys (QUERY_MESSAGE finds the
     message by each); `properties` are user properties; `delay_level` n > 0
     delivers it after the broker's n-th messageDelayLevel (1 s, 5 s, 10 s,
-    30 s, 1 min, ...)."""
+    30 s, 1 min, ...); `deliver_at_ms` (epoch ms) delivers it at that time
+    (a timer message, TIMER_DELIVER_MS: its SendResult carries the
+    recall_handle Producer.recall takes)."""
 
     topic: str
     body: bytes = attrs.field(converter=bytes)
@@ -58,6 +61,7 @@ class Message:
     flag: int = 0
     wait_store_msg_ok: bool = True
     delay_level: int = 0
+    deliver_at_ms: int | None = None
 
     def check(self, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         """Validators.checkMessage: raises InvalidMessageError."""
@@ -75,6 +79,9 @@ class Message:
             raise InvalidMessageError(f"the message body is {len(self.body)} bytes, over the {max_size} limit")
         if isinstance(self.delay_level, bool) or not isinstance(self.delay_level, int) or self.delay_level < 0:
             raise InvalidMessageError(f"delay_level must be an int >= 0, not {self.delay_level!r}")
+        if self.deliver_at_ms is not None and (isinstance(self.deliver_at_ms, bool)
+                                               or not isinstance(self.deliver_at_ms, int) or self.deliver_at_ms < 0):
+            raise InvalidMessageError(f"deliver_at_ms must be an int >= 0 (epoch ms), not {self.deliver_at_ms!r}")
         for name in self.properties:
             if name in RESERVED_PROPERTIES:
                 raise InvalidMessageError(f"property {name!r} is reserved; use the Message field instead")
@@ -88,6 +95,8 @@ class Message:
             props[M.PROPERTY_KEYS] = M.KEY_SEPARATOR.join(self.keys)
         if self.delay_level:
             props[M.PROPERTY_DELAY] = str(self.delay_level)
+        if self.deliver_at_ms is not None:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_at_ms)
         if not self.wait_store_msg_ok:
             props[PROPERTY_WAIT_STORE_MSG_OK] = "false"
         if uniq_key:
@@ -220,13 +229,14 @@ class SendResult:
     queue: MessageQueue
     queue_offset: int
     region_id: str | None = None
+    recall_handle: str | None = None  # a timer message's: what Producer.recall takes
 
 
 _SEND_RESULT_SETTERS = tuple(SendResult.__dict__[f.name].__set__ for f in attrs.fields(SendResult))
 
 
 def send_result(status: SendStatus, msg_id: str, offset_msg_id: str, queue: MessageQueue, queue_offset: int,
-                region_id: str | None) -> SendResult:
+                region_id: str | None, recall_handle: str | None = None) -> SendResult:
     """SendResult(...) without the frozen class's per-field __setattr__
     (a SendResult per send: the slots' own setters cost a third)."""
     r = object.__new__(SendResult)
@@ -237,6 +247,7 @@ def send_result(status: SendStatus, msg_id: str, offset_msg_id: str, queue: Mess
     s[3](r, queue)
     s[4](r, queue_offset)
     s[5](r, region_id)
+    s[6](r, recall_handle)
     return r
 
 

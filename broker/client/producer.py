@@ -26,6 +26,7 @@
 # send_async() make their first attempt inline when nothing has to wait
 # (cached route, current heartbeat, open connection) and hand a failed one
 # to _send, which makes the rest exactly as for any other send.
+import base64
 import itertools
 import logging
 import math
@@ -161,6 +162,23 @@ class Producer:
         _uniq, req = self._request(msg)
         await self._send(msg.topic, msg, lambda mq: self._for_queue(req, mq, RequestCode.SEND_MESSAGE_V2),
                          None, selector, timeout)
+
+    async def recall(self, topic: str, recall_handle: str, *, timeout: float | None = None) -> str:
+        """RECALL_MESSAGE: cancel a timer message before it is delivered
+        (`recall_handle` from its SendResult).  Returns the message id;
+        raises BrokerError when the broker refuses (delivered already,
+        unknown, a handle for another topic)."""
+        if self.closed:
+            raise ClientClosedError("the producer is closed")
+        broker_name = _handle_broker(recall_handle)
+        timeout = self.send_timeout if timeout is None else timeout
+        deadline = anyio.current_time() + timeout
+        route = await self.instance.wait_route(topic, lambda r: r.master(broker_name) is not None, deadline)
+        addr = route.master(broker_name)
+        request = RemotingCommand.create_request(RequestCode.RECALL_MESSAGE, {
+            "producerGroup": self.group, "topic": topic, "recallHandle": recall_handle, "brokerName": broker_name})
+        resp = await self.instance.invoke(addr, request, max(0.0, deadline - anyio.current_time()))
+        return resp.ext_fields.get("msgId", "")
 
     async def send_batch(self, msgs: Sequence[Message], *, selector: Selector | None = None,
                          timeout: float | None = None) -> list[SendResult]:
@@ -369,7 +387,7 @@ class Producer:
             MessageQueue(mq.topic, mq.broker_name, int(queue_id))
         offset = int(f.get("queueOffset", -1))
         return send_result(_STATUS[resp.code], uniq, f.get("msgId") or "", queue, offset if offset >= 0 else -1,
-                           f.get("MSG_REGION"))
+                           f.get("MSG_REGION"), f.get("recallHandle"))
 
     def _choose(self, route: TopicRoute, msg: Message, selector: Selector | None, bad: set[str],
                 last_broker: str | None) -> MessageQueue:
@@ -450,6 +468,17 @@ class Producer:
             bad.add(e.addr)
         if not isinstance(e, BrokerBusyError):
             await self.instance.refresh_route(topic, route.version if route is not None else None)
+
+
+def _handle_broker(handle: str) -> str:
+    """The broker name a recall handle (base64url of "v1 topic broker ts id") names."""
+    try:
+        raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode("utf-8").split(" ")
+    except (ValueError, TypeError):
+        raw = []
+    if len(raw) < 5 or raw[0] != "v1":
+        raise InvalidMessageError("recall handle is invalid")
+    return raw[2]
 
 
 def hash_selector(sharding_key) -> Selector:
