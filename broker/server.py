@@ -70,6 +70,8 @@ from broker.processors.end_transaction import EndTransactionProcessor
 from broker.processors.forward import WriteForwarder
 from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
+from broker.processors.pop import PopProcessor
+from broker.processors.pop_revive import PopReviveService
 from broker.processors.pull import PullProcessor
 from broker.processors.recall import RecallProcessor
 from broker.processors.retry import RetryTopics, SendBackProcessor
@@ -117,16 +119,19 @@ class Processors:
     forwarder: WriteForwarder
     timer: TimerService  # timer messages (broker/store/timer.py) and RECALL_MESSAGE
     recall: RecallProcessor
+    pop: PopProcessor  # POP consumption (broker/processors/pop.py)
+    pop_revive: PopReviveService
 
 
     def register(self, dispatcher: RequestDispatcher) -> None:
         for p in (self.send, self.send_back, self.pull, self.clients, self.offsets, self.admin,
-                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks, self.recall):
+                  self.admin_clients, self.admin_dledger, self.end_transaction, self.locks, self.recall,
+                  self.pop):
             p.register(dispatcher)
 
     def services(self) -> tuple:
         """The background services, each started with `nursery.start(s.run)`."""
-        return self.schedule, self.transactions, self.admin, self.pull, self.timer
+        return self.schedule, self.transactions, self.admin, self.pull, self.timer, self.pop_revive
 
 
 def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
@@ -145,7 +150,11 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
                                               acl.may_check_back if acl is not None else None)
     transactions.check_back = end_transaction.check_back
     timer = TimerService(bs, config.current)
+    # POP: the revive service hooks itself to the processor (new checkpoints wake it).
+    pop = PopProcessor(config, bs)
     return Processors(
+        pop=pop,
+        pop_revive=PopReviveService(config, bs, pop),
         timer=timer,
         recall=RecallProcessor(config, bs.gate, bs.metadata, timer),
         end_transaction=end_transaction,

@@ -183,6 +183,20 @@ def _locks(cmd: RemotingCommand, _lookup) -> list[Resource]:
     return out
 
 
+def _batch_ack(cmd: RemotingCommand, _lookup) -> list[Resource]:
+    data = _json_object(cmd, "BatchAckMessageRequestBody")
+    acks = data.get("acks") or []
+    if not isinstance(acks, list) or not all(isinstance(a, dict) for a in acks):
+        raise Unreadable("BatchAckMessageRequestBody: acks must be a list of objects")
+    out: list[Resource] = []
+    for a in acks:
+        t, g = a.get("t", a.get("topic")), a.get("c", a.get("consumerGroup"))
+        if not isinstance(t, str) or not t or not isinstance(g, str) or not g:
+            raise Unreadable("BatchAckMessageRequestBody: an ack without its topic and group")
+        out += topic(t, SUB) + group(g)
+    return list(dict.fromkeys(out))
+
+
 def _offset(cmd: RemotingCommand, name: str) -> int:
     text = _f(cmd, name)
     if text is None or not F.value_fits(F.LONG, text):
@@ -257,6 +271,7 @@ _SEND = "topic PUB (a `%RETRY%G` topic: group G SUB)"
 _TOPIC_SUB = "topic SUB"
 _OFFSETS = "group SUB, topic SUB"
 _GROUP_SUB = "group SUB"
+_POP = "topic SUB, group SUB (as PULL_MESSAGE)"
 
 RULES: dict[int, Rule] = {
     C.SEND_MESSAGE: needs(_SEND, _header(_topic_field("topic", PUB)), F.SEND),
@@ -356,10 +371,11 @@ RULES: dict[int, Rule] = {
     C.SET_MESSAGE_REQUEST_MODE: not_served(),
     C.GET_BROKER_MEMBER_GROUP: not_served(),
     C.BROKER_HEARTBEAT: not_served(),
-    C.POP_MESSAGE: not_served(),
-    C.ACK_MESSAGE: not_served(),
-    C.CHANGE_MESSAGE_INVISIBLETIME: not_served(),
-    C.BATCH_ACK_MESSAGE: not_served(),
+    C.POP_MESSAGE: needs(_POP, _header(_topic_field("topic", SUB), _group_field("consumerGroup")), F.POP_MESSAGE),
+    C.ACK_MESSAGE: needs(_POP, _header(_topic_field("topic", SUB), _group_field("consumerGroup")), F.ACK_MESSAGE),
+    C.CHANGE_MESSAGE_INVISIBLETIME: needs(_POP, _header(_topic_field("topic", SUB), _group_field("consumerGroup")),
+                                          F.CHANGE_INVISIBLE_TIME),
+    C.BATCH_ACK_MESSAGE: needs("topic SUB and group SUB of each ack (body)", _batch_ack, F.NONE),
     C.RECALL_MESSAGE: needs("`topic` PUB (the topic the timer message is for); `producerGroup` not DENY'd by name",
                             _header(_topic_field("topic", PUB), lambda cmd: producer_group(_f(cmd, "producerGroup"))),
                             F.RECALL_MESSAGE),

@@ -36,6 +36,7 @@ from broker.client.model import (
                                   SendResult,
                                   SendStatus,
 )
+from broker.client.pop import PopClient, PopMessage, PopResult, PopStatus, open_pop_client
 from broker.client.producer import Producer, open_producer
 from broker.client.pull_consumer import PullConsumer, open_pull_consumer
 from broker.client.push_consumer import PushConsumer, PushOptions, open_push_consumer
@@ -58,4 +59,5 @@ __all__ = [
     "SendResult", "SendStatus", "SubscriptionError", "SystemError_", "TopicNotExistError", "allocate_averagely",
     "open_producer", "open_pull_consumer", "open_push_consumer", "LocalTransactionState", "MessageModel",
     "TransactionSendResult", "TransactionalProducer", "open_transactional_producer",
+    "PopClient", "PopMessage", "PopResult", "PopStatus", "open_pop_client",
 ]
