@@ -10,6 +10,8 @@
 # typed RequestInvalid with the Code RocketMQ's proxy answers.  A stored
 # record becomes a gRPC Message with its body decompressed (IDENTITY) and
 # body_digest the MD5 in uppercase hex, which the Python client checks.
+import base64
+import binascii
 import hashlib
 import time
 import zlib
@@ -60,6 +62,7 @@ class Outgoing:
     extra_properties: dict
     message_group: str | None
     transactional: bool
+    deliver_ms: int | None = None
 
 
 def check_topic(name: str) -> str:
@@ -127,8 +130,29 @@ def outgoing(msg, max_body_size: int, now_ms: int | None = None) -> Outgoing:
     if transactional:
         extra[PROPERTY_TRANSACTION_PREPARED] = "true"
         extra[PROPERTY_PRODUCER_GROUP] = topic_name
+    deliver_ms = int(extra[PROPERTY_TIMER_DELIVER_MS]) if PROPERTY_TIMER_DELIVER_MS in extra else None
     return Outgoing(topic_name, bytes(msg.body), sp.message_id, tag, tuple(sp.keys), dict(msg.user_properties), extra,
-                    group, transactional)
+                    group, transactional, deliver_ms)
+
+
+def recall_handle(topic: str, broker_name: str, deliver_ms: int, message_id: str) -> str:
+    """RocketMQ's RecallMessageHandle v1: base64url of "v1 topic brokerName
+    timestamp messageId" (what the broker's RECALL_MESSAGE decodes)."""
+    raw = " ".join(("v1", topic, broker_name, str(deliver_ms), message_id))
+    return base64.urlsafe_b64encode(raw.encode()).decode("ascii")
+
+
+def recall_broker(handle: str) -> str:
+    """The broker a recall handle names; RequestInvalid if it is not one."""
+    try:
+        if not handle or len(handle) > 1024:
+            raise ValueError
+        items = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode("utf-8").split(" ")
+        if items[0] != "v1" or len(items) < 5 or not items[2]:
+            raise ValueError
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise RequestInvalid(pb.Code.BAD_REQUEST, "recall handle is invalid") from None
+    return items[2]
 
 
 def _host(addr: M.HostAddr) -> str:

@@ -25,11 +25,10 @@
 # (maxTransactionRecords, oldest forgotten first), for EndTransaction; an
 # unknown id is INVALID_TRANSACTION_ID and the broker's check resolves it.
 #
-# POP consumption (ReceiveMessage, AckMessage, ChangeInvisibleDuration,
-# ForwardMessageToDeadLetterQueue) and RecallMessage need the brokers'
-# POP_MESSAGE / ACK_MESSAGE / CHANGE_MESSAGE_INVISIBLETIME and
-# RECALL_MESSAGE codes; until they are served they answer NOT_IMPLEMENTED,
-# saying so.
+# Consuming (ReceiveMessage, AckMessage, ChangeInvisibleDuration,
+# ForwardMessageToDeadLetterQueue) is consume.py's, on the brokers' POP
+# codes.  RecallMessage is RECALL_MESSAGE 370 to the master of the broker
+# the recall handle names (a timer send's entry carries the handle).
 import asyncio
 import collections
 import itertools
@@ -47,7 +46,8 @@ from broker.common.msgid import parse_offset_msg_id
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.proxy import auth, pb
 from broker.proxy.config import ProxyConfig
-from broker.proxy.convert import RequestInvalid, check_topic, outgoing, to_grpc_message
+from broker.proxy.consume import ConsumeRpcs
+from broker.proxy.convert import RequestInvalid, check_topic, outgoing, recall_broker, recall_handle, to_grpc_message
 from broker.proxy.status import from_client_error, ok, status
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -63,7 +63,6 @@ RECEIVE_BATCH_SIZE = 32
 MAX_RECONSUME_TIMES = 16  # a group's retryMaxTimes; max_attempts is one more
 # RocketMQ's messageDelayLevel from level 3 on: what a concurrent consumer's retries wait.
 RETRY_BACKOFF_S = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
-POP_NOT_SERVED = "POP consumption is not served by the brokers yet (POP_MESSAGE 200050 and its codes)"
 
 
 @attrs.define(eq=False)
@@ -74,6 +73,7 @@ class Session:
     topics: tuple[str, ...]
     group: str | None
     outbox: asyncio.Queue
+    fifo: bool = False
     started: float = attrs.field(factory=time.monotonic)
 
 
@@ -99,7 +99,7 @@ def _peer_ip(context) -> str | None:
     return None
 
 
-class MessagingService(pb.service_grpc.MessagingServiceServicer):
+class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
     def __init__(self, cfg: ProxyConfig, instance: ClientInstance, tasks, rules: AclRules | None) -> None:
         self.cfg = cfg
         self.inst = instance
@@ -130,6 +130,10 @@ class MessagingService(pb.service_grpc.MessagingServiceServicer):
             return from_client_error(e)
         log.exception("request failed", exc_info=e)
         return status(pb.Code.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}")
+
+    @staticmethod
+    def _client_id(context) -> str:
+        return _metadata(context).get("x-mq-client-id", "")
 
     def _endpoints(self, request_endpoints):
         if request_endpoints is not None and request_endpoints.addresses:
@@ -285,20 +289,27 @@ class MessagingService(pb.service_grpc.MessagingServiceServicer):
             ak = self._authorize(context, [r for t in topics for r in auth.consume_resources(t, group)] or
                                  auth.consume_resources(None, group))
             sub = reply.subscription
-            sub.fifo = False
+            fifo = bool(topics) and await self._fifo(topics[0], group)
+            sub.fifo = fifo
             sub.receive_batch_size = RECEIVE_BATCH_SIZE
             sub.long_polling_timeout.FromMilliseconds(self.cfg.long_polling_timeout_ms)
             reply.backoff_policy.Clear()
             reply.backoff_policy.max_attempts = MAX_RECONSUME_TIMES + 1
-            for s in RETRY_BACKOFF_S:
-                reply.backoff_policy.customized_backoff.next.add(seconds=s)
+            if fifo:  # an orderly group retries in place, soon
+                reply.backoff_policy.exponential_backoff.initial.FromMilliseconds(1000)
+                reply.backoff_policy.exponential_backoff.max.FromMilliseconds(60_000)
+                reply.backoff_policy.exponential_backoff.multiplier = 2.0
+            else:
+                for s in RETRY_BACKOFF_S:
+                    reply.backoff_policy.customized_backoff.next.add(seconds=s)
         else:
             raise RequestInvalid(pb.Code.UNRECOGNIZED_CLIENT_TYPE,
                                  f"client type {D.ClientType.Name(ctype) if ctype in D.ClientType.values() else ctype} "
                                  f"is not served")
         if client_id not in self.sessions and len(self.sessions) >= self.cfg.max_clients:
             raise RequestInvalid(pb.Code.TOO_MANY_REQUESTS, f"the proxy serves {self.cfg.max_clients} clients at most")
-        self.sessions[client_id] = Session(client_id, ctype, ak, topics, group, outbox)
+        self.sessions[client_id] = Session(client_id, ctype, ak, topics, group, outbox,
+                                           fifo=ctype != pb.ClientType.PRODUCER and reply.subscription.fifo)
         if ctype == pb.ClientType.PRODUCER and topics:
             await self._declare_producer(topics)
         return S.TelemetryCommand(status=ok(), settings=reply)
@@ -356,13 +367,15 @@ class MessagingService(pb.service_grpc.MessagingServiceServicer):
                 selector=hash_selector(o.message_group) if o.message_group else None)
         except Exception as e:
             return S.SendResultEntry(status=self._refusal(e), message_id=o.message_id)
-        tx_id = ""
+        tx_id, recall = "", ""
+        if o.deliver_ms is not None:
+            recall = recall_handle(o.topic, result.queue.broker_name, o.deliver_ms, o.message_id)
         if o.transactional:
             tx_id = o.message_id
             _host, phy = parse_offset_msg_id(result.offset_msg_id)
             self._remember(o.topic, tx_id, TxRecord(result.queue.broker_name, None, result.queue_offset, phy))
         return S.SendResultEntry(status=ok(), message_id=o.message_id, transaction_id=tx_id,
-                                 offset=result.queue_offset)
+                                 offset=result.queue_offset, recall_handle=recall)
 
     def _remember(self, topic: str, tx_id: str, rec: TxRecord) -> None:
         self.tx[(topic, tx_id)] = rec
@@ -438,41 +451,25 @@ class MessagingService(pb.service_grpc.MessagingServiceServicer):
         session.outbox.put_nowait(command)
         self.checks_pushed += 1
 
-    # --- consuming (POP) --------------------------------------------------------------------
-
-    async def ReceiveMessage(self, request, context):
-        try:
-            topic = check_topic(request.message_queue.topic.name)
-            self._authorize(context, auth.consume_resources(topic, request.group.name))
-            raise RequestInvalid(pb.Code.NOT_IMPLEMENTED, POP_NOT_SERVED)
-        except Exception as e:
-            yield S.ReceiveMessageResponse(status=self._refusal(e))
-
-    async def AckMessage(self, request, context):
-        try:
-            self._authorize(context, auth.consume_resources(check_topic(request.topic.name), request.group.name))
-            raise RequestInvalid(pb.Code.NOT_IMPLEMENTED, POP_NOT_SERVED)
-        except Exception as e:
-            return S.AckMessageResponse(status=self._refusal(e))
-
-    async def ChangeInvisibleDuration(self, request, context):
-        try:
-            self._authorize(context, auth.consume_resources(check_topic(request.topic.name), request.group.name))
-            raise RequestInvalid(pb.Code.NOT_IMPLEMENTED, POP_NOT_SERVED)
-        except Exception as e:
-            return S.ChangeInvisibleDurationResponse(status=self._refusal(e))
-
-    async def ForwardMessageToDeadLetterQueue(self, request, context):
-        try:
-            self._authorize(context, auth.consume_resources(check_topic(request.topic.name), request.group.name))
-            raise RequestInvalid(pb.Code.NOT_IMPLEMENTED, POP_NOT_SERVED)
-        except Exception as e:
-            return S.ForwardMessageToDeadLetterQueueResponse(status=self._refusal(e))
+    # --- timer messages ---------------------------------------------------------------------
 
     async def RecallMessage(self, request, context):
         try:
-            self._authorize(context, auth.publish_resources(check_topic(request.topic.name)))
-            raise RequestInvalid(pb.Code.NOT_IMPLEMENTED, "RECALL_MESSAGE 370 is not served by the brokers yet")
+            topic = check_topic(request.topic.name)
+            self._authorize(context, auth.publish_resources(topic))
+            broker_name = recall_broker(request.recall_handle)
+            route = await self._route(topic)
+            addr = route.master(broker_name) if broker_name in route.brokers else None
+            if addr is None:
+                raise RequestInvalid(pb.Code.BAD_REQUEST, "recall handle names no broker of the topic's route")
+            req = RemotingCommand.create_request(RequestCode.RECALL_MESSAGE, {
+                "producerGroup": topic, "topic": topic, "recallHandle": request.recall_handle,
+                "brokerName": broker_name})
+            resp = await self.inst.invoke(addr, req, ok=None)
+            if resp.code != ResponseCode.SUCCESS:
+                code = pb.Code.TOPIC_NOT_FOUND if resp.code == ResponseCode.TOPIC_NOT_EXIST else pb.Code.BAD_REQUEST
+                raise RequestInvalid(code, resp.remark or "recall failed")
+            return S.RecallMessageResponse(status=ok(), message_id=resp.ext_fields.get("msgId", ""))
         except Exception as e:
             return S.RecallMessageResponse(status=self._refusal(e))
 

@@ -10,6 +10,7 @@
 #   FLUSH_SLAVE_TIMEOUT 12             -> SLAVE_PERSISTENCE_TIMEOUT 50402
 #   SLAVE_NOT_AVAILABLE 11             -> HA_NOT_AVAILABLE 50002
 #   a timeout                          -> PROXY_TIMEOUT 50400
+#   REQUEST_CODE_NOT_SUPPORTED 3       -> NOT_IMPLEMENTED 50100
 #   SUBSCRIPTION_* 23..26              -> CONSUMER_GROUP_NOT_FOUND 40403 / ILLEGAL_FILTER_EXPRESSION 40010
 #   anything else                      -> INTERNAL_SERVER_ERROR 50001
 # A send that failed every attempt is judged by its last attempt's error.
@@ -22,6 +23,7 @@ from broker.client.errors import (
     MessageIllegalError,
     NoPermissionError,
     NoRouteError,
+    NotSupportedError,
     RequestTimeoutError,
     SendFailedError,
     TopicNotExistError,
@@ -62,6 +64,8 @@ def from_client_error(e: ClientError):
         return status(pb.Code.BAD_REQUEST, text)
     if isinstance(e, BrokerBusyError):
         return status(pb.Code.TOO_MANY_REQUESTS, text)
+    if isinstance(e, NotSupportedError):
+        return status(pb.Code.NOT_IMPLEMENTED, text)
     if isinstance(e, RequestTimeoutError):
         return status(pb.Code.PROXY_TIMEOUT, text)
     if isinstance(e, BrokerError) and e.code in _BY_RESPONSE:

@@ -19,7 +19,7 @@ from tests.broker.proxy.proxy_helpers import INNER, OWNER, READER, metadata, pro
 S = pb.service
 D = pb.definition
 T = pb.MessageType
-TOPICS = ("Orders", "Fifo", "Timed", "Tx", "TxCheck", "Big")
+TOPICS = ("Orders", "Fifo", "Timed", "Tx", "TxCheck", "Big", "Pop")
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +173,15 @@ def test_send_normal_fifo_and_timed_reach_the_store(env):
     r = env.stub.SendMessage(send_request("Timed", b"t1", mtype=T.DELAY, deliver_ms=at), metadata=metadata(),
                              timeout=10)
     assert r.status.code == pb.Code.OK, r.status
+    handle = r.entries[0].recall_handle
+    assert handle
+    recall = S.RecallMessageRequest(recall_handle=handle)
+    recall.topic.name = "Timed"
+    rr = env.stub.RecallMessage(recall, metadata=metadata(), timeout=10)
+    assert rr.status.code == pb.Code.OK and rr.message_id == r.entries[0].message_id, rr
+    assert env.stub.RecallMessage(recall, metadata=metadata(), timeout=10).status.code == pb.Code.BAD_REQUEST  # gone
+    recall.recall_handle = "not-a-handle"
+    assert env.stub.RecallMessage(recall, metadata=metadata(), timeout=10).status.code == pb.Code.BAD_REQUEST
     (m,) = read_back(env, "Orders", 1)
     assert m.body == b"n1" and m.tags == "TagA" and m.properties["k"] == "v"
     assert m.properties["UNIQ_KEY"] == next(iter(sent))  # the client's message id is the UNIQ_KEY
@@ -278,17 +287,98 @@ def test_orphaned_transaction_is_checked_through_telemetry(env):
         t.close()
 
 
-def test_consumer_rpcs_without_pop(env):
-    req = S.ReceiveMessageRequest(batch_size=1)
-    req.group.name = "ReadGroup"
-    req.message_queue.topic.name = "Orders"
-    (first,) = list(env.stub.ReceiveMessage(req, metadata=metadata(), timeout=10))
-    assert first.status.code in (pb.Code.NOT_IMPLEMENTED, pb.Code.MESSAGE_NOT_FOUND, pb.Code.OK)
+def receive_request(topic, group="ReadGroup", *, batch=32, invisible_s=20, poll_s=None):
+    req = S.ReceiveMessageRequest(batch_size=batch)
+    req.group.name = group
+    req.message_queue.topic.name = topic
+    if invisible_s is not None:
+        req.invisible_duration.seconds = invisible_s
+    if poll_s is not None:
+        req.long_polling_timeout.FromMilliseconds(int(poll_s * 1000))
+    return req
+
+
+def receive(env, req, md=None, timeout=30):
+    """(status, messages) of one ReceiveMessage stream."""
+    out = list(env.stub.ReceiveMessage(req, metadata=md or metadata(), timeout=timeout))
+    statuses = [r.status for r in out if r.HasField("status")]
+    assert len(statuses) == 1 and out[0].HasField("status"), out  # the status comes first, once
+    return statuses[0], [r.message for r in out if r.HasField("message")]
+
+
+def test_consumer_rpc_errors(env):
+    def rcode(req, md=None):
+        return receive(env, req, md)[0].code
+
+    assert rcode(receive_request("Orders", invisible_s=None)) == pb.Code.ILLEGAL_INVISIBLE_TIME
+    assert rcode(receive_request("Orders", invisible_s=1)) == pb.Code.ILLEGAL_INVISIBLE_TIME
+    assert rcode(receive_request("Orders", batch=0)) == pb.Code.BAD_REQUEST
+    assert rcode(receive_request("Orders", batch=33)) == pb.Code.BAD_REQUEST
+    assert rcode(receive_request("Orders", poll_s=3600)) == pb.Code.ILLEGAL_POLLING_TIME
+    assert rcode(receive_request("Orders", group="")) == pb.Code.ILLEGAL_CONSUMER_GROUP
+    assert rcode(receive_request("NoSuchTopic")) == pb.Code.TOPIC_NOT_FOUND
+    assert rcode(receive_request("Fifo"), metadata(READER)) == pb.Code.FORBIDDEN
+
+    def ack(handle, topic="Orders", md=None):
+        req = S.AckMessageRequest()
+        req.group.name = "ReadGroup"
+        req.topic.name = topic
+        req.entries.add(message_id="m", receipt_handle=handle)
+        return env.stub.AckMessage(req, metadata=md or metadata(), timeout=10).status
+
+    now = int(time.time() * 1000)
+    assert ack("bad").code == pb.Code.INVALID_RECEIPT_HANDLE
+    assert ack("1 2 3 4 9 solo 0 1").code == pb.Code.INVALID_RECEIPT_HANDLE  # topicType 9
+    expired = ack(f"0 {now - 120_000} 60000 0 0 solo 0 0 123")
+    assert expired.code == pb.Code.INVALID_RECEIPT_HANDLE and "expired" in expired.message
+    assert ack(f"0 {now} 60000 0 0 solo 0 0", md=metadata(READER), topic="Fifo").code == pb.Code.FORBIDDEN
+    change = S.ChangeInvisibleDurationRequest(receipt_handle="bad", message_id="m")
+    change.group.name, change.topic.name = "ReadGroup", "Orders"
+    change.invisible_duration.seconds = 10
+    assert env.stub.ChangeInvisibleDuration(change, metadata=metadata(), timeout=10).status.code == \
+        pb.Code.INVALID_RECEIPT_HANDLE
+    dlq = S.ForwardMessageToDeadLetterQueueRequest(receipt_handle=f"0 {now} 60000 0 0 solo 0 0", message_id="m")
+    dlq.group.name, dlq.topic.name = "ReadGroup", "Orders"
+    assert env.stub.ForwardMessageToDeadLetterQueue(dlq, metadata=metadata(), timeout=10).status.code == \
+        pb.Code.INVALID_RECEIPT_HANDLE  # no commitlog offset in the handle
+
+
+def test_receive_ack_and_change_invisible(env):
+    group = "PopGroup"
+    first, msgs = receive(env, receive_request("Pop", group, poll_s=0.5))
+    if first.code == pb.Code.NOT_IMPLEMENTED:
+        pytest.skip(f"the broker does not serve POP yet: {first.message}")
+    assert first.code == pb.Code.MESSAGE_NOT_FOUND and not msgs
+    ids = []
+    for i in range(3):
+        r = env.stub.SendMessage(send_request("Pop", f"p{i}".encode()), metadata=metadata(), timeout=10)
+        ids.append(r.entries[0].message_id)
+    got = []
+    while len(got) < 3:  # long polls: each returns as soon as something is there
+        st, msgs = receive(env, receive_request("Pop", group, poll_s=5))
+        assert st.code in (pb.Code.OK, pb.Code.MESSAGE_NOT_FOUND), st
+        got += msgs
+    assert sorted(m.system_properties.message_id for m in got) == sorted(ids)
+    import hashlib
+    for m in got:
+        assert m.system_properties.body_digest.checksum == hashlib.md5(m.body).hexdigest().upper()
+        assert len(m.system_properties.receipt_handle.split(" ")) == 9
+    by_body = {m.body: m for m in got}
     ack = S.AckMessageRequest()
-    ack.group.name = "ReadGroup"
-    ack.topic.name = "Orders"
-    ack.entries.add(message_id="x", receipt_handle="bad")
-    assert env.stub.AckMessage(ack, metadata=metadata(READER), timeout=10).status.code != pb.Code.OK
-    # reader01 may not consume Fifo: refused before anything else
-    ack.topic.name = "Fifo"
-    assert env.stub.AckMessage(ack, metadata=metadata(READER), timeout=10).status.code == pb.Code.FORBIDDEN
+    ack.group.name, ack.topic.name = group, "Pop"
+    ack.entries.add(message_id=by_body[b"p0"].system_properties.message_id,
+                    receipt_handle=by_body[b"p0"].system_properties.receipt_handle)
+    assert env.stub.AckMessage(ack, metadata=metadata(), timeout=10).status.code == pb.Code.OK
+    # p1 comes back at once when its invisible time is set to 0
+    change = S.ChangeInvisibleDurationRequest(receipt_handle=by_body[b"p1"].system_properties.receipt_handle,
+                                              message_id=by_body[b"p1"].system_properties.message_id)
+    change.group.name, change.topic.name = group, "Pop"
+    change.invisible_duration.seconds = 0
+    r = env.stub.ChangeInvisibleDuration(change, metadata=metadata(), timeout=10)
+    assert r.status.code == pb.Code.OK and r.receipt_handle
+    again = []
+    with_deadline = time.monotonic() + 20
+    while not again and time.monotonic() < with_deadline:
+        st, again = receive(env, receive_request("Pop", group, poll_s=5))
+    assert [m.body for m in again] == [b"p1"]
+    assert again[0].system_properties.delivery_attempt == 2
