@@ -13,6 +13,8 @@
 #     sync sends and heartbeat succeed during it.
 # (The same mechanisms in-process: tests/broker/remoting/test_containment.py,
 # test_budgets.py, tests/broker/processors/test_pull.py.)
+# Slow: real broker and name server processes under attack, their memory
+#   measured.
 import json
 import struct
 import urllib.request

@@ -6,6 +6,8 @@
 # the remoting client.  One cluster for the whole module: the values are
 # checked as they move (puts, lag while the consumer is away, a new term
 # after the master is killed).
+# Slow: a real name server + 3-broker group, mqbench subprocesses and a kill
+#   -9 of the master.
 import json
 import re
 import sys

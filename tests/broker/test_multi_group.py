@@ -13,6 +13,8 @@
 #   * `mqadmin wipeWritePerm -b broker-b` drains broker-b: producers stop
 #     sending there, consumers finish its backlog, consumerProgress shows
 #     its diff reach 0; `addWritePerm` opens it again.
+# Slow: two real 3-broker groups and two name servers under load, a master
+#   kill, the stock C++ client's processes.
 import json
 import sys
 

@@ -17,6 +17,7 @@
 #   * every code in RequestCode, and every code a broker answers, gets a
 #     response on a live connection even with an empty header; unknown codes
 #     get REQUEST_CODE_NOT_SUPPORTED in either serialization.
+# Slow: a real name server + 3-broker group per test.
 import json
 import random
 import struct

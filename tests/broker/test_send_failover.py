@@ -5,6 +5,7 @@
 # offset in the msgId); nothing is stored twice; nothing is stored that was
 # not sent; and what is stored without an answer is bounded by what was in
 # flight when the master died.
+# Slow: a real 3-broker group, a kill -9 of its master under pipelined sends.
 import pytest
 import trio
 

@@ -8,6 +8,7 @@
 # never handed on again; and once sendForwardWindowMillis has passed the
 # old master refuses like any slave.  ledgermq_send_forward_total counts
 # what was handed on.
+# Slow: a real 3-broker group, leadership transfers and the forwarding window.
 import json
 
 import attrs

@@ -9,6 +9,8 @@
 # unregister.  Also: the stock C++ producer (tests/compat) sends to the group
 # through the name server's routes (TBW102 for a new topic), and serve_broker
 # in process (listenPort 0, extra processors, the registration view).
+# Slow: three mqbroker processes (or a broker in process on its real clock,
+#   waiting for registration rounds).
 import json
 import os
 import signal

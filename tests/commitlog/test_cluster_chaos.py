@@ -46,6 +46,7 @@ CONVERGE_TIMEOUT = 30.0
 
 @pytest.mark.slow
 async def test_chaos_kill_and_pause_lose_no_acknowledged_append(tmp_path):
+    """Slow: three real node processes under a seeded nemesis, 25 s in all (LEDGERMQ_CHAOS_SECONDS)."""
     seed = int(os.environ.get("LEDGERMQ_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
     chaos_seconds = max(6.0, BUDGET - RESERVE)
     cluster = LocalCluster(str(tmp_path), extra_conf=SMALL_SEGMENTS, log_level="INFO")

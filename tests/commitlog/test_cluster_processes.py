@@ -3,6 +3,8 @@
 # over and that every acknowledged append is on the survivors and on the
 # restarted node, with identical chain CRCs (identical histories); and a
 # stall of the whole group (every process SIGSTOPped together) elects nobody.
+# Slow: three real node processes per test, kills and a stall of the whole
+#   group.
 import base64
 import time
 

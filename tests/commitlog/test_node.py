@@ -128,6 +128,7 @@ async def test_serve_node_restarts_over_tcp_end_identical(tmp_path):
 
 @pytest.mark.slow
 async def test_node_process_stops_cleanly_on_sigterm_and_profiles(tmp_path, monkeypatch):
+    """Slow: three real node processes, each profiled."""
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "prof"))
     cluster = LocalCluster(str(tmp_path / "cluster"))
     await cluster.start()

@@ -7,6 +7,8 @@
 # header: the leader's peak RSS (VmHWM) stays under 256 MiB, and the group
 # replicates on.  The handshake caps are raised for the test so that every
 # connection is in its handshake at once: the frame limit alone bounds it.
+# Slow: three real node processes, 40 connections of 60 MiB announcements,
+#   memory measured.
 import os
 
 import pytest

@@ -60,6 +60,7 @@ def store_cfg(root):
 
 @pytest.mark.slow
 def test_kill_9_mid_append_many_times(tmp_path):
+    """Slow: a child process killed -9 mid-append many times over, the store reopened after each."""
     rng = random.Random(1234)
     acked, cuts, rebuilt = -1, 0, 0
     for it in range(ITERATIONS):

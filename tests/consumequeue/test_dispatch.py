@@ -362,6 +362,7 @@ sys.exit(3)
 @pytest.mark.parametrize("point,n", [("index", 9), ("index_after", 7), ("cq", 40), ("state", 3),
                                      ("py_put_key", 1000)])
 def test_kill_9_mid_dispatch_then_restart_equals_clean_rebuild(tmp_path, point, n):
+    """Slow: a child process killed -9 mid-dispatch, then a restart and a clean rebuild to compare."""
     store, _ = leader_store(tmp_path, 600)
     expected = clean_build(store, tmp_path / "clean")
     store.close()

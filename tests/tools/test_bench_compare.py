@@ -3,6 +3,8 @@
 # positive figure for both systems, the failover row, CPU figures for every
 # server process and the client, and a PNG chart.  Nothing about speed is
 # asserted: the figures only have to exist.
+# Slow: a --quick benchmark run against our group and nats-server, as
+#   subprocesses.
 import json
 import os
 import signal

@@ -4,6 +4,8 @@
 # broker and the bare log, from complete rounds, with cumulative times that
 # never go back (each row's p50 and p99 since the round began are at or past
 # the row above), and task-step counts.  Nothing about speed is asserted.
+# Slow: a short benchmark run against a real broker group and a bare log
+#   group.
 import json
 import os
 import signal

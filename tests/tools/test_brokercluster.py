@@ -1,6 +1,7 @@
 # The broker-cluster harness itself (tools/brokercluster.py): name server and
 # three mqbroker processes start, exactly one master is registered with two
 # distinct slave ids, and after kill -9 of the master another node takes id 0.
+# Slow: a real name server + 3-broker group and a kill -9 of its master.
 import pytest
 import trio
 

@@ -7,6 +7,7 @@
 # fake, so the module stays quick.  The table of mqadmin's store paths runs
 # in-process through click's runner -- the same command code and exit
 # status, without a Python start-up per case; the rest are processes.)
+# Slow: runs every command as a real process, dozens of interpreter starts.
 import functools
 import socket
 import sys

@@ -5,6 +5,8 @@
 # acknowledged and consumed, none lost, the master changed, and a clean
 # offline verification of all three stores.  (Smaller batches than the
 # default 10,000 + 5,000 to keep the suite quick.)
+# Slow: the quickstart's whole job as a subprocess: a real group, thousands of
+#   messages, a kill -9.
 import os
 import re
 import signal

@@ -1,6 +1,8 @@
 # The replicated-log demo (tools/quickstart_log.py) runs end to end (3 real
 # node processes, a kill -9 of the leader) and reports no lost acknowledged
 # append.
+# Slow: the log demo as a subprocess: three node processes, a kill -9 of the
+#   leader.
 import subprocess
 import sys
 

@@ -25,8 +25,6 @@ from native import sendpath
 from tests.broker.test_server import TOPIC, send_request
 from tools.localcluster import free_ports
 
-pytestmark = pytest.mark.slow
-
 PRODUCER = Credentials("producer1", "producer-secret")
 PLAIN_ACL = f"accounts: [{{accessKey: producer1, secretKey: producer-secret, topicPerms: [{TOPIC}=PUB]}}]\n"
 

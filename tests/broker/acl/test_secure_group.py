@@ -7,6 +7,8 @@
 # --accessKey/--secretKey (and env vars), the stock client with
 # set_session_credentials (tests/broker/compat/test_stock_acl.py), a fake broker registration, a reload of the
 # changed file (a whitelisted address), oversized frames and a flood.
+# Slow: a name server and a 3-broker group as real processes with TLS and ACL,
+#   plus mqadmin subprocesses.
 import json
 import struct
 import sys

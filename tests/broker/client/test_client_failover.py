@@ -2,6 +2,8 @@
 # leader (the master) in a real 3-broker group: sends keep succeeding after
 # an immediate route refresh (seconds, not the 30 s route poll), and every
 # acknowledged message is consumed afterwards.
+# Slow: a real 3-broker group, a kill -9 of its master and the election after
+#   it.
 import time
 
 import pytest

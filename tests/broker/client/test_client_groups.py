@@ -4,6 +4,7 @@
 # the survivor takes every queue when one leaves, offsets are committed on
 # close and a restarted consumer resumes there; and the blocking facade
 # from plain synchronous code.
+# Slow: a real 3-broker group per test; consumers join, leave and rebalance.
 import threading
 
 import pytest

@@ -4,6 +4,8 @@
 # consumer's statuses and offsets; a push consumer's RECONSUME_LATER path.
 # Both under asyncio and trio (anyio backends; the cluster harness runs in a
 # thread of its own, cluster_helpers.py).
+# Slow: a real name server + 3-broker group per test, each test on two event
+#   loops.
 import time
 
 import pytest

@@ -10,6 +10,8 @@
 # back through another producer of its group), broadcasting (every instance gets
 # everything; a restart resumes from its local offsets).  The leader-kill
 # versions are in test_features_failover.py.
+# Slow: a real 3-broker group (one for the module), every feature on two event
+#   loops, transaction checks every 2 s.
 import collections
 import json
 import os

@@ -7,6 +7,8 @@
 # the log) and delivered only after their commit, a rolled-back one never;
 # two broadcasting consumers with a SQL92 selector each get every matching
 # message from before and after the kill, and nothing else.
+# Slow: a real 3-broker group per test, a kill -9 of its master, transaction
+#   checks on the new master.
 import collections
 
 import anyio

@@ -7,6 +7,8 @@
 # UNIQ_KEY, as send() would; a send that must wait (no route yet) takes the
 # task path and still succeeds; every acknowledged message is stored where
 # its result says.
+# Slow: a real name server + 3-broker group (one for the module), each test on
+#   two event loops.
 import pytest
 import anyio
 

@@ -4,6 +4,8 @@
 # and a signed (ACL rpc_hook) send still goes through the hook.  The busy
 # answer is the broker's real answer rewritten in the client, as
 # test_send_async does it.
+# Slow: a real name server + 3-broker group (one for the module), each test on
+#   two event loops.
 import pytest
 import anyio
 

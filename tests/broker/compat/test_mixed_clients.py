@@ -2,6 +2,7 @@
 # producer feeding the stock C++ push consumer (rocketmq==0.4.4), and the
 # stock producer feeding our push consumer.  Bodies, tags, keys and message
 # ids must agree across the two implementations.
+# Slow: a real 3-broker group and the stock C++ client's processes.
 import pytest
 import trio
 

@@ -17,6 +17,8 @@
 # is consumed, dledgerStatus shows the configuration on every node, the
 # replicas are identical, and (replacement) verifyStore --cq finds every
 # store clean once stopped.
+# Slow: real 3- and 4-broker groups under load, restarts and membership
+#   changes, and a 35 s drain for the stock client's 30 s route poll.
 import json
 import sys
 

@@ -4,6 +4,8 @@
 # right keys it produces and pulls, and with a wrong secret or no
 # credentials it is refused.  (A denied group is in the table with our
 # client: the stock PullConsumer retries a refused pull without end.)
+# Slow: the secure 3-broker group as real processes and four stock C++ client
+#   processes.
 import pytest
 import trio
 

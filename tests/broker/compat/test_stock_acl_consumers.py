@@ -6,6 +6,8 @@
 # consumer (LOCK_BATCH_MQ).  Every request they send -- heartbeats, the
 # consumer list, offsets, pulls, send-back, locks -- passes the header-field
 # check and the table: the broker refuses none.
+# Slow: a broker in process and stock C++ consumer processes waiting on their
+#   own timers (retry delay, lock renewal).
 import pytest
 import trio
 

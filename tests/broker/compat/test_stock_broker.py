@@ -18,6 +18,8 @@
 #    %RETRY%<group> (CONSUMER_SEND_MSG_BACK, delay level 3 = 10 s).
 # Every stock-client run is a subprocess with HOME in a temporary directory
 # and a hard timeout (tests/broker/compat/stock_client.run_script).
+# Slow: three mqbroker processes per test and stock C++ client processes; the
+#   master kill waits out the C++ client's 30 s route poll and pull timeout.
 import os
 import signal
 

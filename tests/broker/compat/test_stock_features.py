@@ -10,6 +10,8 @@
 # test_stock_broker.py.)  The stock orderly consumer across a kill -9 of
 # the master.  Broadcasting: two stock consumers and one of ours in one
 # group each get every message.
+# Slow: a real 3-broker group per test and stock C++ client processes; the
+#   master kill waits out the C++ client's 30 s timers.
 import collections
 import json
 

@@ -2,6 +2,7 @@
 # console script runs): listenPort from namesrv.conf, -p overriding it, a
 # route request answered over TCP, a clean exit on Ctrl-C and SIGTERM, and
 # a clear error when the port is taken.
+# Slow: starts mqnamesrv as a separate process in each test.
 import re
 import signal
 import socket

@@ -252,6 +252,7 @@ def pull(topic: str, group: str, queue_id: int = 0, offset: int = 0) -> Remoting
 
 @pytest.mark.slow
 async def test_processes_heartbeat_route_send_back_and_slave_answers(tmp_path):
+    """Slow: a real 3-broker group; the retry comes back after its 1 s delay level."""
     from tools.brokercluster import open_broker_cluster
     group, topic = "cg_proc", "RetryProcTopic"
     async with open_broker_cluster(tmp_path, size=3, extra_conf={"messageDelayLevel": "1s 2s"}) as cluster:

@@ -11,6 +11,8 @@
 #   * a follower at 100 %: the group keeps accepting sends (the other two
 #     form the quorum), the follower stays up, and it catches up once space
 #     is freed.
+# Slow: a real 3-broker group per test, one broker on a tmpfs in its own mount
+#   namespace.
 import os
 import shutil
 

@@ -168,6 +168,7 @@ def max_offset_req(topic, queue_id=0):
 
 @pytest.mark.slow
 async def test_kill_master_while_delayed_messages_wait(tmp_path):
+    """Slow: a real 3-broker group, a kill -9 of its master and delay levels of 1 and 3 s."""
     from tools.brokercluster import open_broker_cluster
     topic = "DelayKillT"
     async with open_broker_cluster(tmp_path, size=3, extra_conf={"messageDelayLevel": "1s 3s"}) as cluster:

@@ -10,6 +10,7 @@
 # hanging, the producer's acknowledged sends all stored and the replicas
 # identical (chain CRC online, verifyStore --cq and the committed entries
 # byte for byte offline).  LEDGERMQ_FUZZ_LIVE sets the frames per port.
+# Slow: a real name server + 3-broker group under a live fuzz run.
 import os
 
 import pytest

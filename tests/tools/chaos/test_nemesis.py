@@ -11,6 +11,8 @@
 # `make test` within its 20 minutes; "14 41" was the default before, and
 # the soak runs any number); a failure prints the command that replays its
 # seed.
+# Slow: a real broker group behind fault-injecting relays, a nemesis run of
+#   seconds per case.
 import os
 
 import pytest

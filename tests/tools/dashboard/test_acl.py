@@ -5,6 +5,7 @@
 # any page, asset or API answer (the access key is shown, as the page's
 # button says whom it signs as).  The broker exports Prometheus metrics,
 # which the console finds through the broker's config and reads.
+# Slow: a broker process and the console served in process.
 import json
 import urllib.error
 import urllib.request

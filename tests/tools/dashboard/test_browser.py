@@ -11,6 +11,7 @@
 #
 # LEDGERMQ_SCREENSHOTS=DIR also writes a screenshot of each page there
 # (`python -m tools.dashboard.screenshots` is the documented command).
+# Slow: a real 3-broker group and a headless Chromium.
 import datetime
 import os
 

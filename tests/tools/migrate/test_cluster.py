@@ -11,6 +11,8 @@
 # (`verifyStore --cq`: the first leader's import records stamped like any
 # other).  Finally the stopped n0 is exported to a plain store that reads
 # back, and the old commitlog files are byte-identical to what align left.
+# Slow: migrated stores served by a real 3-broker group, a kill -9 of its
+#   master.
 import json
 import os
 

@@ -10,6 +10,7 @@
 # names the first DLedger data file the one the broker creates (the
 # divided offset rounded down to 1 GiB: 00000000000000000000), and every
 # node, stopped, verifies clean (`verifyStore --cq`).
+# Slow: migrated stores served by real 3-broker groups.
 import json
 import os
 import sys

@@ -4,6 +4,7 @@
 # the name server's ids, what was sent, what was consumed.  Two clusters:
 # one for cluster/topic/consumer/message administration, one for the
 # replication commands (leadership really moves; replicas compare equal).
+# Slow: two real 3-broker groups and an mqadmin subprocess per command.
 import json
 import sys
 

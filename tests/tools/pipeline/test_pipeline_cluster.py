@@ -13,6 +13,7 @@
 # export's run (rows_frame), the rest is Spark's own aggregation, and its
 # figures are checked against direct counts in test_pipeline_jobs.py (each
 # submit costs 15-30 s of this suite's 20 minutes).
+# Slow: a Spark standalone cluster (three JVMs) and a spark-submit per job.
 import json
 import os
 
