@@ -22,6 +22,10 @@
 #   steps  trio task steps run in this process so far (an Instrument counting
 #          before_task_step, added by the first record): the difference
 #          between two hops of a round is the task switches between them.
+# The same instrument writes a record per task step, per wait for IO and
+# per scheduler batch (hops "task", "idle", "batch"; index: a duration in
+# ns, CPU time but for "idle"; peer: the task's name), so a round's time can
+# be split into the tasks that ran, the scheduler, and waiting.
 # Records are kept in memory (at most LIMIT; later ones are dropped and
 # counted) and written once, at exit, so tracing costs the round no syscall.
 # The reader (tools/bench/round.py) cuts the master's records into rounds
@@ -64,11 +68,36 @@ HOPS = {
 
 
 class _StepCounter(trio.abc.Instrument):
+    """Counts task steps, and records where the trio thread's time went:
+    each task step ("task": index = its CPU time in ns, peer = the task's
+    name), each wait for IO ("idle": index = its wall time) and each run of
+    the scheduler between two waits ("batch": index = the thread's CPU time
+    in it, task steps and the scheduler's own work together).  CPU time,
+    not wall time, so another process taking the core does not count."""
+
     def __init__(self, tracer: "RoundTracer") -> None:
         self.tracer = tracer
+        self._cpu0 = 0
+        self._batch0 = time.thread_time_ns()
+        self._idle0 = 0
 
     def before_task_step(self, task) -> None:
         self.tracer.steps += 1
+        self._cpu0 = time.thread_time_ns()
+
+    def after_task_step(self, task) -> None:
+        cpu0 = self._cpu0
+        self.tracer.slice("task", time.perf_counter_ns(), time.thread_time_ns() - cpu0, task.name)
+
+    def before_io_wait(self, timeout) -> None:
+        now = time.perf_counter_ns()
+        self.tracer.slice("batch", now, time.thread_time_ns() - self._batch0, "")
+        self._idle0 = now
+
+    def after_io_wait(self, timeout) -> None:
+        now = time.perf_counter_ns()
+        self.tracer.slice("idle", self._idle0, now - self._idle0, "")
+        self._batch0 = time.thread_time_ns()
 
 
 class RoundTracer:
@@ -78,6 +107,7 @@ class RoundTracer:
         self.path = path
         self.limit = limit
         self.events: list[tuple] = []
+        self.slices: list[tuple] = []  # ("task" | "idle" | "batch", t_ns, duration_ns, task name, steps)
         self.dropped = 0
         self.steps = 0
         self._counting = False
@@ -98,6 +128,13 @@ class RoundTracer:
 
     def mark(self, hop: str, index: int = -1, peer: str = "") -> None:
         self._record(hop, time.perf_counter_ns(), index, peer)
+
+    def slice(self, kind: str, t0: int, duration: int, name: str) -> None:
+        """A task step or an IO wait (_StepCounter), kept apart from the hops."""
+        if len(self.slices) >= self.limit:
+            self.dropped += 1
+            return
+        self.slices.append((kind, t0, duration, name, self.steps))
 
     # --- the broker's connection ------------------------------------------------
 
@@ -143,6 +180,8 @@ class RoundTracer:
         with open(self.path, "w") as f:
             f.write(json.dumps({"pid": os.getpid(), "dropped": self.dropped}) + "\n")
             for e in self.events:
+                f.write(json.dumps(e) + "\n")
+            for e in self.slices:
                 f.write(json.dumps(e) + "\n")
 
 

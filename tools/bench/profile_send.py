@@ -89,7 +89,7 @@ async def run(args) -> dict:
                     cmd = ["perf", "trace", "-s", "-p", str(pid), "-o", raw, "--", "sleep", str(int(args.seconds))]
                 else:
                     cmd = [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record",
-                           "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "200", "--format", "raw",
+                           "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", str(args.rate), "--format", "raw",
                            "--output", raw, "--nonblocking", "--gil"]
                 spies[role] = (raw, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             cpu0 = {n: cpu_split(p) for n, p in pids.items()}
@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--sync", action="store_true", help="flushDiskType=SYNC_FLUSH")
     p.add_argument("--batch", type=int, default=0,
                    help="send SEND_BATCH_MESSAGEs of this many messages (--window batches in flight)")
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--syscalls", action="store_true", help="count system calls (perf trace -s) instead of py-spy sampling")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

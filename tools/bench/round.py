@@ -75,8 +75,12 @@ SIDE_HOPS = [
 
 # --- reading the records -----------------------------------------------------------
 
+SLICES = ("task", "idle", "batch")
+
+
 def load_records(trace_dir: str) -> dict[int, list]:
-    """pid -> its records, in the order it took them."""
+    """pid -> its records, in the order it took them (hops first, then its
+    task steps and IO waits: see split_slices)."""
     out = {}
     for name in os.listdir(trace_dir):
         if not name.endswith(".jsonl"):
@@ -86,6 +90,51 @@ def load_records(trace_dir: str) -> dict[int, list]:
         if lines:
             out[int(json.loads(lines[0])["pid"])] = [json.loads(line) for line in lines[1:]]
     return out
+
+
+def split_slices(records: list) -> tuple[list, list]:
+    """(the hop records, the task-step and IO-wait records) of a process."""
+    return [r for r in records if r[0] not in SLICES], [r for r in records if r[0] in SLICES]
+
+
+def time_split(rounds: list[dict], slices: list, start: str, end: str, top: int = 8) -> dict:
+    """Where the trio thread's time went between `start` and `end` of each
+    complete round (means per round): per task name, the CPU µs of its
+    steps and its steps; the scheduler's own CPU (batches minus steps);
+    the wall time waiting in epoll; and the rest of the wall time, when the
+    thread had work but not the CPU (another thread holding the GIL, or
+    another process on the core).  A slice counts in the round it ends in."""
+    spans = sorted((r[start][0], r[end][0]) for r in rounds if start in r and end in r)
+    if not spans:
+        return {}
+    tasks: dict[str, list[float]] = {}
+    batch_us = idle_us = 0.0
+    k = 0
+    for kind, t, dur, name, _ in sorted(slices, key=lambda e: e[1] + (e[2] if e[0] == "idle" else 0)):
+        end_t = t + dur if kind == "idle" else t
+        while k < len(spans) and spans[k][1] < end_t:
+            k += 1
+        if k == len(spans):
+            break
+        if end_t < spans[k][0]:
+            continue
+        if kind == "idle":
+            idle_us += min(dur, end_t - spans[k][0]) / 1000
+        elif kind == "batch":
+            batch_us += dur / 1000
+        else:
+            acc = tasks.setdefault(".".join(name.split(".")[-2:]), [0.0, 0])
+            acc[0] += dur / 1000
+            acc[1] += 1
+    n = len(spans)
+    wall = sum(b - a for a, b in spans) / 1000 / n
+    rows = sorted(((label, us / n, cnt / n) for label, (us, cnt) in tasks.items()), key=lambda t: -t[1])
+    steps_us = sum(us for _, us, _ in rows)
+    return {"round_us": round(wall, 1), "idle_us": round(idle_us / n, 1),
+            "scheduler_cpu_us": round(batch_us / n - steps_us, 1),
+            "no_cpu_us": round(wall - idle_us / n - batch_us / n, 1),
+            "parts": [{"what": label, "cpu_us": round(us, 1), "steps": round(cnt, 2)} for label, us, cnt in rows[:top]],
+            "other_cpu_us": round(sum(us for _, us, _ in rows[top:]), 1)}
 
 
 def first_by_index(records: list, by_peer: bool = True) -> dict:
@@ -267,12 +316,14 @@ async def broker_round(rounds: int, warmup: int, flush: str) -> dict:
                 pids = {cluster.brokers[n].pid: n for n in cluster.brokers}
                 await cluster.stop_all()  # the brokers write their records as they stop
         records = load_records(trace_dir)
-        by_node = {pids[pid]: recs for pid, recs in records.items() if pid in pids}
+        split = {pids[pid]: split_slices(recs) for pid, recs in records.items() if pid in pids}
+        by_node = {n: hops for n, (hops, _) in split.items()}
         if master not in by_node:
             raise RuntimeError(f"the master {master} wrote no round records (see {TRACE_ENV})")
         cut = cut_rounds(by_node[master], "read", "answered", since)
         followers = {n: by_node.get(n, []) for n in sorted(cluster.brokers) if n != master}
         out = waterfall(cut, "read", BROKER_HOPS, by_node[master], followers)
+        out["time_split"] = time_split(cut, split[master][1], "read", "answered")
         out.update(master=master, errors=errors, client_p50_us=pct(latencies, 0.5),
                    client_p99_us=pct(latencies, 0.99), sent=len(latencies))
         return out
@@ -298,12 +349,14 @@ async def log_round(rounds: int, warmup: int, flush: str) -> dict:
             finally:
                 await cluster.stop_all()  # the nodes write their records as they stop
         records = load_records(trace_dir)
-        by_node = {pids[pid]: recs for pid, recs in records.items() if pid in pids}
+        split = {pids[pid]: split_slices(recs) for pid, recs in records.items() if pid in pids}
+        by_node = {n: hops for n, (hops, _) in split.items()}
         if leader not in by_node:
             raise RuntimeError(f"the leader {leader} wrote no round records (see {TRACE_ENV})")
         cut = cut_rounds(by_node[leader], "submitted", "woken", since)
         followers = {n: by_node.get(n, []) for n in sorted(cluster.nodes) if n != leader}
         out = waterfall(cut, "submitted", LOG_HOPS, by_node[leader], followers)
+        out["time_split"] = time_split(cut, split[leader][1], "submitted", "woken")
         out.update(leader=leader, errors=sum(load.get("errors", {}).values()),
                    client_p50_us=None if load.get("p50_ms") is None else round(load["p50_ms"] * 1000, 1),
                    client_p99_us=None if load.get("p99_ms") is None else round(load["p99_ms"] * 1000, 1),
@@ -327,6 +380,13 @@ def print_table(title: str, res: dict, start: str) -> None:
     for row in res["other_follower"]:
         print(f"  {'(other follower) ' + row['hop']:52} {'':9} {'':9} {fmt(row['cum_p50_us'])} "
               f"{fmt(row['cum_p99_us'])}")
+    ts = res.get("time_split") or {}
+    if ts:
+        print(f"  the {'master' if start == 'read' else 'leader'}'s trio thread in a round (means, µs of "
+              f"{ts['round_us']}): idle in epoll {ts['idle_us']}; waiting for the CPU or the GIL {ts['no_cpu_us']}; "
+              f"scheduler CPU {ts['scheduler_cpu_us']}; task CPU: "
+              + ", ".join(f"{p['what']} {p['cpu_us']} ({p['steps']} steps)" for p in ts["parts"])
+              + f", others {ts['other_cpu_us']}")
     steps = ", ".join(f"{k} {v}" for k, v in res["task_steps_p50"].items())
     print(f"  seen by the caller: p50 {fmt(res['client_p50_us']).strip()} µs, p99 {fmt(res['client_p99_us']).strip()}"
           f" µs ({res['sent']} rounds, {res['errors']} errors); task steps per round (p50): {steps}")
