@@ -45,6 +45,7 @@ from broker.config import LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import split_offset_key
 from broker.processors.admin import disk_ratio
+from broker.remoting.answers import BurstAnswers, as_answers
 from broker.remoting.codec import request_count
 from broker.remoting.codes import ResponseCode
 from broker.store.broker_store import BrokerStore
@@ -117,17 +118,16 @@ class MeteredSends:
         for code in self.inner.CODES:
             dispatcher.register_burst(code, self)
 
-    def accept_burst(self, conn, cmds):
+    def accept_burst(self, conn, cmds) -> BurstAnswers:
         t0 = self.clock()
-        finish = self.inner.accept_burst(conn, cmds)
+        answers = as_answers(self.inner.accept_burst(conn, cmds))
 
-        async def timed() -> list:
-            replies = await finish()
+        def timed() -> None:
             self.latency.observe(self.clock() - t0, request_count(cmds))
             self.bursts += 1
-            return replies
 
-        return timed
+        answers.then(timed)
+        return answers
 
 
 @attrs.define(eq=False)

@@ -1,7 +1,7 @@
 # Owns the values the Raft shell (replica.py) hands out: one replicated
 # append from submit() to its resolution (AppendRequest), and a leader
 # whose entries a follower refused to place (RefusedLeader).
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -14,11 +14,16 @@ class AppendRequest:
     pending count.  `task` is the waiter parked in wait(), if one is (with
     trio.lowlevel.wait_task_rescheduled rather than an Event and a cancel
     scope: at tens of thousands of appends per second those were most of
-    the append path's cost)."""
+    the append path's cost).  Instead of a waiter, a request may carry
+    `on_done`: called with the request, once, synchronously, by the task
+    that resolves it (the log's driver on commit), so a caller can answer
+    without a task of its own waking up; it must not block, must not call
+    back into the log, and its exceptions are logged and dropped."""
 
     bodies: Sequence[bytes]
     deadline: float  # trio time after which the caller gets QuorumTimeoutError
     task: object = None  # the waiter's trio.lowlevel.Task while parked
+    on_done: Callable[["AppendRequest"], None] | None = None
     done: bool = False
     term: int = -1
     first_index: int = -1

@@ -37,9 +37,11 @@
 # entries this node cannot place do.  Nothing a peer sends ends the process.
 #
 # Append path cost: a caller is one slotted request parked on its own task
-# (no Event, no cancel scope); the driver releases every committed request in
-# one sweep, and the ticker fails expired ones (QuorumTimeoutError) once per
-# tick.  At tens of thousands of single-entry appends per second the trio
+# (no Event, no cancel scope), or a request with an on_done callback that
+# the driver calls as it releases it (the broker answers a burst of sends
+# from there, without waking a task); the driver releases every committed
+# request in one sweep, and the ticker fails expired ones
+# (QuorumTimeoutError) once per tick.  At tens of thousands of single-entry appends per second the trio
 # primitives were most of the leader's CPU; now it is the log and the socket.
 #
 # Leader changes: an append already written when this leader steps down
@@ -426,6 +428,8 @@ class ReplicaNode(FaultRecovery):
             if r.task is not None:
                 task, r.task = r.task, None
                 trio.lowlevel.reschedule(task)
+            elif r.on_done is not None:
+                _notify(r)
 
     async def _driver(self) -> None:
         # self.core, not a local: _refuse_leader may replace it.
@@ -631,6 +635,10 @@ class ReplicaNode(FaultRecovery):
                 if task is not None:
                     r.task = None
                     reschedule(task)
+                elif r.on_done is not None:
+                    self._pending_entries -= released  # (a callback may look at the log's state)
+                    released = 0
+                    _notify(r)
         self._pending_entries -= released
 
     def _on_soft_state(self, ss: SoftState) -> None:
@@ -676,3 +684,12 @@ def _host_port(addr: str | None) -> tuple[str, int] | None:
         return None
     host, _, port = addr.rpartition(":")
     return (host.strip("[]"), int(port)) if port.isdigit() else None
+
+
+def _notify(r: AppendRequest) -> None:
+    """Hand a resolved request to its on_done callback (AppendRequest): a
+    failing callback is the caller's bug and must not stop the driver."""
+    try:
+        r.on_done(r)
+    except Exception:
+        log.exception("an append's completion callback failed")

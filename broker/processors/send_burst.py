@@ -4,14 +4,18 @@
 # own -- runs of plain SEND_MESSAGE_V2 (codec.SendRun) in C a run at a time
 # (send_native.py), every other request by the general path in send.py --
 # and one that fails is answered alone; all records go to the log as ONE
-# append, and the async half returned waits for the commit and answers
-# them all (the connection writes the answers in one write).  Sends to a
+# append, and the log's driver answers them all as the commit covers it
+# (AppendRequest.on_done -> BurstAnswers.give; the connection writes the
+# answers in one write, from that same task step).  Only what needs to
+# wait for something else takes a task (BurstAnswers.give_async): sends
+# handed on to the master, sends to a topic to auto-create.  Sends to a
 # topic that must be auto-created first take the one-at-a-time path
 # (SendProcessor.process).  What it needs of the general path it asks the
 # processor for (burst_hosts, burst_records, REFUSALS, refusal, ...):
 # send.py imports this module, not the other way round.
 from broker.processors import send_native
 from broker.processors.forward import UNSTORED
+from broker.remoting.answers import BurstAnswers
 from broker.remoting.codec import SendRun
 from broker.remoting.command import RemotingCommand
 from commitlog import roundtrace as _rt
@@ -20,8 +24,8 @@ from commitlog.errors import CommitLogError
 
 def accept_burst(proc, conn, cmds: list):
     """The synchronous half of a burst of sends read together from one
-    connection (see the module comment); returns the async half, which
-    answers each item in order.  The requests of a SendRun the native
+    connection (see the module comment); returns their BurstAnswers (one
+    answer per item, in order).  The requests of a SendRun the native
     path takes are checked and encoded a run at a time
     (send_native.py); every other request, and every one of a SendRun
     it does not take, is served here one by one (a SendRun's answer is
@@ -80,15 +84,10 @@ def accept_burst(proc, conn, cmds: list):
         except CommitLogError as exc:
             error = exc
 
-    async def finish() -> list:
-        for i, k, request in slow:
-            _put(replies, cmds, i, k, await proc.process(request, conn.remote_address))
-        failed = error
-        if req is not None:
-            try:
-                await proc.replica.wait(req)
-            except CommitLogError as exc:
-                failed = exc
+    def settle(failed: Exception | None) -> bool:
+        """Every answer of the appended part, now: SUCCESS when the append
+        committed, refusals when it failed.  False, nothing done, when the
+        failure hands the sends on (the forwarder's work needs a task)."""
         if failed is None and req is not None:
             placed, stamps = req.result, req.stamped
             for i, k, request, first, count, queue_id, uniq in parts:
@@ -98,15 +97,9 @@ def accept_burst(proc, conn, cmds: list):
             for r in runs:
                 if not send_native.answer(r, cmds[r.item], replies, placed, stamps, store_host):
                     _answer_run_slowly(proc, r, cmds[r.item], replies, placed)
-        elif _hands_on(proc, failed):  # nothing of it is in the log: hand each on, in arrival order
-            unstored = [(i, k, request) for i, k, request, *_ in parts]
-            for r in runs:
-                sends = cmds[r.item].sends()
-                unstored.extend((r.item, r.k0 + j, sends[r.k0 + j]) for j in range(r.n))
-            unstored.sort(key=lambda t: (t[0], t[1] or 0))
-            for i, k, request in unstored:
-                _put(replies, cmds, i, k, await proc.unstored(request, failed, conn.remote_address))
-        else:
+        elif failed is not None and _hands_on(proc, failed):
+            return False
+        elif failed is not None:
             base = req.first_index if req is not None else -1
             for i, k, request, first, count, _, _ in parts:
                 _put(replies, cmds, i, k, proc.refusal(request, failed, records[first:first + count],
@@ -120,9 +113,64 @@ def accept_burst(proc, conn, cmds: list):
                                                   base + first if base >= 0 else -1)
         if _rt.TRACER is not None:  # tools/bench/round.py
             _rt.TRACER.mark("encoded")
+        return True
+
+    async def hand_on(failed: Exception) -> None:
+        """Nothing of it is in the log: each send handed on, in arrival order."""
+        unstored = [(i, k, request) for i, k, request, *_ in parts]
+        for r in runs:
+            sends = cmds[r.item].sends()
+            unstored.extend((r.item, r.k0 + j, sends[r.k0 + j]) for j in range(r.n))
+        unstored.sort(key=lambda t: (t[0], t[1] or 0))
+        for i, k, request in unstored:
+            _put(replies, cmds, i, k, await proc.unstored(request, failed, conn.remote_address))
+
+    if req is not None and not slow:
+        # The usual burst: answered by the log's driver as the commit covers
+        # it (AppendRequest.on_done), without a task of its own.
+        answers = BurstAnswers()
+
+        def on_done(r) -> None:
+            if _rt.TRACER is not None:
+                _rt.TRACER.mark("woken")
+            failed = r.error
+            try:
+                if settle(failed):
+                    answers.give(replies)
+                    return
+            except Exception as exc:  # a bug: the connection answers SYSTEM_ERROR for all
+                answers.give_async(_raising(exc))
+                return
+
+            async def handed_on() -> list:
+                await hand_on(failed)
+                return replies
+            answers.give_async(handed_on)
+
+        req.on_done = on_done
+        return answers
+
+    async def finish() -> list:
+        for i, k, request in slow:
+            _put(replies, cmds, i, k, await proc.process(request, conn.remote_address))
+        failed = error
+        if req is not None:
+            try:
+                await proc.replica.wait(req)
+            except CommitLogError as exc:
+                failed = exc
+        if not settle(failed):
+            await hand_on(failed)
         return replies
 
+    return BurstAnswers.later(finish)
+
+
+def _raising(exc: Exception):
+    async def finish() -> list:
+        raise exc
     return finish
+
 
 def _answer_run_slowly(proc, run, sends: SendRun, replies, placed) -> None:
     """A native run's answers the general way (no stamps to answer from)."""
@@ -151,14 +199,12 @@ def _handed_on(proc, conn, cmds: list, replies: list, unstored: list, exc: Excep
         for i, k, request in unstored:
             _put(replies, cmds, i, k, await proc.unstored(request, exc, conn.remote_address))
         return replies
-    return finish
+    return BurstAnswers.later(finish)
 
 
-def _answered(replies: list):
-    """The async half of a burst answered already in its synchronous half."""
-    async def finish() -> list:
-        return replies
-    return finish
+def _answered(replies: list) -> BurstAnswers:
+    """A burst answered already in its synchronous half."""
+    return BurstAnswers.now(replies)
 
 
 def _put(replies: list, cmds: list, i: int, k: int | None, reply) -> None:

@@ -5,7 +5,9 @@
 #     request never blocks the requests behind it -- except that the
 #     requests of one read that a BurstHandler takes (the broker's sends) go
 #     to it together: its synchronous half runs right here, in arrival order,
-#     and one task per burst waits and writes all the answers in one write;
+#     and its answers (answers.py) are written in one write by whichever
+#     task gives them -- the log's driver, for committed sends -- or by a
+#     task of their own when they need one;
 #   * writes whole frames under a lock (responses and requests interleave
 #     per frame, never within one); frames queued while the lock is held go
 #     out in the holder's write, one syscall for a burst of responses; an
@@ -58,6 +60,7 @@ from broker.remoting.codec import (
     encode_request,
     request_count,
 )
+from broker.remoting.answers import BurstAnswers, BurstFinish
 from broker.remoting.codes import RPC_TYPE_RESPONSE, ResponseCode, SerializeType, code_name
 from broker.remoting.command import RemotingCommand
 from broker.remoting.containment import ConnectionStats, exception_desc, report_failure
@@ -76,17 +79,14 @@ from commitlog import roundtrace as _rt
 log = logging.getLogger(__name__)
 
 RequestHandler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
-# The async half of a burst: one answer per item, in order (None: none; for
-# a codec.SendRun, its answers as one bytes object or a list, see SendRun).
-BurstFinish = Callable[[], Awaitable[list]]
 
 
 class BurstHandler(Protocol):
     """Takes the requests of one read that it serves as a burst."""
 
     def split_burst(self, conn: "Connection", cmds: list[RemotingCommand]) -> \
-            tuple[list[RemotingCommand], list[tuple[list[RemotingCommand], BurstFinish]]]:
-        """(the requests to serve one by one, [(requests, finish)] taken as
+            tuple[list[RemotingCommand], list[tuple[list[RemotingCommand], BurstAnswers]]]:
+        """(the requests to serve one by one, [(requests, answers)] taken as
         bursts).  Runs in the connection's read loop: synchronous, in order."""
 
 
@@ -509,8 +509,8 @@ class Connection:
                 self.stats.handler_failures += 1
                 log.exception("%s: burst handler failed", self.remote_address)
                 singles, bursts = [], [(requests, _failed(requests, e))]
-            for cmds, finish in bursts:
-                tasks.start_soon(self._serve_burst, cmds, finish, bill)
+            for cmds, answers in bursts:
+                answers.bind(functools.partial(self._burst_answered, cmds, bill))
         for cmd in singles:
             if type(cmd) is SendRun:  # (no burst handler took it) one by one
                 for one in cmd.sends():
@@ -555,7 +555,57 @@ class Connection:
         finally:
             self._window.answered(1, bill)
 
+    def _burst_answered(self, cmds: list, bill: list | None, answers: BurstAnswers) -> None:
+        """A burst's answers are known (BurstAnswers.bind): written now, from
+        the task that gave them (the log's driver, for committed sends),
+        when the socket takes them at once; a task only for what is left:
+        an async half to run, or bytes the socket did not take."""
+        n = request_count(cmds)
+        tasks = self._tasks
+        finish = answers.finish
+        try:
+            if finish is not None:
+                if tasks is None:
+                    answers.abandon()
+                else:
+                    try:
+                        tasks.start_soon(self._serve_burst, cmds, finish, bill)
+                        return
+                    except RuntimeError:  # the nursery closed meanwhile: the connection is over
+                        answers.abandon()
+            else:
+                frames = self._burst_frames(cmds, answers.replies)
+                if frames:
+                    queued = self._write_or_queue(b"".join(frames))  # one write for the burst's answers
+                    if queued is not None:
+                        if tasks is not None:
+                            try:
+                                tasks.start_soon(self._flush_burst, queued, n, bill)
+                                return
+                            except RuntimeError:  # the nursery closed meanwhile
+                                pass
+                    elif _rt.TRACER is not None:
+                        _rt.TRACER.mark("answered")
+        except RemotingConnectionLostError:
+            pass  # the reader notices and ends the connection
+        except Exception as e:  # (answering failed in a way no answer can report)
+            self._fail(e, f"answering a burst of {n} requests")
+        self._window.answered(n, bill)
+
+    async def _flush_burst(self, queued: tuple, n: int, bill: list | None) -> None:
+        try:
+            await self._flush(*queued)
+            if _rt.TRACER is not None:
+                _rt.TRACER.mark("answered")
+        except RemotingConnectionLostError:
+            pass  # the reader notices and ends the connection
+        except Exception as e:  # (answering failed in a way no answer can report)
+            self._fail(e, f"answering a burst of {n} requests")
+        finally:
+            self._window.answered(n, bill)
+
     async def _serve_burst(self, cmds: list, finish: BurstFinish, bill: list | None = None) -> None:
+        """A burst whose answers need a task: run its async half, write."""
         n = request_count(cmds)
         try:
             try:
@@ -564,18 +614,7 @@ class Connection:
                 self.stats.handler_failures += 1
                 log.exception("%s: burst of %d requests failed", self.remote_address, n)
                 responses = _system_errors(cmds, exception_desc(e))
-            frames = []
-            for cmd, response in zip(cmds, responses):
-                if response is None:
-                    continue
-                if type(cmd) is SendRun:
-                    if type(response) is bytes:  # the whole run's answers
-                        frames.append(response)
-                        continue
-                    for one, answer in zip(cmd.sends(), response):
-                        self._frame_answer(frames, one, answer)
-                    continue
-                self._frame_answer(frames, cmd, response)
+            frames = self._burst_frames(cmds, responses)
             if frames:
                 await self._send_bytes(b"".join(frames))  # one write for the burst's answers
                 if _rt.TRACER is not None:
@@ -586,6 +625,21 @@ class Connection:
             self._fail(e, f"answering a burst of {n} requests")
         finally:
             self._window.answered(n, bill)
+
+    def _burst_frames(self, cmds: list, responses: list) -> list:
+        frames: list = []
+        for cmd, response in zip(cmds, responses):
+            if response is None:
+                continue
+            if type(cmd) is SendRun:
+                if type(response) is bytes:  # the whole run's answers
+                    frames.append(response)
+                    continue
+                for one, answer in zip(cmd.sends(), response):
+                    self._frame_answer(frames, one, answer)
+                continue
+            self._frame_answer(frames, cmd, response)
+        return frames
 
     def _frame_answer(self, frames: list, cmd, response) -> None:
         if response is None or cmd.is_oneway:
@@ -618,13 +672,9 @@ def _system_errors(cmds: list, remark: str) -> list:
             if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, remark) for cmd in cmds]
 
 
-def _failed(cmds: list, error: Exception) -> BurstFinish:
-    """The async half of a burst whose handler failed."""
-    remark = exception_desc(error)
-
-    async def finish() -> list:
-        return _system_errors(cmds, remark)
-    return finish
+def _failed(cmds: list, error: Exception) -> BurstAnswers:
+    """The answers of a burst whose handler failed."""
+    return BurstAnswers.now(_system_errors(cmds, exception_desc(error)))
 
 
 def _first_leaf(group: BaseException) -> BaseException:

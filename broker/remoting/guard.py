@@ -28,9 +28,11 @@
 # the object alive and its id cannot be reused) and __call__ takes the note
 # off before its first checkpoint.  A request that arrives at __call__
 # without a note -- a connection without a burst handler -- is admitted there.
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
+from broker.remoting.answers import BurstAnswers
 from broker.remoting.codec import SendRun, request_count
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -135,13 +137,11 @@ class GuardedDispatcher:
             noted = conn.attributes.setdefault(_ADMITTED, {})
             for cmd in singles:
                 noted[id(cmd)] = cmd
-        out = [(group, self._counted(finish, request_count(group))) for group, finish in bursts]
+        for group, answers in bursts:
+            answers.then(functools.partial(self._release, request_count(group)))
+        out = list(bursts)
         if refused:
-            answers = [refusal for _cmd, refusal in refused]
-
-            async def answer_refused() -> list:
-                return answers
-            out.append(([cmd for cmd, _ in refused], answer_refused))
+            out.append(([cmd for cmd, _ in refused], BurstAnswers.now([refusal for _cmd, refusal in refused])))
         return singles, out
 
     def _admit_run(self, conn, run: SendRun, admitted: list, refused: list) -> None:
@@ -180,10 +180,3 @@ class GuardedDispatcher:
         if noted:
             self._release(len(noted))
 
-    def _counted(self, finish, n: int):
-        async def counted() -> list:
-            try:
-                return await finish()
-            finally:
-                self._release(n)
-        return counted

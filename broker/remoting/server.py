@@ -13,7 +13,8 @@
 # with register_burst() instead gets every request of its codes that one
 # read brought, at once (RequestDispatcher is a connection.BurstHandler):
 # accept_burst(conn, cmds) runs synchronously in the read loop and returns
-# the async half that answers them.
+# their BurstAnswers (answers.py; a plain async function that returns the
+# answers is taken as one given that way).
 #
 # With `limits` every connection shares the server's budgets: one
 # FrameBudget (bytes of unfinished frames), one Pacer (requests handed over
@@ -29,11 +30,11 @@ from typing import Protocol
 
 import trio
 
+from broker.remoting.answers import BurstAnswers, BurstFinish, as_answers
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, SendRun
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import (
     DEFAULT_MAX_IN_FLIGHT,
-    BurstFinish,
     BurstHandler,
     Connection,
     RequestHandler,
@@ -51,7 +52,7 @@ Processor = Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | 
 
 
 class BurstProcessor(Protocol):
-    def accept_burst(self, conn: Connection, cmds: list[RemotingCommand]) -> BurstFinish: ...
+    def accept_burst(self, conn: Connection, cmds: list[RemotingCommand]) -> BurstAnswers | BurstFinish: ...
 
 
 class RequestDispatcher:
@@ -89,7 +90,8 @@ class RequestDispatcher:
                     singles.append(cmd)
             else:
                 groups.setdefault(id(processor), (processor, []))[1].append(cmd)
-        return singles, [(group, processor.accept_burst(conn, group)) for processor, group in groups.values()]
+        return singles, [(group, as_answers(processor.accept_burst(conn, group)))
+                         for processor, group in groups.values()]
 
     async def __call__(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         processor = self._processors.get(cmd.code, self._default)
