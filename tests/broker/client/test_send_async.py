@@ -16,6 +16,7 @@ from broker.client import Message, PullStatus, SendStatus, open_producer, open_p
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.broker.client.cluster_helpers import thread_cluster
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -122,11 +123,18 @@ async def test_a_busy_first_answer_is_retried_in_a_task_with_the_same_key(cluste
         assert error is None and result.status is SendStatus.SEND_OK
         assert tasks == ["_send_and_call"] and first
         # the message is there twice (the busy answer was a lie), both copies under one UNIQ_KEY
+        # (read until both are dispatched: SEND_OK means committed, the consume
+        # queue follows the commit point a moment later)
         async with open_pull_consumer("send_async_busy_reader", namesrv_addr=ns) as pc:
-            copies = []
-            for q in (await producer.instance.route(topic)).write_queues:
-                res = await pc.pull(q, 0, max_nums=32)
-                copies += [m for m in res.messages if m.body == b"retried"]
+            queues = (await producer.instance.route(topic)).write_queues
+
+            async def both_copies():
+                copies = []
+                for q in queues:
+                    res = await pc.pull(q, 0, max_nums=32)
+                    copies += [m for m in res.messages if m.body == b"retried"]
+                return copies if len(copies) >= 2 else None
+            copies = await wait_until(both_copies, 10, "both copies in the consume queues")
         assert len(copies) == 2 and {m.msg_id for m in copies} == {result.msg_id}
 
 
