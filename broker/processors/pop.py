@@ -59,6 +59,7 @@ import base64
 import contextlib
 import itertools
 import logging
+import math
 import random
 import time
 import typing
@@ -185,6 +186,7 @@ class _Popped:
     counts: list = attrs.Factory(list)  # (topicType, queueId, attempts)  order pops
     rest: int = 0
     waits: list = attrs.Factory(list)  # (topic, queueId, offset) a held pop waits beyond
+    wake_at_ms: float = math.inf  # the earliest deadline of a FIFO queue that blocked this pop
 
 
 @attrs.define(eq=False)
@@ -285,7 +287,9 @@ class PopProcessor(RequestProcessor):
         self.held_by_conn[conn] = self.held_by_conn.get(conn, 0) + 1
         try:
             while not popped.records and trio.current_time() < deadline:
-                with trio.move_on_at(deadline):
+                # (a blocked FIFO queue frees itself at its deadline: no event says so)
+                unblocked = trio.current_time() + max(popped.wake_at_ms - self.clock_ms(), 0) / 1000 + 0.001
+                with trio.move_on_at(min(deadline, unblocked)):
                     await self._wait_for_news(popped.waits)
                 topic_cfg, sub = self._check_pop(attrs.evolve(h, born_time=0))
                 popped = await self._pop_once(h, topic_cfg, sub)
@@ -383,6 +387,7 @@ class PopProcessor(RequestProcessor):
         attempts = 0
         if h.order:
             if state.pop.blocked(h.group, topic, queue_id, pop_time):
+                popped.wake_at_ms = min(popped.wake_at_ms, state.pop.order_ck(h.group, topic, queue_id).deadline)
                 return None, []  # an ack (state_changed) or the deadline frees it
             prev = state.pop.order_ck(h.group, topic, queue_id)
             if prev is not None and prev.unacked and offset <= prev.offsets[-1]:
