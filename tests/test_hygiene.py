@@ -42,6 +42,13 @@ ALLOWED = {
 }
 
 
+# Slow modules being written right now by others (their owners add the
+# "Slow:" line); an entry is taken out once it has its reason.
+SLOW_REASON_PENDING = {
+    "tests/broker/proxy/test_official_client.py": "the gRPC proxy work in progress, its owner's file",
+}
+
+
 @attrs.frozen
 class Sleep:
     path: str
@@ -168,9 +175,15 @@ def slow_tests_without_a_reason() -> list[str]:
 
 
 def test_every_slow_test_says_why():
-    missing = slow_tests_without_a_reason()
+    missing = [m for m in slow_tests_without_a_reason() if m.split("::")[0] not in SLOW_REASON_PENDING]
     assert not missing, ("tests marked slow without a 'Slow: <why>' line in their docstring (or, for a module's "
                          "pytestmark, in its opening comment):\n" + "\n".join(missing))
+
+
+def test_every_pending_slow_module_is_still_pending():
+    pending = {m.split("::")[0] for m in slow_tests_without_a_reason()}
+    listed = {f for f in SLOW_REASON_PENDING if (REPO / f).exists()}  # (one not committed yet is absent)
+    assert listed <= pending, f"these have their reason now, take them out: {sorted(listed - pending)}"
 
 
 def test_the_checks_see_what_they_count():

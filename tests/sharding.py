@@ -1,0 +1,109 @@
+# Owns how one pytest process takes its share of the tests when
+# tests/run_suite.py runs the slow ones as shards side by side (a pytest
+# plugin: `-p tests.sharding --shard I/N`).  Every shard collects the same
+# tests and splits them the same way, so the shards never overlap and
+# together run every selected test:
+#   * whole files, so that a module's fixtures (a cluster for the module)
+#     start once;
+#   * balanced by each file's seconds in the last run (--shard-known, a JSON
+#     map file -> seconds that run_suite keeps), else the SEED below, else
+#     DEFAULT: longest first, each to the shard with the least so far;
+#   * with --shard-times PATH, the shard writes how long each of its tests
+#     took (setup + call + teardown) there, for run_suite's report and its
+#     next split.
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+# Seconds per file of the slow tests, from the last recorded `make test`
+# (the 15 slowest) and runs of single files; only for a tree with no
+# recorded run yet.
+SEED = {
+    "tests/broker/compat/test_planned_operations.py": 110.0,
+    "tests/broker/compat/test_stock_broker.py": 85.0,
+    "tests/tools/pipeline/test_pipeline_cluster.py": 85.0,
+    "tests/tools/chaos/test_nemesis.py": 60.0,
+    "tests/tools/mqadmin/test_online.py": 50.0,
+    "tests/broker/compat/test_stock_features.py": 48.0,
+    "tests/broker/test_multi_group.py": 40.0,
+    "tests/tools/migrate/test_mixed.py": 31.0,
+    "tests/tools/test_bench_compare.py": 28.0,
+    "tests/commitlog/test_cluster_chaos.py": 21.0,
+    "tests/broker/store/test_disk_full.py": 15.0,
+    "tests/broker/client/test_client_groups.py": 13.0,
+    "tests/broker/client/test_client_roundtrip.py": 13.0,
+    "tests/broker/store/test_schedule.py": 12.0,
+}
+DEFAULT = 8.0
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("ledgermq shards")
+    group.addoption("--shard", default=None, metavar="I/N", help="run the I-th (0-based) of N shards of the tests")
+    group.addoption("--shard-known", default=None, metavar="PATH", help="JSON file -> seconds of the last run")
+    group.addoption("--shard-times", default=None, metavar="PATH", help="write this shard's test durations here")
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def split(files: list[str], weights: dict[str, float], n: int) -> dict[str, int]:
+    """file -> shard: longest first, each to the least loaded shard (ties
+    by name and index, so every shard computes the same split)."""
+    load = [0.0] * n
+    owner = {}
+    for f in sorted(files, key=lambda f: (-weights[f], f)):
+        k = min(range(n), key=lambda k: (load[k], k))
+        owner[f] = k
+        load[k] += weights[f]
+    return owner
+
+
+def _known(path: str | None) -> dict[str, float]:
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+        assert 0 <= i < n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"--shard wants I/N with 0 <= I < N, not {spec!r}") from None
+    files = list(dict.fromkeys(_file(it) for it in items))
+    known = _known(config.getoption("--shard-known"))
+    owner = split(files, {f: known.get(f, SEED.get(f, DEFAULT)) for f in files}, n)
+    keep = [it for it in items if owner[_file(it)] == i]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[it for it in items if owner[_file(it)] != i])
+        items[:] = keep
+
+
+class _Times:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] += report.duration
+
+    def pytest_sessionfinish(self, session):
+        Path(self.path).write_text(json.dumps(self.seconds))
+
+
+def pytest_configure(config):
+    path = config.getoption("--shard-times")
+    if path:
+        config.pluginmanager.register(_Times(path), "ledgermq-shard-times")

@@ -1,0 +1,35 @@
+# Owns the checks of tests/sharding.py, the split of the slow tests into
+# shards that tests/run_suite.py runs side by side: every shard computes the
+# same split, whole files, disjoint, and together every selected test.
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO_ROOT
+from tests.sharding import split
+
+
+def test_split_balances_longest_first_and_is_the_same_everywhere():
+    weights = {"a": 100.0, "b": 60.0, "c": 50.0, "d": 10.0, "e": 8.0}
+    owner = split(list(weights), weights, 2)
+    assert owner == split(list(reversed(weights)), weights, 2)  # the order files were found in does not matter
+    loads = [sum(w for f, w in weights.items() if owner[f] == k) for k in range(2)]
+    assert sorted(loads) == [110.0, 118.0]
+    assert set(split(["x"], {"x": 1.0}, 3).values()) == {0}
+
+
+def test_shards_run_every_test_once(tmp_path):
+    for name, n in (("test_one.py", 3), ("test_two.py", 2), ("test_three.py", 1), ("test_four.py", 4)):
+        (tmp_path / name).write_text("".join(f"def test_{i}():\n    pass\n" for i in range(n)))
+    (tmp_path / "known.json").write_text(json.dumps({"test_four.py": 50}))
+    seen = {}
+    for i in range(2):
+        times = tmp_path / f"times-{i}.json"
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.sharding",
+                            f"--shard={i}/2", f"--shard-known={tmp_path / 'known.json'}", f"--shard-times={times}",
+                            "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
+                           capture_output=True, text=True, cwd=REPO_ROOT, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        seen[i] = {k.split("::")[0].rsplit("/", 1)[-1] for k in json.loads(times.read_text())}
+        assert len(json.loads(times.read_text())) == (4 if i == 0 else 6)
+    assert seen == {0: {"test_four.py"}, 1: {"test_one.py", "test_two.py", "test_three.py"}}
