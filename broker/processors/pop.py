@@ -47,7 +47,10 @@
 # FIFO (order=true): a queue with an unacked order checkpoint whose
 # deadline is ahead is skipped; once it is acked the offset moves, once
 # it expires the next order pop hands the same messages out again with
-# reconsumeTimes + the attempts so far (orderCountInfo).
+# reconsumeTimes + the attempts so far (orderCountInfo) -- or, when that
+# would pass the group's retryMaxTimes, appends them to %DLQ%<group>
+# together with the op that moves the offset past them (as the proxy's
+# FIFO consumers do for a message past its max attempts).
 #
 # Held pops (pollTime) wait in their own task on the dispatcher's queue
 # arrivals (the queues they could pop from, at the offsets they would read)
@@ -67,7 +70,7 @@ import typing
 import attrs
 import trio
 
-from broker.common.permissions import PERM_READ
+from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.subscription import Subscription, SubscriptionError, parse_subscription
 from broker.config import LiveConfig
 from broker.metadata.pop import ORDER_REVIVE_QID, PopAckOp, PopChangeOp, PopCheckpoint, PopCheckpointOp
@@ -80,10 +83,11 @@ from broker.processors.pop_receipt import (
     parse_receipt,
     pop_retry_topic,
     real_topic,
+    revived,
     topic_type,
 )
 from broker.processors.pull import _sql_accept, client_address
-from broker.processors.retry import ensure_group
+from broker.processors.retry import DLQ_NUMS_PER_GROUP, dlq_topic, ensure_group, ensure_topic
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -202,7 +206,8 @@ class PopProcessor(RequestProcessor):
     ck_locks: KeyedLocks = attrs.Factory(KeyedLocks)
     held: int = 0
     held_by_conn: dict = attrs.Factory(dict)
-    stats: dict = attrs.Factory(lambda: {"popped": 0, "acked": 0, "changed": 0, "polling_full": 0})
+    stats: dict = attrs.Factory(lambda: {"popped": 0, "acked": 0, "changed": 0, "polling_full": 0,
+                                         "fifo_to_dlq": 0})
     _changed: trio.Event = attrs.Factory(trio.Event)
     _rr: typing.Iterator[int] = attrs.Factory(itertools.count)
 
@@ -274,7 +279,7 @@ class PopProcessor(RequestProcessor):
             raise PopError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{h.group}] does not exist")
         if not group_cfg.consume_enable:
             raise PopError(ResponseCode.NO_PERMISSION, f"subscription group no permission, {h.group}")
-        popped = await self._pop_once(h, topic_cfg, sub)
+        popped = await self._pop_once(h, topic_cfg, sub, group_cfg.retry_max_times)
         if popped.records or h.poll_time <= 0:
             return self._pop_response(request, h, popped)
         cfg = self.config.current
@@ -292,7 +297,7 @@ class PopProcessor(RequestProcessor):
                 with trio.move_on_at(min(deadline, unblocked)):
                     await self._wait_for_news(popped.waits)
                 topic_cfg, sub = self._check_pop(attrs.evolve(h, born_time=0))
-                popped = await self._pop_once(h, topic_cfg, sub)
+                popped = await self._pop_once(h, topic_cfg, sub, group_cfg.retry_max_times)
         finally:
             self.held -= 1
             n = self.held_by_conn[conn] - 1
@@ -330,12 +335,13 @@ class PopProcessor(RequestProcessor):
             return retry + main
         return main + retry
 
-    async def _pop_once(self, h: PopHeader, topic_cfg, sub: Subscription) -> _Popped:
+    async def _pop_once(self, h: PopHeader, topic_cfg, sub: Subscription, max_times: int) -> _Popped:
         self.store.gate.check_writable()
         pop_time = self.clock_ms()
         popped = _Popped(pop_time)
         taken: list = []
         cks: list[tuple[PopCheckpoint, list]] = []
+        dead: list[bytes] = []  # FIFO messages past retryMaxTimes, for the DLQ
         try:
             for topic, queue_id in self._sources(h, topic_cfg):
                 key = (h.group, topic, queue_id)
@@ -344,10 +350,13 @@ class PopProcessor(RequestProcessor):
                 taken.append(key)
                 left = h.max_nums - sum(len(c.offsets) for c, _ in cks)
                 ck, raws = self._read_queue(h, topic, queue_id, left, pop_time, sub, popped)
+                if ck is not None and ck.attempts and M.decode(raws[0]).reconsume_times + ck.attempts > max_times:
+                    dead += await self._to_dlq(ck, raws)
+                    ck, raws = attrs.evolve(ck, offsets=()), []  # the offset moves past them
                 if ck is not None:
                     cks.append((ck, raws))
             if cks:
-                bodies = [self.metadata.encode(PopCheckpointOp(ck)) for ck, _ in cks]
+                bodies = dead + [self.metadata.encode(PopCheckpointOp(ck)) for ck, _ in cks]
                 self.store.gate.check_writable()
                 placed = await self.store.replica.append(bodies)
                 await self.metadata.wait_applied(placed[-1][0])
@@ -368,7 +377,25 @@ class PopProcessor(RequestProcessor):
             if self.on_checkpoint is not None and not ck.order:
                 self.on_checkpoint(ck.deadline)
         self.stats["popped"] += len(popped.records)
+        if dead:
+            self.stats["fifo_to_dlq"] += len(dead)
+            self.state_changed()  # the queue moved on: held pops look again
         return popped
+
+    async def _to_dlq(self, ck: PopCheckpoint, raws: list) -> list[bytes]:
+        """The DLQ records of a FIFO batch handed out too often (its
+        reconsumeTimes would pass the group's retryMaxTimes)."""
+        cfg = self.config.current
+        await ensure_topic(self.metadata, dlq_topic(ck.group), DLQ_NUMS_PER_GROUP, PERM_READ | PERM_WRITE)
+        out = []
+        for raw in raws:
+            rec = M.decode(raw)
+            rec = attrs.evolve(rec, reconsume_times=rec.reconsume_times + ck.attempts - 1)
+            out.append(M.encode(revived(rec, rec.physical_offset, ck.topic, to_dlq=True, group=ck.group,
+                                        now_ms=self.clock_ms(), store_host=cfg.store_host)))
+        log.info("%d FIFO messages of %s@%d go to %s after %d attempts", len(out), ck.topic, ck.queue_id,
+                 dlq_topic(ck.group), ck.attempts)
+        return out
 
     def _read_queue(self, h: PopHeader, topic: str, queue_id: int, left: int, pop_time: int, sub: Subscription,
                     popped: _Popped) -> tuple[PopCheckpoint | None, list]:

@@ -14,10 +14,19 @@
 # (int for reviveQid and queueId), none negative (popTime, invisibleTime,
 # offsets), and a broker name of at most 255 characters: anything else is
 # an "invalid receipt" (ReceiptError), answered INVALID_PARAMETER by the
-# processors, never an exception further up.  Pure.
+# processors, never an exception further up.
+#
+# Also the rewrite of a message that goes back (revived: an expired
+# ordinary pop, to the retry topic or the DLQ; a FIFO message past its
+# attempts, to the DLQ): body, flag, sysflag, born fields and properties
+# kept, RETRY_TOPIC = the original topic, ORIGIN_MESSAGE_ID set once,
+# reconsumeTimes + 1, POP_CK and DELAY dropped.  Pure.
 import attrs
 
+from broker.common.msgid import offset_msg_id
 from broker.metadata.pop import ORDER_REVIVE_QID
+from broker.processors.retry import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC, dlq_topic
+from consumequeue import record as M
 
 RETRY_PREFIX = "%RETRY%"
 TOPIC_NORMAL, TOPIC_RETRY_V1, TOPIC_RETRY_V2 = "0", "1", "2"
@@ -122,3 +131,23 @@ def decode_bitset(data: bytes, limit: int = 4096) -> list[int]:
     if len(data) > limit:
         raise ReceiptError(f"invalid batch ack: a bit set of {len(data)} bytes (at most {limit})")
     return [i * 8 + b for i, byte in enumerate(data) for b in range(8) if byte >> b & 1]
+
+
+def original_topic(ck_topic: str, group: str) -> str:
+    """The normal topic a checkpoint's messages belong to."""
+    prefix = f"{RETRY_PREFIX}{group}_"
+    return ck_topic[len(prefix):] if ck_topic.startswith(prefix) else ck_topic
+
+
+def revived(rec: M.MessageRecord, phy: int, topic: str, *, to_dlq: bool, group: str, now_ms: int,
+            store_host: M.HostAddr) -> M.MessageRecord:
+    """The pure rewrite of one unacked message (see the header)."""
+    props = dict(rec.properties)
+    props.setdefault(PROPERTY_RETRY_TOPIC, topic)
+    props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, offset_msg_id(rec.store_host, phy))
+    props.pop(M.PROPERTY_DELAY, None)
+    props.pop("POP_CK", None)
+    target = dlq_topic(group) if to_dlq else pop_retry_topic(topic, group)
+    return M.MessageRecord(topic=target, body=rec.body, properties=props, queue_id=0, flag=rec.flag,
+                           sysflag=rec.sysflag, born_timestamp=rec.born_timestamp, born_host=rec.born_host,
+                           store_timestamp=now_ms, store_host=store_host, reconsume_times=rec.reconsume_times + 1)

@@ -34,21 +34,13 @@ import typing
 import attrs
 import trio
 
-from broker.common.msgid import offset_msg_id
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.values import InvalidMetadataError
 from broker.config import LiveConfig
 from broker.metadata.pop import PopCheckpoint, PopReviveOp
 from broker.processors.pop import PopProcessor
-from broker.processors.pop_receipt import RETRY_PREFIX, pop_retry_topic
-from broker.processors.retry import (
-    DLQ_NUMS_PER_GROUP,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_RETRY_TOPIC,
-    dlq_topic,
-    ensure_group,
-    ensure_topic,
-)
+from broker.processors.pop_receipt import original_topic, pop_retry_topic, revived
+from broker.processors.retry import DLQ_NUMS_PER_GROUP, dlq_topic, ensure_group, ensure_topic
 from broker.store.broker_store import BrokerStore
 from commitlog.errors import CommitLogError, NotLeaderError, QuorumTimeoutError
 from consumequeue import record as M
@@ -58,26 +50,6 @@ log = logging.getLogger("ledgermq.pop")
 
 REVIVE_BATCH = 16  # checkpoints per append (up to 32 messages each)
 ERROR_BACKOFF_S = 1.0
-
-
-def original_topic(ck_topic: str, group: str) -> str:
-    """The normal topic a checkpoint's messages belong to."""
-    prefix = f"{RETRY_PREFIX}{group}_"
-    return ck_topic[len(prefix):] if ck_topic.startswith(prefix) else ck_topic
-
-
-def revived(rec: M.MessageRecord, phy: int, topic: str, *, to_dlq: bool, group: str, now_ms: int,
-            store_host: M.HostAddr) -> M.MessageRecord:
-    """The pure rewrite of one unacked message (see the header)."""
-    props = dict(rec.properties)
-    props.setdefault(PROPERTY_RETRY_TOPIC, topic)
-    props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, offset_msg_id(rec.store_host, phy))
-    props.pop(M.PROPERTY_DELAY, None)
-    props.pop("POP_CK", None)
-    target = dlq_topic(group) if to_dlq else pop_retry_topic(topic, group)
-    return M.MessageRecord(topic=target, body=rec.body, properties=props, queue_id=0, flag=rec.flag,
-                           sysflag=rec.sysflag, born_timestamp=rec.born_timestamp, born_host=rec.born_host,
-                           store_timestamp=now_ms, store_host=store_host, reconsume_times=rec.reconsume_times + 1)
 
 
 @attrs.define(eq=False)

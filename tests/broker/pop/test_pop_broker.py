@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from broker.client import PopStatus
+from consumequeue import record as M
 from tests.broker.pop.pop_helpers import pop_bed
 from tests.helpers.waiting import wait_until
 
@@ -159,3 +160,25 @@ async def test_a_held_pop_wakes_on_a_send_and_the_budget_is_polling_full(tmp_pat
             assert full.status is PopStatus.POLLING_FULL
             await bed.send(T, 1)
         assert [m.message.body for m in got[0].messages] == [b"m0"]
+
+
+async def test_fifo_messages_past_retry_max_times_go_to_the_dlq(tmp_path):
+    async with pop_bed(tmp_path) as bed:
+        await bed.create_group(G, retry_max_times=1)
+        await bed.send(T, 1, queue_id=3, prefix="f")
+        first = await bed.pc.pop(bed.addr, G, T, order=True, max_nums=1, invisible_ms=200)
+        assert [(m.message.body, m.reconsume_times) for m in first.messages] == [(b"f0", 0)]
+        await bed.send(T, 1, queue_id=3, prefix="z")
+        again = await bed.pc.pop(bed.addr, G, T, order=True, max_nums=1, invisible_ms=200, poll_ms=10000)
+        assert [(m.message.body, m.reconsume_times) for m in again.messages] == [(b"f0", 1)]
+        # a third time would pass retryMaxTimes 1: f0 goes to %DLQ%G and the queue moves on
+        after = await bed.pc.pop(bed.addr, G, T, order=True, max_nums=1, invisible_ms=60000, poll_ms=10000)
+        assert [m.message.body for m in after.messages] == [b"z0"]
+
+        def dlq():
+            cq = bed.broker.store.cq.engine.cqs.get(f"%DLQ%{G}", 0)
+            return [] if cq is None else [M.decode(bed.broker.store.cq.engine.source.read(u.phy, u.size))
+                                          for u in cq.read(0, 10)]
+        (dead,) = await wait_until(dlq, 10, "f0 in the DLQ")
+        assert dead.body == b"f0" and dead.reconsume_times == 2 and dead.properties["RETRY_TOPIC"] == T
+        assert bed.pop.stats["fifo_to_dlq"] == 1
