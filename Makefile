@@ -32,8 +32,8 @@ native: $(STAMP)
 	flock .native.lock $(VPY) native/_build.py
 
 # The layer contract (pyproject.toml, import-linter) first: an upward import
-# fails the suite before any test runs.  The suite runs as two pytest
-# processes side by side (tests/run_suite.py: the `slow` tests, and the
+# fails the suite before any test runs.  The suite runs as pytest processes
+# side by side (tests/run_suite.py: the `slow` tests in two shards, and the
 # others under nice); PYTEST_ARGS="..." runs plain `pytest ...` instead.
 test: setup native
 	$(VENV)/bin/lint-imports
