@@ -11,7 +11,8 @@
 #   python -m tests.run_suite ARGS...      # plain `pytest ARGS...` (one process)
 #
 # LEDGERMQ_SLOW_SHARDS=N sets the number of slow shards (1: one process, as
-# before).  Each shard takes whole files, balanced by their seconds in the
+# before); LEDGERMQ_SUITE_PATHS="PATH ..." runs the same arrangement over
+# those paths only (to try it on a subset).  Each shard takes whole files, balanced by their seconds in the
 # last run (tests/sharding.py; the times are kept in the venv, SLOW_TIMES).
 # The first shard's output streams; the others' go to files and are printed
 # when all are done, then the 15 slowest slow tests of all shards.  The exit
@@ -19,6 +20,7 @@
 # failure, as in .ci/run).
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,6 +30,7 @@ from pathlib import Path
 NICE = 10
 SHARDS = int(os.environ.get("LEDGERMQ_SLOW_SHARDS", "2"))
 SLOW_TIMES = Path(sys.prefix) / "ledgermq-slow-test-seconds.json"  # file -> seconds, from the last run
+PATHS = shlex.split(os.environ.get("LEDGERMQ_SUITE_PATHS", ""))
 
 
 def _pytest(*args: str) -> list[str]:
@@ -90,7 +93,7 @@ def main(argv: list[str]) -> int:
         logs = [open(tmp_dir / name, "w+b") for name in ["quick.log"] + [f"slow-{i}.log" for i in range(1, shards)]]
         procs: list[subprocess.Popen] = []
         try:
-            procs.append(subprocess.Popen(_pytest("-m", "not slow", "-p", "no:cacheprovider"), stdout=logs[0],
+            procs.append(subprocess.Popen(_pytest("-m", "not slow", "-p", "no:cacheprovider", *PATHS), stdout=logs[0],
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           preexec_fn=lambda: os.nice(NICE)))
             print(f"tests not marked slow: running beside these under nice {NICE} (pid {procs[0].pid}); "
@@ -98,7 +101,7 @@ def main(argv: list[str]) -> int:
 
             def slow(i: int) -> list[str]:
                 return _pytest("-m", "slow", "-p", "tests.sharding", f"--shard={i}/{shards}",
-                               f"--shard-known={SLOW_TIMES}", f"--shard-times={tmp_dir / f'shard-{i}.json'}")
+                               f"--shard-known={SLOW_TIMES}", f"--shard-times={tmp_dir / f'shard-{i}.json'}", *PATHS)
             for i in range(1, shards):
                 procs.append(subprocess.Popen(slow(i), stdout=logs[i], stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL))
