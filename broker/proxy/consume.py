@@ -13,8 +13,9 @@
 #                    (auto_renew, no invisible_duration) gets 60 s, RocketMQ's
 #                    default; the proxy does not renew it in the background.
 #   AckMessage       ACK_MESSAGE 200051 per entry, to the master of the
-#                    receipt's broker; the topic is the receipt's (a retry
-#                    topic for a redelivered message).
+#                    receipt's broker, naming the topic the client consumes:
+#                    the broker finds the retry topic a redelivered message
+#                    came from by the receipt's topicType (ExtraInfoUtil.getRealTopic).
 #   ChangeInvisibleDuration  CHANGE_MESSAGE_INVISIBLETIME 200053 -> the new receipt.
 #   ForwardMessageToDeadLetterQueue  CONSUMER_SEND_MSG_BACK 36 with
 #                    delayLevel -1 (straight to %DLQ%group), then the ack.
@@ -44,7 +45,6 @@ MAX_INVISIBLE_MS = 12 * 3600 * 1000
 DEFAULT_INVISIBLE_MS = 60_000  # auto_renew without a duration (push consumers)
 MAX_BATCH = 32
 MAX_ACK_ENTRIES = 64
-RETRY_PREFIX = "%RETRY%"
 _NOT_FOUND = (ResponseCode.POLLING_TIMEOUT, ResponseCode.NO_MESSAGE, ResponseCode.PULL_NOT_FOUND)
 
 
@@ -64,14 +64,6 @@ class Receipt:
     @property
     def expires_ms(self) -> int:
         return self.pop_time + self.invisible_ms
-
-    def topic(self, topic: str, group: str) -> str:
-        """The topic the message was popped from (the receipt's topicType)."""
-        if self.topic_type == "1":
-            return f"{RETRY_PREFIX}{group}_{topic}"
-        if self.topic_type == "2":
-            return f"{RETRY_PREFIX}{group}+{topic}"
-        return topic
 
     def handle(self) -> str:
         return self.text if self.commitlog_offset is None else f"{self.text} {self.commitlog_offset}"
@@ -212,7 +204,7 @@ class ConsumeRpcs:
     async def _ack_one(self, topic: str, group: str, receipt: Receipt) -> None:
         _name, addr = await self._broker_addr(topic, receipt.broker_name)
         req = RemotingCommand.create_request(RequestCode.ACK_MESSAGE, {
-            "consumerGroup": group, "topic": receipt.topic(topic, group), "queueId": str(receipt.queue_id),
+            "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
             "extraInfo": receipt.text, "offset": str(receipt.queue_offset)})
         await self.inst.invoke(addr, req)
 
@@ -250,7 +242,7 @@ class ConsumeRpcs:
                 raise RequestInvalid(pb.Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms is illegal")
             _name, addr = await self._broker_addr(topic, receipt.broker_name)
             req = RemotingCommand.create_request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
-                "consumerGroup": group, "topic": receipt.topic(topic, group), "queueId": str(receipt.queue_id),
+                "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
                 "extraInfo": receipt.text, "offset": str(receipt.queue_offset), "invisibleTime": str(invisible)})
             r = await self.inst.invoke(addr, req)
             f = r.ext_fields

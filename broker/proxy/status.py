@@ -11,6 +11,7 @@
 #   SLAVE_NOT_AVAILABLE 11             -> HA_NOT_AVAILABLE 50002
 #   a timeout                          -> PROXY_TIMEOUT 50400
 #   REQUEST_CODE_NOT_SUPPORTED 3       -> NOT_IMPLEMENTED 50100
+#   NO_MESSAGE 208 (ack, change)       -> INVALID_RECEIPT_HANDLE 40013
 #   SUBSCRIPTION_* 23..26              -> CONSUMER_GROUP_NOT_FOUND 40403 / ILLEGAL_FILTER_EXPRESSION 40010
 #   anything else                      -> INTERNAL_SERVER_ERROR 50001
 # A send that failed every attempt is judged by its last attempt's error.
@@ -39,6 +40,7 @@ _BY_RESPONSE = {
     ResponseCode.SUBSCRIPTION_NOT_EXIST: pb.Code.CONSUMER_GROUP_NOT_FOUND,
     ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST: pb.Code.CONSUMER_GROUP_NOT_FOUND,
     ResponseCode.INVALID_PARAMETER: pb.Code.BAD_REQUEST,
+    ResponseCode.NO_MESSAGE: pb.Code.INVALID_RECEIPT_HANDLE,  # an ack or change of what was acked or revived
 }
 
 

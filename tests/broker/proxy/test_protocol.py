@@ -382,3 +382,14 @@ def test_receive_ack_and_change_invisible(env):
         st, again = receive(env, receive_request("Pop", group, poll_s=5))
     assert [m.body for m in again] == [b"p1"]
     assert again[0].system_properties.delivery_attempt == 2
+    ack = S.AckMessageRequest()
+    ack.group.name, ack.topic.name = group, "Pop"
+    ack.entries.add(message_id=again[0].system_properties.message_id,
+                    receipt_handle=again[0].system_properties.receipt_handle)
+    assert env.stub.AckMessage(ack, metadata=metadata(), timeout=10).status.code == pb.Code.OK
+    # Acked for good: the broker refuses to change what was acked (the ack
+    # reached the retry topic's checkpoint, not another one).
+    change.receipt_handle = again[0].system_properties.receipt_handle
+    change.invisible_duration.seconds = 30
+    r = env.stub.ChangeInvisibleDuration(change, metadata=metadata(), timeout=10)
+    assert r.status.code == pb.Code.INVALID_RECEIPT_HANDLE, r.status
