@@ -56,7 +56,10 @@
 # arrivals (the queues they could pop from, at the offsets they would read)
 # and on acks, changes and revives of their group; at most
 # popPollingMaxHeldPerConnection per connection and popPollingMaxHeld in
-# all, past which a pop is answered POLLING_FULL at once.  A queue whose
+# all, past which a pop is answered POLLING_FULL at once.  Both stay below
+# the remoting server's in-flight budgets (serverMaxInFlightPerConnection
+# 1024, serverMaxInFlightRequests 10000), so held pops always leave room for
+# the acks, sends and heartbeats on the same connections.  A queue whose
 # group has popInflightMessageThreshold unacked messages is skipped.
 import base64
 import contextlib

@@ -23,8 +23,9 @@
 # if the leader dies between, the op (last) is not committed and the new
 # master revives the checkpoint again -- a message may come back twice,
 # never not at all.  A message the log no longer holds (retention) is
-# skipped with a warning.  Order checkpoints are not revived: their queue
-# is handed out again by the next order pop (pop.py).
+# skipped with a warning, and so is one that does not decode.  Order
+# checkpoints are not revived: their queue is handed out again by the next
+# order pop (pop.py).
 import contextlib
 import logging
 import math
@@ -152,7 +153,12 @@ class PopReviveService:
                 log.warning("pop revive: %s@%d offset %d of %s is gone (%s): skipped", ck.topic, ck.queue_id,
                             offset, ck.group, result.status.value)
                 continue
-            rec = M.decode(result.records)
+            try:
+                rec = M.decode(result.records)
+            except M.MessageFormatError as exc:
+                log.warning("pop revive: %s@%d offset %d of %s does not decode: skipped (%s)", ck.topic,
+                            ck.queue_id, offset, ck.group, exc)
+                continue
             to_dlq = rec.reconsume_times >= max_times
             if to_dlq:
                 await ensure_topic(metadata, dlq_topic(ck.group), DLQ_NUMS_PER_GROUP, PERM_READ | PERM_WRITE)

@@ -49,8 +49,9 @@ class PopBed:
 
 
 @asynccontextmanager
-async def pop_bed(tmp_path, topics=("PopT",), queues: int = 4, **conf):
-    ns_port, peer_port = free_ports(2)
+async def pop_bed(tmp_path, topics=("PopT",), queues: int = 4, ports: tuple[int, int] | None = None, **conf):
+    """`ports` (name server, DLedger peer): the same store restarted."""
+    ns_port, peer_port = ports or free_ports(2)
     async with trio.open_nursery() as nursery:
         ns = await nursery.start(serve_namesrv, NamesrvConfig(listen_port=ns_port, bind_address="127.0.0.1"))
         cfg, _ = BrokerConfig.from_dict({
@@ -62,7 +63,8 @@ async def pop_bed(tmp_path, topics=("PopT",), queues: int = 4, **conf):
                                                                       task_status=task_status))
         await broker.gate.wait_writable(timeout=20)
         for t in topics:
-            await broker.metadata.update_topic(TopicConfig(t, queues, queues, 6))
+            if broker.metadata.topic_config(t) is None:
+                await broker.metadata.update_topic(TopicConfig(t, queues, queues, 6))
 
         def known(routes) -> bool:
             return all((r := routes.topic_route(t)) is not None and

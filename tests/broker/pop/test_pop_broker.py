@@ -14,9 +14,13 @@ import pytest
 import trio
 
 from broker.client import PopStatus
+from broker.remoting.client import open_remoting_client
+from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
+from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
 from tests.broker.pop.pop_helpers import pop_bed
 from tests.helpers.waiting import wait_until
+from tools.localcluster import free_ports
 
 G = "pop_cg"
 T = "PopT"
@@ -182,3 +186,28 @@ async def test_fifo_messages_past_retry_max_times_go_to_the_dlq(tmp_path):
         (dead,) = await wait_until(dlq, 10, "f0 in the DLQ")
         assert dead.body == b"f0" and dead.reconsume_times == 2 and dead.properties["RETRY_TOPIC"] == T
         assert bed.pop.stats["fifo_to_dlq"] == 1
+
+
+async def test_checkpoints_survive_a_restart(tmp_path):
+    ports = tuple(free_ports(2))
+    async with pop_bed(tmp_path, ports=ports) as bed:
+        await bed.send(T, 2, queue_id=0)
+        res = await bed.pc.pop(bed.addr, G, T, invisible_ms=1500)
+        a, b = res.messages
+        await bed.pc.ack(bed.addr, G, T, a.receipt)
+    async with pop_bed(tmp_path, ports=ports) as bed:
+        # the restarted broker knows the checkpoint (or already revived it: only it could)
+        state = bed.broker.metadata.state.pop
+        assert [ck.unacked for ck in state.cks.values()] == [[b.queue_offset]] or bed.revive.revived == 1
+        back = await bed.pc.pop(bed.addr, G, T, invisible_ms=60000, poll_ms=10000)
+        assert [(m.message.body, m.reconsume_times) for m in back.messages] == [(b.message.body, 1)]
+        assert int(b.receipt.split(" ")[1]) + 1500 <= back.pop_time
+        assert bed.revive.revived == 1 and all(ck.topic != T for ck in state.cks.values())
+
+
+async def test_a_binary_header_cannot_carry_a_pop_code(tmp_path):
+    async with pop_bed(tmp_path) as bed, open_remoting_client() as rc:
+        truncated = RemotingCommand.create_request(RequestCode.POP_MESSAGE & 0xFFFF, {"topic": T},
+                                                   serialize_type=SerializeType.ROCKETMQ)
+        resp = await rc.invoke(bed.addr, truncated, 5)
+        assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
