@@ -35,6 +35,16 @@ SEED = {
     "tests/broker/client/test_client_groups.py": 13.0,
     "tests/broker/client/test_client_roundtrip.py": 13.0,
     "tests/broker/store/test_schedule.py": 12.0,
+    "tests/tools/test_cli_errors.py": 27.0,
+    "tests/broker/client/test_send_async.py": 16.0,
+    "tests/broker/test_send_forwarding.py": 16.5,
+    "tests/tools/dashboard/test_browser.py": 12.5,
+    "tests/tools/chaos/test_live_fuzz.py": 12.5,
+    "tests/commitlog/test_cluster_processes.py": 12.0,
+    "tests/broker/test_send_failover.py": 11.0,
+    "tests/tools/test_brokercluster.py": 10.0,
+    "tests/broker/client/test_client_failover.py": 9.0,
+    "tests/broker/namesrv/test_cli.py": 6.0,
 }
 DEFAULT = 8.0
 
