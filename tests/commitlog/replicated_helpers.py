@@ -17,6 +17,7 @@ from commitlog.node import replica_on_store
 from commitlog.raft.state import RaftConfig
 from commitlog.store import SegmentedStore, StoreConfig
 from commitlog.transport.memory import MemoryNetwork
+from tests.helpers.waiting import wait_until
 
 IDS = ("n0", "n1", "n2")
 DATA_SEG = 64 * 1024
@@ -136,9 +137,9 @@ class Cluster:
                 await trio.sleep(0.01)
 
     async def wait_until(self, predicate, timeout: float = 10.0) -> None:
-        with trio.fail_after(timeout):
-            while not predicate():
-                await trio.sleep(0.01)
+        """predicate() checked every tick of the test's clock."""
+        await wait_until(predicate, timeout, getattr(predicate, "__name__", "a condition on the group"),
+                         interval=0.01)
 
     async def wait_committed(self, index: int, members=None, timeout: float = 10.0) -> None:
         for m in members or self.running():
