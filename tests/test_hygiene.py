@@ -45,7 +45,6 @@ ALLOWED = {
 # Slow modules being written right now by others (their owners add the
 # "Slow:" line); an entry is taken out once it has its reason.
 SLOW_REASON_PENDING = {
-    "tests/broker/proxy/test_official_client.py": "the gRPC proxy work in progress, its owner's file",
 }
 
 

@@ -12,6 +12,11 @@
 #   test_official_client_across_a_master_kill: a producer and a
 #     SimpleConsumer run while the master is killed: every acknowledged send
 #     is received and acked, and nothing acked comes back.
+#
+# Slow: a real 3-node group, a real mqproxy process and the official client
+# in subprocesses (each starts a Python with grpcio); the failover test
+# waits out the election and one invisible time after the last ack, to
+# see that nothing acked comes back.
 import json
 import subprocess
 import sys
