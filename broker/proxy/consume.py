@@ -97,7 +97,7 @@ def _duration_ms(d) -> int:
 
 class ConsumeRpcs:
     """MessagingService's consuming RPCs (a mixin: self.inst, self.cfg,
-    self.receives, self._authorize, self._refusal, self._route)."""
+    self.receives, self._authorize, self._refusal, self._route, self._relay)."""
 
     async def _broker_addr(self, topic: str, broker_name: str | None) -> tuple[str, str]:
         route = await self._route(topic)
@@ -166,8 +166,8 @@ class ConsumeRpcs:
                     "invisibleTime": str(invisible), "pollTime": str(poll), "bornTime": str(int(time.time() * 1000)),
                     "initMode": "0", "expType": exp_type, "exp": expression, "order": "true" if order else "false",
                     **({"attemptId": request.attempt_id} if request.HasField("attempt_id") else {})})
-                resp = await self.inst.invoke(addr, req, timeout=poll / 1000 + 5,
-                                              ok=(ResponseCode.SUCCESS, *_NOT_FOUND, ResponseCode.POLLING_FULL))
+                resp = await self._relay(topic, addr, req, timeout=poll / 1000 + 5,
+                                         ok=(ResponseCode.SUCCESS, *_NOT_FOUND, ResponseCode.POLLING_FULL))
         except Exception as e:
             yield S.ReceiveMessageResponse(status=self._refusal(e))
             return
@@ -206,7 +206,7 @@ class ConsumeRpcs:
         req = RemotingCommand.create_request(RequestCode.ACK_MESSAGE, {
             "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
             "extraInfo": receipt.text, "offset": str(receipt.queue_offset)})
-        await self.inst.invoke(addr, req)
+        await self._relay(topic, addr, req)
 
     async def AckMessage(self, request, context):
         try:
@@ -244,7 +244,7 @@ class ConsumeRpcs:
             req = RemotingCommand.create_request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
                 "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
                 "extraInfo": receipt.text, "offset": str(receipt.queue_offset), "invisibleTime": str(invisible)})
-            r = await self.inst.invoke(addr, req)
+            r = await self._relay(topic, addr, req)
             f = r.ext_fields
             new = (f"{receipt.queue_offset} {f.get('popTime', '')} {f.get('invisibleTime', '')} "
                    f"{f.get('reviveQid', '')} {receipt.topic_type} {receipt.broker_name} {receipt.queue_id} "
@@ -268,7 +268,7 @@ class ConsumeRpcs:
                 "offset": str(receipt.commitlog_offset), "group": group, "delayLevel": "-1",
                 "originMsgId": request.message_id, "originTopic": topic, "unitMode": "false",
                 "maxReconsumeTimes": "0"})
-            await self.inst.invoke(addr, req)
+            await self._relay(topic, addr, req)
             await self._ack_one(topic, group, receipt)
             return S.ForwardMessageToDeadLetterQueueResponse(status=ok())
         except Exception as e:

@@ -38,7 +38,7 @@ import time
 import attrs
 
 from broker.acl.plain import AclRules
-from broker.client.errors import ClientError
+from broker.client.errors import BrokerUnavailableError, ClientError, ConnectionFailedError
 from broker.client.instance import ClientInstance
 from broker.client.model import Message
 from broker.client.producer import Producer, hash_selector
@@ -141,6 +141,20 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         ep = D.Endpoints(scheme=D.AddressScheme.IPv4)
         ep.addresses.add(host=self.cfg.bind_address, port=self.cfg.grpc_port)
         return ep
+
+    async def _relay(self, topic: str, addr: str, req: RemotingCommand, timeout: float | None = None,
+                     ok: tuple | None = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+        """One remoting request for `topic`'s broker at `addr`.  A broker
+        that is gone or no longer master (connection refused or lost,
+        SERVICE_NOT_AVAILABLE) has the topic's route refreshed at once, so
+        the client's retry reaches the new master without waiting for the
+        30 s route poll."""
+        try:
+            return await self.inst.invoke(addr, req, timeout, ok=ok)
+        except (ConnectionFailedError, BrokerUnavailableError):
+            route = self.inst.cached_route(topic)
+            await self.inst.refresh_route(topic, route.version if route is not None else None)
+            raise
 
     async def _route(self, topic: str):
         route = await self.inst.route(topic)
@@ -412,7 +426,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
                 "fromTransactionCheck": "true" if from_check else "false",
                 "msgId": request.message_id or request.transaction_id, "transactionId": request.transaction_id},
                 language=LanguageCode.JAVA)
-            await self.inst.invoke(addr, req, ok=(ResponseCode.SUCCESS,))
+            await self._relay(topic, addr, req)
             self.tx.pop((topic, request.transaction_id), None)
             return S.EndTransactionResponse(status=ok())
         except Exception as e:
@@ -465,7 +479,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
             req = RemotingCommand.create_request(RequestCode.RECALL_MESSAGE, {
                 "producerGroup": topic, "topic": topic, "recallHandle": request.recall_handle,
                 "brokerName": broker_name})
-            resp = await self.inst.invoke(addr, req, ok=None)
+            resp = await self._relay(topic, addr, req, ok=None)
             if resp.code != ResponseCode.SUCCESS:
                 code = pb.Code.TOPIC_NOT_FOUND if resp.code == ResponseCode.TOPIC_NOT_EXIST else pb.Code.BAD_REQUEST
                 raise RequestInvalid(code, resp.remark or "recall failed")
