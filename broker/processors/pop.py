@@ -211,7 +211,7 @@ class PopProcessor(RequestProcessor):
     held_by_conn: dict = attrs.Factory(dict)
     stats: dict = attrs.Factory(lambda: {"popped": 0, "acked": 0, "changed": 0, "polling_full": 0,
                                          "fifo_to_dlq": 0})
-    _changed: trio.Event = attrs.Factory(trio.Event)
+    _changed: dict = attrs.Factory(dict)  # group -> the event its held pops wait on
     _rr: typing.Iterator[int] = attrs.Factory(itertools.count)
 
     CODES = (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
@@ -222,10 +222,13 @@ class PopProcessor(RequestProcessor):
     def metadata(self):
         return self.store.metadata
 
-    def state_changed(self) -> None:
-        """Acks, changes and revives wake held pops (a FIFO queue may be free)."""
-        self._changed.set()
-        self._changed = trio.Event()
+    def state_changed(self, group: str | None = None) -> None:
+        """Acks, changes and revives wake the group's held pops (a FIFO
+        queue may be free, a retry topic may have appeared); None: every group's."""
+        for g in list(self._changed) if group is None else [group]:
+            event = self._changed.pop(g, None)
+            if event is not None:
+                event.set()
 
     async def handle(self, conn, request: RemotingCommand) -> RemotingCommand:
         try:
@@ -282,6 +285,7 @@ class PopProcessor(RequestProcessor):
             raise PopError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{h.group}] does not exist")
         if not group_cfg.consume_enable:
             raise PopError(ResponseCode.NO_PERMISSION, f"subscription group no permission, {h.group}")
+        changed = self._event(h.group)  # taken before looking: no change can slip between
         popped = await self._pop_once(h, topic_cfg, sub, group_cfg.retry_max_times)
         if popped.records or h.poll_time <= 0:
             return self._pop_response(request, h, popped)
@@ -298,7 +302,8 @@ class PopProcessor(RequestProcessor):
                 # (a blocked FIFO queue frees itself at its deadline: no event says so)
                 unblocked = trio.current_time() + max(popped.wake_at_ms - self.clock_ms(), 0) / 1000 + 0.001
                 with trio.move_on_at(min(deadline, unblocked)):
-                    await self._wait_for_news(popped.waits)
+                    await self._wait_for_news(changed, popped.waits)
+                changed = self._event(h.group)
                 topic_cfg, sub = self._check_pop(attrs.evolve(h, born_time=0))
                 popped = await self._pop_once(h, topic_cfg, sub, group_cfg.retry_max_times)
         finally:
@@ -310,10 +315,15 @@ class PopProcessor(RequestProcessor):
                 del self.held_by_conn[conn]
         return self._pop_response(request, h, popped)
 
-    async def _wait_for_news(self, waits: list) -> None:
+    def _event(self, group: str) -> trio.Event:
+        event = self._changed.get(group)
+        if event is None:
+            event = self._changed[group] = trio.Event()
+        return event
+
+    async def _wait_for_news(self, changed: trio.Event, waits: list) -> None:
         """Until a message arrives beyond one of `waits` or the group's
-        checkpoints change (an ack may free a FIFO queue)."""
-        changed = self._changed
+        checkpoints change (`changed`: an ack may free a FIFO queue)."""
         arrivals = self.store.cq.dispatcher.arrivals
         async with trio.open_nursery() as nursery:
             async def one(wait) -> None:
@@ -382,7 +392,7 @@ class PopProcessor(RequestProcessor):
         self.stats["popped"] += len(popped.records)
         if dead:
             self.stats["fifo_to_dlq"] += len(dead)
-            self.state_changed()  # the queue moved on: held pops look again
+            self.state_changed(h.group)  # the queue moved on: held pops look again
         return popped
 
     async def _to_dlq(self, ck: PopCheckpoint, raws: list) -> list[bytes]:
@@ -507,7 +517,7 @@ class PopProcessor(RequestProcessor):
             op = PopAckOp(group, topic, queue_id, ck.start_offset, ck.pop_time, tuple(fresh), order)
             await self._append([op])
         self.stats["acked"] += len(fresh)
-        self.state_changed()
+        self.state_changed(group)
         return True
 
     async def _append(self, ops) -> int:
@@ -556,7 +566,7 @@ class PopProcessor(RequestProcessor):
             await self._append([PopChangeOp(group, real, qid, ck.start_offset, ck.pop_time, offset, now, invisible,
                                             ck.revive_qid, order)])
         self.stats["changed"] += 1
-        self.state_changed()
+        self.state_changed(group)
         if order:
             fields = {"popTime": ck.pop_time, "invisibleTime": now + invisible - ck.pop_time,
                       "reviveQid": ORDER_REVIVE_QID}

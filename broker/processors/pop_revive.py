@@ -139,7 +139,8 @@ class PopReviveService:
         self.revived += len(records)
         self.to_dlq += dlq
         log.info("revived %d unacked POP messages (%d to a DLQ) of %d checkpoints", len(records), dlq, len(live))
-        self.pop.state_changed()
+        for group in {ck.group for ck in live}:
+            self.pop.state_changed(group)
 
     async def _plan(self, ck: PopCheckpoint, now: int) -> list[M.MessageRecord]:
         metadata, cfg = self.bs.metadata, self.config.current

@@ -211,3 +211,19 @@ async def test_a_binary_header_cannot_carry_a_pop_code(tmp_path):
                                                    serialize_type=SerializeType.ROCKETMQ)
         resp = await rc.invoke(bed.addr, truncated, 5)
         assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+async def test_a_held_fifo_pop_wakes_when_its_queue_is_acked(tmp_path):
+    async with pop_bed(tmp_path) as bed:
+        await bed.send(T, 1, queue_id=2, prefix="a")
+        first = await bed.pc.pop(bed.addr, G, T, order=True, invisible_ms=60000)
+        await bed.send(T, 1, queue_id=2, prefix="b")
+        got = []
+
+        async def held():
+            got.append(await bed.pc.pop(bed.addr, G, T, order=True, invisible_ms=60000, poll_ms=20000))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held)
+            await wait_until(lambda: bed.pop.held == 1, 10, "the FIFO pop held")
+            await bed.pc.ack(bed.addr, G, T, first.messages[0].receipt)
+        assert [m.message.body for m in got[0].messages] == [b"b0"]
