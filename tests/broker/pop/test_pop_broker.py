@@ -157,12 +157,13 @@ async def test_a_held_pop_wakes_on_a_send_and_the_budget_is_polling_full(tmp_pat
 
         async def held():
             got.append(await bed.pc.pop(bed.addr, G, T, invisible_ms=60000, poll_ms=20000))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(held)
-            await wait_until(lambda: bed.pop.held == 1, 10, "the first pop held")
-            full = await bed.pc.pop(bed.addr, G, T, invisible_ms=60000, poll_ms=20000)
-            assert full.status is PopStatus.POLLING_FULL
-            await bed.send(T, 1)
+        with trio.fail_after(10):  # held for 20 s unless the send wakes it
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held)
+                await wait_until(lambda: bed.pop.held == 1, 10, "the first pop held")
+                full = await bed.pc.pop(bed.addr, G, T, invisible_ms=60000, poll_ms=20000)
+                assert full.status is PopStatus.POLLING_FULL
+                await bed.send(T, 1)
         assert [m.message.body for m in got[0].messages] == [b"m0"]
 
 
@@ -222,8 +223,9 @@ async def test_a_held_fifo_pop_wakes_when_its_queue_is_acked(tmp_path):
 
         async def held():
             got.append(await bed.pc.pop(bed.addr, G, T, order=True, invisible_ms=60000, poll_ms=20000))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(held)
-            await wait_until(lambda: bed.pop.held == 1, 10, "the FIFO pop held")
-            await bed.pc.ack(bed.addr, G, T, first.messages[0].receipt)
+        with trio.fail_after(10):  # held for 20 s unless the ack wakes it
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held)
+                await wait_until(lambda: bed.pop.held == 1, 10, "the FIFO pop held")
+                await bed.pc.ack(bed.addr, G, T, first.messages[0].receipt)
         assert [m.message.body for m in got[0].messages] == [b"b0"]
