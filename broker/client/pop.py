@@ -104,8 +104,10 @@ class PopClient:
         messages = []
         if status is PopStatus.FOUND:
             for m in decode_records(resp.body, MessageQueue(topic, "", queue_id)):
-                queue = MessageQueue(m.record.topic, "", m.record.queue_id)
-                messages.append(PopMessage(attrs.evolve(m, queue=queue), m.record.properties.get(PROPERTY_POP_CK, "")))
+                receipt = m.record.properties.get(PROPERTY_POP_CK, "")
+                parts = receipt.split(" ")
+                queue = MessageQueue(m.record.topic, parts[5] if len(parts) > 5 else "", m.record.queue_id)
+                messages.append(PopMessage(attrs.evolve(m, queue=queue), receipt))
         return PopResult(status, messages, int(f.get("popTime", 0)), int(f.get("invisibleTime", 0)),
                          int(f.get("reviveQid", 0)), int(f.get("restNum", 0)))
 
