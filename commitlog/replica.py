@@ -3,9 +3,14 @@
 # out every Ready against the log and the hard-state file, and only then
 # publishes the effects (messages to peers, the committed watermark, append
 # results).  Appends from clients are group-committed: everything queued while
-# the driver was busy becomes one propose() and one log write.
-#
-# Recovery from a Ready that cannot be carried out lives in replica_faults.py.
+# the driver was busy becomes one propose() and one log write; a proposal
+# that finds the driver parked with nothing else to do, under the async
+# flush policy, is carried out in submit() itself (the same steps, without
+# the task switch).  What it does when a Ready cannot be carried out or a
+# peer message breaks the core (a refused leader, no space, a core that
+# raised: nothing unwritten acknowledged, the node stays up) lives in
+# replica_faults.py; every peer message is decoded and admitted first
+# (inbox.py, admission.py).
 #
 # Durability rule: in "sync" flush policy the log is fdatasync'ed once per
 # driver round, BEFORE any message of that round leaves and before the
@@ -13,36 +18,12 @@
 # every few ms (DLedger's ASYNC_FLUSH).  Either way nothing a peer or a client
 # learns can run ahead of what this node has written.
 #
-# An entry this follower cannot place (its log does not continue where the
-# leader's entry says it does: another origin or segment size, a damaged
-# store) is refused: nothing is written, nothing is acknowledged, the core is
-# rebuilt from what is durable (as after a restart) and messages from that
-# leader in that term are dropped, so this node stops replicating from it with
-# the reason in status() and the log, instead of exiting.  A new term lifts the
-# fence (and refuses again if nothing changed); a restart after the operator
-# fixed the store starts clean.
-#
-# A write that fails for lack of space (ENOSPC/EDQUOT: hard state, append,
-# truncation) is dropped the same way but without the fence: the store has
-# zeroed what it began to write, nothing of that Ready takes effect or leaves
-# the node, and the core is rebuilt from the last durable hard state.  The
-# node stays up, acknowledges nothing it could not write, and replicates
-# again as soon as the leader retries into freed space.
-#
-# Peer input: every received message is decoded and admitted (inbox.py,
-# admission.py) before the driver sees it.  A message the core still raises
-# on (a push that would cut committed entries: a forged or broken leader)
-# is dropped and the core rebuilt from what is durable, as after a restart
-# (peer_messages_failed); a push also fences its leader for its term, as
-# entries this node cannot place do.  Nothing a peer sends ends the process.
-#
-# Append path cost: a caller is one slotted request parked on its own task
+# Append results: a caller is one slotted request parked on its own task
 # (no Event, no cancel scope), or a request with an on_done callback that
-# the driver calls as it releases it (the broker answers a burst of sends
-# from there, without waking a task); the driver releases every committed
+# the task resolving it calls (the broker answers a burst of sends from
+# there, without waking a task); the driver releases every committed
 # request in one sweep, and the ticker fails expired ones
-# (QuorumTimeoutError) once per tick.  At tens of thousands of single-entry appends per second the trio
-# primitives were most of the leader's CPU; now it is the log and the socket.
+# (QuorumTimeoutError) once per tick.
 #
 # Leader changes: an append already written when this leader steps down
 # (a leadership transfer, a lost quorum) keeps its waiter.  Raft decides its
@@ -136,6 +117,7 @@ class ReplicaNode(FaultRecovery):
     committed: Watermark = attrs.Factory(Watermark)
     soft_state: SoftState | None = attrs.field(default=None, init=False)
     _wakeup: trio.Event = attrs.Factory(trio.Event)
+    _idle: bool = False  # the driver is parked between rounds (submit() may run one inline)
     _role_changed: trio.Event = attrs.Factory(trio.Event)
     inbox: PeerInbox = attrs.field(init=False)  # peer messages admitted, not yet taken by the driver
     _ticks_due: int = 0
@@ -212,10 +194,13 @@ class ReplicaNode(FaultRecovery):
             return []
         return (await self.wait(self.submit(bodies))).result
 
-    def submit(self, bodies: Sequence[bytes]) -> AppendRequest:
+    def submit(self, bodies: Sequence[bytes], on_done: Callable[[AppendRequest], None] | None = None) \
+            -> AppendRequest:
         """The synchronous half of append(): queue the entries for the next
-        driver round (so requests submitted one after another are appended
-        in that order) and return the request to wait() on.  Raises
+        driver round, or run that round here when the driver is idle (see
+        the module comment), so requests submitted one after another are
+        appended in that order; return the request to wait() on, or give
+        it `on_done` (may be called before this returns).  Raises
         NotLeaderError or PendingFullError at once."""
         n = len(bodies)
         if self.core.role is not Role.LEADER:
@@ -223,12 +208,20 @@ class ReplicaNode(FaultRecovery):
         if self._pending_entries + n > self.max_pending:
             self.stats["pending_full"] += 1
             raise PendingFullError(self._pending_entries, self.max_pending)
-        req = AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000)
+        req = AppendRequest(bodies, trio.current_time() + self.max_wait_ack_ms / 1000, on_done=on_done)
         self._pending_entries += n
         self._proposals.append(req)
-        self._wakeup.set()
         if _rt.TRACER is not None:  # tools/bench/round.py
             _rt.TRACER.mark("submitted")
+        if self._idle and not self._wakeup.is_set() and not self.log.sync_flush:
+            self._idle = False
+            try:
+                self._propose()
+                self._send_and_commit(may_yield=False)
+            finally:
+                self._idle = True
+        else:
+            self._wakeup.set()
         return req
 
     async def wait(self, req: AppendRequest) -> AppendRequest:
@@ -434,7 +427,11 @@ class ReplicaNode(FaultRecovery):
     async def _driver(self) -> None:
         # self.core, not a local: _refuse_leader may replace it.
         while True:
-            await self._wakeup.wait()
+            self._idle = True
+            try:
+                await self._wakeup.wait()
+            finally:
+                self._idle = False
             self._wakeup = trio.Event()
             outside = bool(self._ticks_due or self.inbox)  # time passed or a peer spoke
             while self._ticks_due:
@@ -530,8 +527,8 @@ class ReplicaNode(FaultRecovery):
                 self._wrote = True
             if rd.leader_append is not None:
                 la = rd.leader_append
-                placed = logw.append_leader(la.bodies, la.term, la.magic)
-                self._assign_positions(la.first_index, placed, logw.last_stamps)
+                placed, stamps = logw.append_stamped(la.bodies, la.term, la.magic)
+                self._assign_positions(la.first_index, placed, stamps)
                 self._wrote = True
                 if _rt.TRACER is not None:
                     _rt.TRACER.mark("appended", la.first_index + len(la.bodies) - 1)
@@ -584,10 +581,19 @@ class ReplicaNode(FaultRecovery):
             # fdatasync off the event loop; the driver waits, inputs queue up
             # and become the next round's group commit.
             await self.log.flush_async()
+        if self._send_and_commit(may_yield=True):
+            # Let the transport's writers put this round's pushes on the
+            # wire before hundreds of released callers run (trio runs a
+            # batch of woken tasks in either order).
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            self._release(self.committed.value)
+
+    def _send_and_commit(self, may_yield: bool) -> bool:
+        """After this round's writes are durable (per policy): its messages
+        first (the next commit's critical path), then the commit and the
+        release of what it covers -- unless the caller may yield and there
+        are messages out and tasks to wake: then True, nothing released."""
         self._wrote = False
-        # Everything below happens only after this round's writes are
-        # durable (per policy); between the two steps the order is free.
-        # Messages go first: they are the critical path of the next commit.
         outbox, self._outbox = self._outbox, []
         send = self.transport.send
         tracer = _rt.TRACER
@@ -603,12 +609,10 @@ class ReplicaNode(FaultRecovery):
             if tracer is not None:
                 tracer.mark("committed", commit)
             if self._waiting and self._waiting[0].last_index <= commit:
-                if outbox:
-                    # Let the transport's writers put this round's pushes on
-                    # the wire before hundreds of released callers run (trio
-                    # runs a batch of woken tasks in either order).
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+                if outbox and may_yield and self._waiting[0].task is not None:
+                    return True
                 self._release(self.committed.value)
+        return False
 
     def _release(self, commit: int) -> None:
         # Hot path: every waiter whose entries are all committed, inline.

@@ -5,6 +5,24 @@
 # fence a pushing leader).  Each rebuilds the core from what is durable, as
 # a restart would, so nothing unwritten is acknowledged and the node stays
 # up.  A mixin of ReplicaNode: it works on the node's own state.
+#
+#   refused leader  an entry this follower cannot place (its log does not
+#                   continue where the leader's entry says: another origin
+#                   or segment size, a damaged store): nothing is written or
+#                   acknowledged, messages from that leader in that term are
+#                   dropped, the reason is in status() and the log; a new
+#                   term lifts the fence (and refuses again if nothing
+#                   changed), a restart after the operator fixed the store
+#                   starts clean.
+#   no space        ENOSPC/EDQUOT on the hard state, an append or a
+#                   truncation: the store zeroed what it began, nothing of
+#                   that Ready takes effect or leaves the node; no fence, so
+#                   replication resumes once the leader retries into freed
+#                   space.
+#   core raised     on an admitted message (a push that would cut committed
+#                   entries: a forged or broken leader): the message is
+#                   dropped (peer_messages_failed), a push also fences its
+#                   leader for its term.  Nothing a peer sends ends the process.
 import logging
 
 import trio

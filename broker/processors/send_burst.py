@@ -13,6 +13,8 @@
 # (SendProcessor.process).  What it needs of the general path it asks the
 # processor for (burst_hosts, burst_records, REFUSALS, refusal, ...):
 # send.py imports this module, not the other way round.
+import functools
+
 from broker.processors import send_native
 from broker.processors.forward import UNSTORED
 from broker.remoting.answers import BurstAnswers
@@ -77,17 +79,11 @@ def accept_burst(proc, conn, cmds: list):
             if lo < cmd.hi:  # this one the general path serves
                 general(i, lo - cmd.lo, cmd.send(lo).command())
                 lo += 1
-    req, error = None, None
-    if records:
-        try:
-            req = proc.replica.submit(records)  # now, so bursts reach the log in arrival order
-        except CommitLogError as exc:
-            error = exc
 
-    def settle(failed: Exception | None) -> bool:
+    def settle(req, failed: Exception | None) -> bool:
         """Every answer of the appended part, now: SUCCESS when the append
-        committed, refusals when it failed.  False, nothing done, when the
-        failure hands the sends on (the forwarder's work needs a task)."""
+        (req) committed, refusals when it failed.  False, nothing done, when
+        the failure hands the sends on (the forwarder's work needs a task)."""
         if failed is None and req is not None:
             placed, stamps = req.result, req.stamped
             for i, k, request, first, count, queue_id, uniq in parts:
@@ -125,17 +121,18 @@ def accept_burst(proc, conn, cmds: list):
         for i, k, request in unstored:
             _put(replies, cmds, i, k, await proc.unstored(request, failed, conn.remote_address))
 
-    if req is not None and not slow:
+    if records and not slow:
         # The usual burst: answered by the log's driver as the commit covers
-        # it (AppendRequest.on_done), without a task of its own.
+        # it (AppendRequest.on_done), without a task of its own -- or at
+        # once, if the log commits it within submit().
         answers = BurstAnswers()
 
-        def on_done(r) -> None:
+        def on_done(req) -> None:
             if _rt.TRACER is not None:
                 _rt.TRACER.mark("woken")
-            failed = r.error
+            failed = req.error
             try:
-                if settle(failed):
+                if settle(req, failed):
                     answers.give(replies)
                     return
             except Exception as exc:  # a bug: the connection answers SYSTEM_ERROR for all
@@ -147,8 +144,22 @@ def accept_burst(proc, conn, cmds: list):
                 return replies
             answers.give_async(handed_on)
 
-        req.on_done = on_done
+        try:
+            # now, so bursts reach the log in arrival order
+            proc.replica.submit(records, on_done=on_done)
+        except CommitLogError as exc:
+            if settle(None, exc):
+                answers.give(replies)
+            else:
+                answers.give_async(functools.partial(_hand_on_then, hand_on, exc, replies))
         return answers
+
+    req, error = None, None
+    if records:
+        try:
+            req = proc.replica.submit(records)
+        except CommitLogError as exc:
+            error = exc
 
     async def finish() -> list:
         for i, k, request in slow:
@@ -159,11 +170,16 @@ def accept_burst(proc, conn, cmds: list):
                 await proc.replica.wait(req)
             except CommitLogError as exc:
                 failed = exc
-        if not settle(failed):
+        if not settle(req, failed):
             await hand_on(failed)
         return replies
 
     return BurstAnswers.later(finish)
+
+
+async def _hand_on_then(hand_on, exc: Exception, replies: list) -> list:
+    await hand_on(exc)
+    return replies
 
 
 def _raising(exc: Exception):
