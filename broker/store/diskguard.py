@@ -13,8 +13,10 @@
 # a consume queue or index write; the ratio alone never stops replication.
 #
 # The file system is measured on demand (statvfs, a few microseconds), at
-# most every `interval` seconds while it has room, and at every check while
-# it is refusing, so freed space reopens writes with the next request.  The
+# most every `interval` seconds while it has room (for check_reserve: while
+# it has more than REMEASURE_ROOM above the reserve), and at every check
+# while it is refusing or near the reserve, so freed space reopens writes
+# with the next request.  The
 # role gate asks it before every write (gate.check_writable), so sends,
 # send-backs, delay-level deliveries, metadata and offset commits are all
 # refused the same way: SERVICE_NOT_AVAILABLE with a remark that names the
@@ -31,6 +33,7 @@ log = logging.getLogger("ledgermq.disk")
 
 DEFAULT_RESERVE = 8 * 1024 * 1024
 DEFAULT_INTERVAL = 0.1
+REMEASURE_ROOM = 1 << 30  # free bytes above the reserve that check_reserve trusts for `interval`
 
 
 @attrs.define(eq=False)
@@ -43,6 +46,7 @@ class DiskGuard:
     statvfs: object = os.statvfs   # injectable: tests script the file system
     _checked_at: float | None = None
     _full: DiskFullError | None = None
+    _roomy_until: float | None = None  # check_reserve: room measured until then
     refusals: int = 0
 
     def usage(self) -> tuple[float, int]:
@@ -55,12 +59,20 @@ class DiskGuard:
 
     def check_reserve(self) -> None:
         """Raise DiskFullError when less than the reserve is free (the rule
-        for replication, which the ratio never stops).  Measured every call:
-        it runs once per replication round that writes, not per message."""
+        for replication, which the ratio never stops).  It runs once per
+        replication round that writes -- once per message with one send in
+        flight -- so a measurement that found more than REMEASURE_ROOM
+        above the reserve is trusted for `interval` seconds (nothing this
+        process writes in a round comes near that much); nearer the
+        reserve, every call measures."""
+        now = self.clock()
+        if self._roomy_until is not None and now < self._roomy_until:
+            return
         try:
             ratio, free = self.usage()
         except OSError:
             return
+        self._roomy_until = now + self.interval if free >= self.reserve_bytes + REMEASURE_ROOM else None
         if free < self.reserve_bytes:
             raise DiskFullError(self.path, ratio)
 

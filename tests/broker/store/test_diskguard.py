@@ -64,3 +64,22 @@ def test_reserve_check_ignores_the_ratio():
     disk.free = 10
     with pytest.raises(DiskFullError):
         g.check_reserve()
+
+
+def test_reserve_check_trusts_a_roomy_measurement_for_the_interval_only():
+    disk, now = FakeDisk(free=5 << 30), [0.0]
+    g = guard(disk, now)
+    g.check_reserve()
+    g.check_reserve()                        # > 1 GiB above the reserve: trusted for the interval
+    assert disk.calls == 1
+    disk.free = 10
+    now[0] += g.interval                     # measured again once it is over
+    with pytest.raises(DiskFullError):
+        g.check_reserve()
+    with pytest.raises(DiskFullError):       # near (or below) the reserve: every call measures
+        g.check_reserve()
+    assert disk.calls == 3
+    disk.free = 2000                         # freed: the next round writes again
+    g.check_reserve()
+    g.check_reserve()
+    assert disk.calls == 5
