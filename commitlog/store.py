@@ -107,8 +107,9 @@ class AppendBatch:
 
 
 # A hook returns None, or one value per entry (an array aligned with the
-# append's result: the broker's queue offsets), kept as the store's
-# last_stamps so the appender learns them without reading the entries back.
+# append's result: the broker's queue offsets), which append_stamped hands
+# back with the positions so the appender learns them without reading the
+# entries back.
 AppendHook = Callable[[AppendBatch], "array | None"]
 LOCK_FILE = "ledgermq.lock"
 # Read maps keep the last RELEASE_KEEP bytes of the log resident; older
@@ -177,8 +178,6 @@ class SegmentedStore(StoreReads, StoreDurability):
     _base: metafiles.StoreBase | None
     _lock_fd: int
     _hooks: list[AppendHook] = attrs.field(factory=list)
-    # What the hooks returned for the last append_leader (None: nothing).
-    last_stamps: array | None = None
     # Callables returning the lowest index their owner still needs on disk
     # (the metadata snapshot's applied index, a slow consumer, ...).
     _retention_floors: list = attrs.field(factory=list)
@@ -369,8 +368,14 @@ class SegmentedStore(StoreReads, StoreDurability):
         self._hooks.remove(fn)
 
     def append_leader(self, bodies: Sequence, term: int, magic: int = MAGIC_NORMAL) -> list[tuple[int, int]]:
-        """Append one entry per body; returns (index, pos) per body.  One
-        native layout, one native seal, one pwrite per segment touched."""
+        """Append one entry per body; returns (index, pos) per body."""
+        return self.append_stamped(bodies, term, magic)[0]
+
+    def append_stamped(self, bodies: Sequence, term: int, magic: int = MAGIC_NORMAL) \
+            -> tuple[list[tuple[int, int]], array | None]:
+        """append_leader, and what the append hooks returned for it (one
+        value per entry, or None).  One native layout, one native seal,
+        one pwrite per segment touched."""
         self._check_open()
         if magic not in (MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE):
             raise ValueError(f"leader appends NORMAL, NOOP or CONFIG_CHANGE entries, not magic {magic}")
@@ -378,7 +383,7 @@ class SegmentedStore(StoreReads, StoreDurability):
             raise AppendRejectedError(f"term {term} is below the log's last term {self._end_term}")
         n = len(bodies)
         if n == 0:
-            return []
+            return [], None
         lens = array("q", map(len, bodies))
         positions = array("q", bytes(8 * n))
         start = self._end_pos
@@ -388,19 +393,19 @@ class SegmentedStore(StoreReads, StoreDurability):
         first = self._end + 1
         out = bytearray(end - start)
         layout_fill(out, b"".join(bodies), lens, positions, start, first, term, magic)
-        self.last_stamps = None
+        stamps = None
         if self._hooks:
             batch = AppendBatch(memoryview(out), start, first, term, magic, positions, lens)
             for hook in self._hooks:
-                stamps = hook(batch)
-                if stamps is not None:
-                    self.last_stamps = stamps
+                got = hook(batch)
+                if got is not None:
+                    stamps = got
         units = bytearray(UNIT * n)
         chain = layout_seal(out, positions, start, self._end_chain, True, units)
         self._write(start, out, first, units)
         self._advance(first + n - 1, term, end, chain, True)
         self._fresh = (first, positions, lens, start, out, term)
-        return list(zip(range(first, first + n), positions))
+        return list(zip(range(first, first + n), positions)), stamps
 
 
     def _write(self, pos: int, data, first_index: int, units) -> None:

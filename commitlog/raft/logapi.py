@@ -28,9 +28,6 @@ class RaftLog(Protocol):
     # SYNC_FLUSH: the shell flush()es once per round before anything is
     # acknowledged (commitlog.config.FlushDiskType).
     sync_flush: bool
-    # What the store's append hooks returned for the last append_leader:
-    # one value per entry (the broker's queue offsets), or None.
-    last_stamps: object
 
     @property
     def begin_index(self) -> int: ...
@@ -61,6 +58,10 @@ class RaftLog(Protocol):
     def append_leader(self, bodies: Sequence[bytes], term: int, magic: int) -> list[tuple[int, int]]:
         """Encode and append one entry per body at end_index + 1...; returns
         [(index, pos)] (pos assigned by the store)."""
+
+    def append_stamped(self, bodies: Sequence[bytes], term: int, magic: int) -> tuple[list[tuple[int, int]], object]:
+        """append_leader, and what the store's append hooks returned for it:
+        one value per entry (the broker's queue offsets), or None."""
 
     def append_follower(self, batch: EntryBatch) -> None:
         """Append encoded entries verbatim; batch.first_index == end_index + 1,

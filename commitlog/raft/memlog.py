@@ -36,7 +36,6 @@ _I64 = struct.Struct(">q")
 
 class MemLog:
     sync_flush = False  # nothing to fdatasync in memory
-    last_stamps = None  # no append hooks here
 
     def __init__(self) -> None:
         self._data = bytearray()
@@ -124,6 +123,9 @@ class MemLog:
     def _last_crc(self) -> int:
         end = self.end_index
         return self._prev_crc if end < self._begin else self.chain_crc_at(end)
+
+    def append_stamped(self, bodies: Sequence[bytes], term: int, magic: int) -> tuple[list[tuple[int, int]], None]:
+        return self.append_leader(bodies, term, magic), None  # no append hooks here
 
     def append_leader(self, bodies: Sequence[bytes], term: int, magic: int) -> list[tuple[int, int]]:
         if term < self.end_term:

@@ -267,8 +267,9 @@ def test_grouped_stamping_equals_record_by_record(tmp_path_factory, msgs, cuts):
         store.add_append_hook(table.append_hook)
         stamps, placed = [], []
         for batch in batches:
-            placed += store.append_leader(batch, term=1)
-            stamps += list(store.last_stamps)
+            got_placed, got_stamps = store.append_stamped(batch, term=1)
+            placed += got_placed
+            stamps += list(got_stamps)
         assert stamps == expected
         got = [bytes(store.get(i).body) for i, _ in placed]
         for (_, pos), body, qo in zip(placed, got, expected):
