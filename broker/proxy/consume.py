@@ -100,15 +100,22 @@ class ConsumeRpcs:
     self.receives, self._authorize, self._refusal, self._route, self._relay)."""
 
     async def _broker_addr(self, topic: str, broker_name: str | None) -> tuple[str, str]:
+        """(broker name, master address) for a consuming request; a route
+        without that master is refreshed once first (the election may be
+        over: the name server has no push)."""
         route = await self._route(topic)
-        names = [n for n in sorted(route.brokers) if route.master(n)]
-        if broker_name:
-            if broker_name not in route.brokers:
-                raise RequestInvalid(pb.Code.BAD_REQUEST, f"broker {broker_name[:255]} is not in the route of {topic}")
-            names = [broker_name] if route.master(broker_name) else []
-        if not names:
-            raise RequestInvalid(pb.Code.HA_NOT_AVAILABLE, f"no master for the queues of {topic} now")
-        return names[0], route.master(names[0])
+        for attempt in range(2):
+            names = [n for n in sorted(route.brokers) if route.master(n)]
+            if broker_name:
+                if broker_name not in route.brokers:
+                    raise RequestInvalid(pb.Code.BAD_REQUEST,
+                                         f"broker {broker_name[:255]} is not in the route of {topic}")
+                names = [broker_name] if route.master(broker_name) else []
+            if names:
+                return names[0], route.master(names[0])
+            if attempt == 0:
+                route = await self.inst.refresh_route(topic, route.version) or route
+        raise RequestInvalid(pb.Code.HA_NOT_AVAILABLE, f"no master for the queues of {topic} now")
 
     async def _fifo(self, topic: str, group: str) -> bool:
         """consumeMessageOrderly of the group (GET_ALL_SUBSCRIPTIONGROUP_CONFIG

@@ -173,7 +173,8 @@ def test_official_client_across_a_master_kill(group_and_proxy):
         consumer.home.cleanup()
     missing = set(acked) - set(got["acked"])
     errors = [e for e in consumer.lines if "receive_error" in e or "ack_error" in e]
-    assert got["complete"], (len(missing), sorted(missing)[:5], errors[-5:])  # nothing acknowledged is lost
+    # nothing acknowledged is lost ("missing": each missing id and how often it was delivered)
+    assert got["complete"], (len(missing), got["missing"], errors[-8:])
     # Nothing acked comes back (within an invisible time after the last ack).
     # A second copy of a message id (delivery attempt 1) is a send retried
     # across the kill, stored twice: at-least-once on the producer's side.

@@ -55,8 +55,9 @@ while time.monotonic() < deadline:
             consumer.ack(m)
             acked.add(mid)
         except Exception as e:
-            emit(ack_error=f"{type(e).__name__}: {e}"[:300])
+            emit(ack_error=f"{type(e).__name__}: {e}"[:300], id=mid)
 consumer.shutdown()
 emit(result={"acked": sorted(acked), "redelivered_after_ack": after, "duplicate_copies": copies, "changed": changed,
              "changed_deliveries": deliveries.get(changed, 0), "complete": want is not None and want <= acked,
+             "missing": {mid: deliveries.get(mid, 0) for mid in sorted((want or set()) - acked)[:20]},
              "bodies": bodies})
