@@ -22,7 +22,7 @@ import trio
 
 import broker.client as client
 from broker.remoting.codes import ResponseCode
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import eventually, wait_until
 from tools.brokercluster import LocalBrokerCluster
 from tools.mqadmin.adminapi import MQAdmin
 from tools.quickstart import verify_node
@@ -166,8 +166,11 @@ async def test_master_disk_full_refuses_writes_keeps_data_and_recovers(tmp_path)
             err = await refused(producer)
             assert err.code == ResponseCode.SERVICE_NOT_AVAILABLE and "full" in err.remark
             assert cluster.brokers["n0"].alive
-            for node in ("n0", "n1", "n2"):
-                assert await read_back(admin, cluster.addr(node)) == acked, node
+            for node in ("n0", "n1", "n2"):  # (a follower may still be taking the last sends taken)
+                async def serves_all(node=node):
+                    assert await read_back(admin, cluster.addr(node)) == acked, node
+                    return True
+                await eventually(serves_all, 20, f"{node} serving every acknowledged message")
 
             # 3. space freed: writes are accepted again by the same master
             os.unlink(filler)
