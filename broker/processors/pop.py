@@ -194,6 +194,7 @@ class _Popped:
     rest: int = 0
     waits: list = attrs.Factory(list)  # (topic, queueId, offset) a held pop waits beyond
     wake_at_ms: float = math.inf  # the earliest deadline of a FIFO queue that blocked this pop
+    moved: bool = False  # an offset moved past filtered-out messages with more to look at
 
 
 @attrs.define(eq=False)
@@ -301,8 +302,9 @@ class PopProcessor(RequestProcessor):
             while not popped.records and trio.current_time() < deadline:
                 # (a blocked FIFO queue frees itself at its deadline: no event says so)
                 unblocked = trio.current_time() + max(popped.wake_at_ms - self.clock_ms(), 0) / 1000 + 0.001
-                with trio.move_on_at(min(deadline, unblocked)):
-                    await self._wait_for_news(changed, popped.waits)
+                if not popped.moved:  # (else look further at once: the offset moved, more follows)
+                    with trio.move_on_at(min(deadline, unblocked)):
+                        await self._wait_for_news(changed, popped.waits)
                 changed = self._event(h.group)
                 topic_cfg, sub = self._check_pop(attrs.evolve(h, born_time=0))
                 popped = await self._pop_once(h, topic_cfg, sub, group_cfg.retry_max_times)
@@ -448,8 +450,10 @@ class PopProcessor(RequestProcessor):
             ck = PopCheckpoint(h.group, topic, queue_id, offset, pop_time, invisible, tuple(result.queue_offsets),
                                result.next_begin_offset, h.order, ORDER_REVIVE_QID if h.order else 0, attempts)
             return ck, _split(result.records)
-        popped.waits.append((topic, queue_id, max(result.next_begin_offset, offset)))
+        if max(result.next_begin_offset, offset) >= result.max_offset:  # caught up: wait for the next one
+            popped.waits.append((topic, queue_id, max(result.next_begin_offset, offset)))
         if result.next_begin_offset > offset:  # filtered out or moved: only the offset moves
+            popped.moved = popped.moved or result.next_begin_offset < result.max_offset
             return PopCheckpoint(h.group, topic, queue_id, offset, pop_time, h.invisible_time, (),
                                  result.next_begin_offset, h.order), []
         return None, []

@@ -229,3 +229,23 @@ async def test_a_held_fifo_pop_wakes_when_its_queue_is_acked(tmp_path):
                 await wait_until(lambda: bed.pop.held == 1, 10, "the FIFO pop held")
                 await bed.pc.ack(bed.addr, G, T, first.messages[0].receipt)
         assert [m.message.body for m in got[0].messages] == [b"b0"]
+
+
+async def test_a_tag_expression_filters_and_the_offset_moves_past_the_rest(tmp_path):
+    async with pop_bed(tmp_path) as bed:
+        await bed.send(T, 3, queue_id=0, tag="A", prefix="a")
+        await bed.send(T, 2, queue_id=0, tag="B", prefix="b")
+        res = await bed.pc.pop(bed.addr, G, T, queue_id=0, expression="B", invisible_ms=60000)
+        assert [m.message.body for m in res.messages] == [b"b0", b"b1"]
+        assert bed.broker.metadata.state.offsets.query(T, G, 0) == 5
+        got = []
+
+        async def held():  # only A's left behind the offset: a new B wakes it
+            got.append(await bed.pc.pop(bed.addr, G, T, queue_id=0, expression="B", poll_ms=20000))
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held)
+                await wait_until(lambda: bed.pop.held == 1, 10, "the pop held")
+                await bed.send(T, 1, queue_id=0, tag="A", prefix="x")
+                await bed.send(T, 1, queue_id=0, tag="B", prefix="y")
+        assert [m.message.body for m in got[0].messages] == [b"y0"]
