@@ -75,6 +75,7 @@ import trio
 
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.subscription import Subscription, SubscriptionError, parse_subscription
+from broker.common.values import RETRY_DLQ_TOPIC_MAX_LENGTH
 from broker.config import LiveConfig
 from broker.metadata.pop import ORDER_REVIVE_QID, PopAckOp, PopChangeOp, PopCheckpoint, PopCheckpointOp
 from broker.processors.base import RequestProcessor
@@ -271,6 +272,10 @@ class PopProcessor(RequestProcessor):
             raise PopError(ResponseCode.INVALID_PARAMETER,
                            f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
                            f"topicConfig.readQueueNums:[{topic_cfg.read_queue_nums}]")
+        for name in (pop_retry_topic(h.topic, h.group), dlq_topic(h.group)):
+            if len(name) > RETRY_DLQ_TOPIC_MAX_LENGTH:  # its unacked messages could never go back
+                raise PopError(ResponseCode.INVALID_PARAMETER, f"the group's POP retry or DLQ topic {name[:40]}... "
+                               f"would be longer than {RETRY_DLQ_TOPIC_MAX_LENGTH} characters")
         sub = parse_subscription(h.exp or "*", 0, h.exp_type or "TAG")
         if sub.is_sql and not cfg.enable_property_filter:
             raise PopError(ResponseCode.SYSTEM_ERROR,

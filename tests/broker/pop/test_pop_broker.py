@@ -109,6 +109,9 @@ async def test_invalid_requests_get_clear_errors(tmp_path):
         with pytest.raises(BrokerError) as err:
             await bed.pc.pop(bed.addr, G, "NoSuchTopic")
         assert err.value.code == 17
+        with pytest.raises(BrokerError) as err:  # %RETRY%<group>_<topic> would be too long
+            await bed.pc.pop(bed.addr, "g" * 250, T)
+        assert err.value.code == 29 and "retry or DLQ topic" in str(err.value)
         with pytest.raises(BrokerError) as err:
             await bed.pc.ack(bed.addr, G, T, "1 2 3 4 7 b 0 0")
         assert err.value.code == 29 and "invalid receipt" in str(err.value)
