@@ -30,8 +30,9 @@
 # in the committed log: a new master has the checkpoint and neither hands
 # those messages out again before their invisible time nor loses them
 # (they come back through the retry topic), and an acked message stays
-# acked.  A pop whose append fails is answered with the error and its
-# messages stay where they were (the offset never moved).
+# acked.  A pop whose append fails is answered with the error (through
+# base.py): its messages stay where they were, or -- an append that timed
+# out and committed after all -- come back after their invisible time.
 #
 # Ordering on the master: the offsets of one (group, topic, queue) are
 # decided under that queue's lock, held until the op is applied (the next
