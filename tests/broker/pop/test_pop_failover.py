@@ -4,13 +4,14 @@
 # invisible.  From the new master: every unacked message comes back (through
 # %RETRY%G_T, reconsumeTimes 1), none before its invisible time is over,
 # and no acked message is ever handed out again -- up to a marker sent to
-# the new master after the failover, and a drain after it.
+# the new master after the failover, and a drain after it.  A follower
+# refuses a pop (SERVICE_NOT_AVAILABLE, naming the master).
 # Slow: real processes, a kill -9.
 import time
 
 import pytest
 
-from broker.client import open_pop_client
+from broker.client import BrokerError, open_pop_client
 from broker.remoting.codes import ResponseCode
 from tools.bench.broker import create_topic_request
 from tools.brokercluster import open_broker_cluster
@@ -44,6 +45,11 @@ async def test_unacked_pops_come_back_from_a_new_master_and_acked_ones_never(tmp
                 res = await pc.pop(addr, G, TOPIC, max_nums=4, invisible_ms=INVISIBLE_MS, poll_ms=1000)
                 popped += res.messages
             assert sorted(m.message.body for m in popped) == [b"pf-%02d" % i for i in range(N)]
+            # a follower keeps no checkpoints: it refuses, naming the master
+            follower = cluster.addr(next(n for n in cluster.brokers if n != master))
+            with pytest.raises(BrokerError) as err:
+                await pc.pop(follower, G, TOPIC, invisible_ms=INVISIBLE_MS)
+            assert err.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and addr in str(err.value)
             acked, unacked = popped[::2], popped[1::2]
             for m in acked:
                 await pc.ack(addr, G, TOPIC, m.receipt)
