@@ -29,7 +29,8 @@ from pathlib import Path
 
 NICE = 10
 SHARDS = int(os.environ.get("LEDGERMQ_SLOW_SHARDS", "2"))
-SLOW_TIMES = Path(sys.prefix) / "ledgermq-slow-test-seconds.json"  # file -> seconds, from the last run
+# file -> seconds, from the last run; kept only inside a venv (make test's)
+SLOW_TIMES = Path(sys.prefix) / "ledgermq-slow-test-seconds.json" if sys.prefix != sys.base_prefix else None
 PATHS = shlex.split(os.environ.get("LEDGERMQ_SUITE_PATHS", ""))
 
 
@@ -71,6 +72,8 @@ def _report_times(times_dir: Path) -> None:
     print("\n========== slowest 15 slow tests (setup + call + teardown, all shards) ==========")
     for nodeid, s in sorted(per_test.items(), key=lambda kv: -kv[1])[:15]:
         print(f"{s:8.2f}s {nodeid}")
+    if SLOW_TIMES is None:
+        return
     per_file: dict[str, float] = {}
     for nodeid, s in per_test.items():
         path = nodeid.split("::", 1)[0]
@@ -100,8 +103,9 @@ def main(argv: list[str]) -> int:
                   "their report follows", flush=True)
 
             def slow(i: int) -> list[str]:
-                return _pytest("-m", "slow", "-p", "tests.sharding", f"--shard={i}/{shards}",
-                               f"--shard-known={SLOW_TIMES}", f"--shard-times={tmp_dir / f'shard-{i}.json'}", *PATHS)
+                known = [f"--shard-known={SLOW_TIMES}"] if SLOW_TIMES else []
+                return _pytest("-m", "slow", "-p", "tests.sharding", f"--shard={i}/{shards}", *known,
+                               f"--shard-times={tmp_dir / f'shard-{i}.json'}", *PATHS)
             for i in range(1, shards):
                 procs.append(subprocess.Popen(slow(i), stdout=logs[i], stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL))
