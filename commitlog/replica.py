@@ -77,6 +77,7 @@ from commitlog.raft.membership import ConfChange, ConfigEntry, MembershipChangeE
 from commitlog.raft.state import HardState, Ready, Role, SoftState
 from commitlog.ratelog import LogBudget
 from commitlog.replica_faults import FaultRecovery
+from commitlog.replica_results import AppendResults
 from commitlog.watermark import Watermark
 
 log = logging.getLogger("ledgermq.replica")
@@ -86,7 +87,7 @@ STALL_TICKS = 5  # a ticker this many ticks late was stalled: the missed ticks a
 
 
 @attrs.define(eq=False)
-class ReplicaNode(FaultRecovery):
+class ReplicaNode(FaultRecovery, AppendResults):
     """Drives one RaftCore.  Construct, then `await nursery.start(node.run)`."""
 
     core: RaftCore
@@ -147,7 +148,7 @@ class ReplicaNode(FaultRecovery):
         self.committed.advance(self.core.commit_index)
         self.soft_state = self.core.soft_state()
         self._durable_hard = HardState(self.core.term, self.core.voted_for)  # as loaded from disk
-        self.inbox = PeerInbox(lambda: self.core, self._wake, self.stats, self._log_budget)
+        self.inbox = PeerInbox(lambda: self.core, self._peer_spoke, self.stats, self._log_budget)
 
     # ------------------------------------------------------------------
     # public API
@@ -394,36 +395,6 @@ class ReplicaNode(FaultRecovery):
             self._wake()
             self._expire(trio.current_time())
 
-    def _expire(self, now: float) -> None:
-        # Deadlines grow along both queues (call order, one timeout), so
-        # only expired heads are visited.  A committed head is the driver's
-        # to release (it may be yielding between commit and release).
-        waiting = self._waiting
-        committed = self.committed.value
-        while waiting and waiting[0].deadline <= now and waiting[0].last_index > committed:
-            self._time_out(waiting.popleft())
-        for r in self._proposals:  # normally empty: the driver drains it every round
-            if r.deadline > now:
-                break
-            self._time_out(r)
-
-    def _time_out(self, r: AppendRequest) -> None:
-        if not r.done:
-            self.stats["quorum_timeout"] += 1
-            self._resolve(r, QuorumTimeoutError(r.last_index, self.max_wait_ack_ms))
-
-    def _resolve(self, r: AppendRequest, error: BaseException | None = None) -> None:
-        """Hand the outcome to the request (once; later calls no-op) and
-        wake its waiter if one is parked."""
-        if not r.done:
-            r.done, r.error = True, error
-            self._pending_entries -= len(r.bodies)
-            if r.task is not None:
-                task, r.task = r.task, None
-                trio.lowlevel.reschedule(task)
-            elif r.on_done is not None:
-                _notify(r)
-
     async def _driver(self) -> None:
         # self.core, not a local: _refuse_leader may replace it.
         while True:
@@ -438,23 +409,7 @@ class ReplicaNode(FaultRecovery):
                 self._ticks_due -= 1
                 self.core.tick()
                 self._take_ready()
-            inbox = self.inbox.take()
-            now = trio.current_time()
-            for msg in inbox:
-                if msg.term == self.core.term:
-                    self._peer_heard[msg.src] = now
-                if self.refused is not None and msg.src == self.refused.leader:
-                    if msg.term <= self.refused.term:
-                        continue  # fenced: see the module comment
-                    self.refused = None
-                if _rt.TRACER is not None:
-                    _rt.TRACER.stepped(msg)
-                try:
-                    self.core.step(msg)
-                except Exception as exc:
-                    self._step_failed(msg, exc)
-                    continue
-                self._take_ready()
+            self._step_inbox()
             commands, self._commands = self._commands, []
             for command in commands:
                 command()
@@ -465,6 +420,41 @@ class ReplicaNode(FaultRecovery):
             if outside:
                 done, self._round = self._round, trio.Event()
                 done.set()
+
+    def _step_inbox(self) -> None:
+        now = trio.current_time()
+        for msg in self.inbox.take():
+            if msg.term == self.core.term:
+                self._peer_heard[msg.src] = now
+            if self.refused is not None and msg.src == self.refused.leader:
+                if msg.term <= self.refused.term:
+                    continue  # fenced: see replica_faults.py
+                self.refused = None
+            if _rt.TRACER is not None:
+                _rt.TRACER.stepped(msg)
+            try:
+                self.core.step(msg)
+            except Exception as exc:
+                self._step_failed(msg, exc)
+                continue
+            self._take_ready()
+
+    def _peer_spoke(self) -> None:
+        """The inbox's wake-up.  With the driver idle, nothing else queued
+        and the async flush policy, the round runs here, in the reader's
+        step (a follower acknowledges a push, a leader commits and answers
+        on an acknowledgement, without a task switch); else the driver's."""
+        if not (self._idle and not self._wakeup.is_set() and not self.log.sync_flush):
+            self._wakeup.set()
+            return
+        self._idle = False
+        try:
+            self._step_inbox()
+            self._send_and_commit(may_yield=False)
+            done, self._round = self._round, trio.Event()
+            done.set()
+        finally:
+            self._idle = True
 
     def _propose(self) -> None:
         reqs = [r for r in self._proposals if not r.done]
@@ -569,13 +559,6 @@ class ReplicaNode(FaultRecovery):
         if set_peers is not None and not core.membership.latest.empty:
             set_peers({p: _host_port(self.peer_addresses.get(p)) for p in core.peers})
 
-    def _assign_positions(self, first_index: int, placed: list[tuple[int, int]], stamps) -> None:
-        # Requests wait in index order; those of this write are at the tail.
-        for r in reversed(self._waiting):
-            if r.first_index < first_index:
-                break
-            r.placed, r.offset, r.stamps = placed, r.first_index - first_index, stamps
-
     async def _publish(self) -> None:
         if self._wrote and self.log.sync_flush:
             # fdatasync off the event loop; the driver waits, inputs queue up
@@ -614,37 +597,6 @@ class ReplicaNode(FaultRecovery):
                 self._release(self.committed.value)
         return False
 
-    def _release(self, commit: int) -> None:
-        # Hot path: every waiter whose entries are all committed, inline.
-        waiting = self._waiting
-        reschedule = trio.lowlevel.reschedule
-        released = 0
-        limit = commit + 1
-        term = self.core.term
-        while waiting:
-            r = waiting[0]
-            n = len(r.bodies)
-            if r.first_index + n > limit:
-                break
-            waiting.popleft()
-            if r.term != term and not r.done and self.log.term_at(r.last_index) != r.term:
-                # Held across a leader change (_fail_written_from fails those a
-                # truncation removes; this is the check that cannot be skipped).
-                self._resolve(r, TermChangedError(r.term, term))
-                continue
-            if not r.done:
-                r.done = True
-                released += n
-                task = r.task
-                if task is not None:
-                    r.task = None
-                    reschedule(task)
-                elif r.on_done is not None:
-                    self._pending_entries -= released  # (a callback may look at the log's state)
-                    released = 0
-                    _notify(r)
-        self._pending_entries -= released
-
     def _on_soft_state(self, ss: SoftState) -> None:
         old, self.soft_state = self.soft_state, ss
         event, self._role_changed = self._role_changed, trio.Event()
@@ -658,29 +610,6 @@ class ReplicaNode(FaultRecovery):
         if self.on_role_change is not None:
             self.on_role_change(ss)
 
-    def _fail_all(self, exc: BaseException) -> None:
-        for r in list(self._waiting) + self._proposals:
-            self._resolve(r, exc)
-        self._waiting = collections.deque()
-        self._proposals = []
-
-    def _fail_proposals(self, exc: BaseException) -> None:
-        for r in self._proposals:
-            self._resolve(r, exc)
-        self._proposals = []
-
-    def _fail_written_from(self, index: int, why: str) -> None:
-        """The log no longer holds entries from `index` on (truncated by a
-        later leader, or reset): their waiters fail with TermChangedError;
-        nothing of theirs can commit any more."""
-        waiting = self._waiting
-        while waiting and waiting[-1].last_index >= index:
-            r = waiting.pop()
-            self.stats["held_appends_lost"] += 1
-            self._resolve(r, TermChangedError(r.term, self.core.term))
-        if why:
-            log.debug("%s: appends from entry %d failed: %s", self.node_id, index, why)
-
 
 def _host_port(addr: str | None) -> tuple[str, int] | None:
     """"host:port" (or "[v6]:port") as the TCP transport takes it."""
@@ -689,11 +618,3 @@ def _host_port(addr: str | None) -> tuple[str, int] | None:
     host, _, port = addr.rpartition(":")
     return (host.strip("[]"), int(port)) if port.isdigit() else None
 
-
-def _notify(r: AppendRequest) -> None:
-    """Hand a resolved request to its on_done callback (AppendRequest): a
-    failing callback is the caller's bug and must not stop the driver."""
-    try:
-        r.on_done(r)
-    except Exception:
-        log.exception("an append's completion callback failed")

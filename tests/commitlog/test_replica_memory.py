@@ -157,6 +157,9 @@ async def test_a_full_inbox_holds_the_readers_until_the_driver_takes_it(autojump
         await leader.node.append([b"x"])
         assert captured  # the leader's appends and heartbeats reached the follower through the sink
         follower.inbox.max_messages = len(follower.inbox) + 3
+        # A round is due (the driver is busy): deliveries queue for it instead
+        # of being stepped in the reader's step (ReplicaNode._peer_spoke).
+        follower._wake()
         src, payload = captured[-1]  # replayed: Raft takes a duplicate in its stride
         assert deliver(src, payload) is None and deliver(src, payload) is None
         room = deliver(src, payload)
