@@ -64,10 +64,11 @@ class Unreadable(Exception):
 # (ACCOUNT), the resource is allowed (ALLOW: producer groups) or refused
 # (REFUSE: the internal topics below).
 ACCOUNT, ALLOW, REFUSE = "account", "allow", "refuse"
-# Topics that hold other topics' messages (halves of transactions, delayed
-# and retried-later messages, transaction ops): a default permission does
+# Topics that hold other topics' messages (halves of transactions, delayed,
+# timer and retried-later messages, transaction ops): a default permission does
 # not reach them, only a rule naming them (or an admin account).
-CARRIER_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"})
+CARRIER_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX",
+                            "rmq_sys_wheel_timer"})
 
 
 @attrs.frozen
