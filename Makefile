@@ -59,6 +59,7 @@ bench: setup native
 	$(VPY) -m tools.bench.broker
 	$(VPY) -m tools.bench.round
 	$(VPY) -m tools.bench.round --flush sync
+	$(VPY) -m tools.bench.timer
 	$(VPY) -m tools.bench.groups
 	$(VPY) -m tools.bench.grpc_cost
 	$(VPY) -m tools.bench.pipeline
