@@ -12,7 +12,8 @@
 #   services              the client registry (notifications, expiry), the
 #                         delay-level schedule service, the transaction
 #                         check service, the admin TPS meter, the long-poll
-#                         hold service (the pull processor's parked pulls)
+#                         hold service (the pull processor's parked pulls),
+#                         the timer-message service (broker/store/timer.py)
 #   metrics               broker/metrics.py: the send and pull processors
 #                         registered through their metered wrappers, the
 #                         stats sampler (VIEW_BROKER_STATS_DATA), and with
