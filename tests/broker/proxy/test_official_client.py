@@ -9,9 +9,9 @@
 #     orphaned-transaction check), SimpleConsumer receive / ack /
 #     change-invisible-duration, PushConsumer normal and FIFO, credentials
 #     right and wrong.
-#   test_official_client_across_a_master_kill: a producer and a
-#     SimpleConsumer run while the master is killed: every acknowledged send
-#     is received and acked, and nothing acked comes back.
+#   test_official_client_across_a_master_kill: a producer, a SimpleConsumer
+#     and a PushConsumer run while the master is killed: every acknowledged
+#     send is received and acked by both, and nothing acked comes back.
 #
 # Slow: a real 3-node group, a real mqproxy process and the official client
 # in subprocesses (each starts a Python with grpcio); the failover test
@@ -144,7 +144,7 @@ def test_official_client_features(group_and_proxy):
     assert fifo_push["fifo"] is True  # the orderly group's settings
     assert {c[0] for c in fifo_push["consumed"]} == set(fifo["ids"])
     for g in ("g0", "g1"):
-        seq = [int(body.split("-")[1]) for _id, body, grp in fifo_push["consumed"] if grp == g]
+        seq = [int(body.split("-")[1]) for _id, body, grp, _attempt in fifo_push["consumed"] if grp == g]
         first = [n for k, n in enumerate(seq) if n not in seq[:k]]
         assert first == sorted(first), (g, seq)  # each message group in send order
 
@@ -153,6 +153,7 @@ def test_official_client_across_a_master_kill(group_and_proxy):
     cluster, endpoint, root = group_and_proxy
     ids_file = root / "failover-ids.json"
     consumer = start_script("simple.py", [endpoint, AK, SK, "Failover", "FailoverGroup", ids_file, "watch"])
+    pusher = start_script("push.py", [endpoint, AK, SK, "Failover", "FailoverPushGroup", f"@{ids_file}"])
     producer = start_script("produce.py", [endpoint, AK, SK, "Failover", "normal", 300])
     killed = None
     try:
@@ -173,11 +174,20 @@ def test_official_client_across_a_master_kill(group_and_proxy):
         consumer.home.cleanup()
     missing = set(acked) - set(got["acked"])
     errors = [e for e in consumer.lines if "receive_error" in e or "ack_error" in e]
+    try:
+        pushed = pusher.finish(150)
+    finally:
+        pusher.home.cleanup()
     # nothing acknowledged is lost ("missing": each missing id and how often it was delivered)
     assert got["complete"], (len(missing), got["missing"], errors[-8:])
+    assert pushed["complete"], len(set(acked) - {c[0] for c in pushed["consumed"]})  # the push consumer too
     # Nothing acked comes back (within an invisible time after the last ack).
     # A second copy of a message id (delivery attempt 1) is a send retried
     # across the kill, stored twice: at-least-once on the producer's side.
     assert not got["redelivered_after_ack"], got["redelivered_after_ack"]
+    seen: set = set()
+    push_again = [c for c in pushed["consumed"] if c[0] in seen or seen.add(c[0])]
+    assert not [c for c in push_again if c[3] > 1], push_again  # nor to the push consumer
     print(f"failover: {len(acked)} acknowledged sends, {result['failed']} failed, "
-          f"{len(got['duplicate_copies'])} duplicate copies delivered")
+          f"{len(got['duplicate_copies'])} duplicate copies delivered to the simple consumer, "
+          f"{len(push_again)} to the push consumer")
