@@ -156,3 +156,26 @@ async def test_a_batch_committed_in_part_is_finished_by_the_next_leader(tmp_path
         assert [r.body for r in records_of(leader, "PartT")] == [b"p0", b"p1", b"p2"]
         assert services[leader.nid].redelivered == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_over_the_memory_budget_timers_wait_in_the_queue_and_are_not_lost(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        g = Group(tmp_path, nursery, timerPrecisionMs="1", timerMaxInMemory="2")
+        await g.start()
+        leader = await g.wait_leader()
+        send = sender(leader)
+        t0 = vclock()
+        for i in range(5):  # arrival order is the reverse of due order
+            resp = await send.process(v2(topic="BudT", body=f"b{i}".encode(), queue_id=0,
+                                         props=timed(t0 + 5000 - i * 1000, f"B{i}")), BORN)
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+        await wait_count(leader, TIMER_TOPIC, 5)
+        services = await start_services(g, nursery)
+        svc = services[leader.nid]
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(svc.index) == 2 and svc.scanned.value == 2  # two loaded, three waiting in the queue
+        got = await wait_count(leader, "BudT", 5)
+        asked = {f"b{i}".encode(): t0 + 5000 - i * 1000 for i in range(5)}
+        assert sorted(r.body for r in got) == sorted(asked)
+        assert all(r.store_timestamp >= asked[r.body] for r in got)  # late maybe, never early
+        nursery.cancel_scope.cancel()
