@@ -17,8 +17,10 @@
 #                   RecallMessageHandle.HandleV1; the send answer carries one
 #                   (recallHandle) for a message stored as a timer.
 #   DueIndex        the leader's due-time structure: a heap of (due, unit)
-#                   plus unit -> (UNIQ_KEY, phy) and UNIQ_KEY -> unit for
-#                   recall; recalled units are dropped lazily from the heap.
+#                   plus unit -> (UNIQ_KEY, phy) and UNIQ_KEY -> units for
+#                   recall (a producer's retry may have stored a send twice:
+#                   a recall cancels both); removed units are dropped
+#                   lazily from the heap.
 #   TimerService    the delivery task.
 #
 # Why a heap rebuilt from the log rather than time-slot queues: the timer
@@ -241,7 +243,7 @@ class DueIndex:
 
     _heap: list = attrs.Factory(list)
     _units: dict = attrs.Factory(dict)  # unit -> (uniq, phy, due)
-    _keys: dict = attrs.Factory(dict)  # uniq -> unit
+    _keys: dict = attrs.Factory(dict)  # uniq -> [unit, ...]
 
     def __len__(self) -> int:
         return len(self._units)
@@ -251,7 +253,7 @@ class DueIndex:
             return
         self._units[unit] = (uniq, phy, due)
         if uniq:
-            self._keys[uniq] = unit
+            self._keys.setdefault(uniq, []).append(unit)
         heapq.heappush(self._heap, (due, unit))
         if len(self._heap) > 2 * len(self._units) + 64:  # many removed: rebuild
             self._heap = [(d, u) for u, (_, _, d) in self._units.items()]
@@ -278,11 +280,18 @@ class DueIndex:
 
     def remove(self, unit: int) -> None:
         entry = self._units.pop(unit, None)
-        if entry is not None and entry[0] and self._keys.get(entry[0]) == unit:
-            del self._keys[entry[0]]
+        if entry is None or not entry[0]:
+            return
+        units = self._keys.get(entry[0])
+        if units is not None and unit in units:
+            units.remove(unit)
+            if not units:
+                del self._keys[entry[0]]
 
-    def find(self, uniq: str) -> int | None:
-        return self._keys.get(uniq)
+    def find(self, uniq: str) -> list[int]:
+        """The pending units of `uniq` (more than one when a producer's
+        retry stored the send twice)."""
+        return list(self._keys.get(uniq, ()))
 
     def due_of(self, unit: int) -> int | None:
         entry = self._units.get(unit)
@@ -527,13 +536,14 @@ class TimerService:
         if not self.active or not self._ready.is_set():
             raise RecallError("SERVICE_NOT_AVAILABLE", "recall failed, broker service not available")
         async with self._lock:
-            unit = self.index.find(uniq)
-            if unit is None:
+            units = self.index.find(uniq)
+            if not units:
                 raise RecallError("ILLEGAL_OPERATION",
                                   f"recall failed, no pending timer message {uniq} (delivered, recalled or unknown)")
-            marker = self.bs.metadata.timer_done_record([unit], ())
+            marker = self.bs.metadata.timer_done_record(units, ())
             if not await self._append([marker]):
                 raise RecallError("SYSTEM_ERROR", "recall failed, execute error")
-            self.index.remove(unit)
+            for unit in units:
+                self.index.remove(unit)
             self.recalled += 1
         self._wake.set()

@@ -109,7 +109,7 @@ def test_due_index_orders_by_time_and_forgets_removed_units():
     assert len(idx) == 500 and idx.head_due() == min(dues.values())
     for u in range(0, 500, 3):
         idx.remove(u)
-    assert idx.find("K3") is None and idx.find("K4") == 4
+    assert idx.find("K3") == [] and idx.find("K4") == [4]
     got = []
     while (batch := idx.pop_due(5_000, 7)):
         assert len(batch) <= 7
@@ -117,12 +117,18 @@ def test_due_index_orders_by_time_and_forgets_removed_units():
     assert [due for _, due, _, _ in got] == sorted(due for _, due, _, _ in got)
     want = sorted((d, u) for u, d in dues.items() if u % 3 and d <= 5_000)
     assert [(due, u) for u, due, _, _ in got] == want
-    assert all(idx.find(f"K{u}") is None for u, *_ in got)
+    assert all(idx.find(f"K{u}") == [] for u, *_ in got)
     assert idx.head_due() == min(d for u, d in dues.items() if u % 3 and d > 5_000)
     # a unit put back after a failed append is due again
     u, due, key, phy = got[0]
     idx.add(u, due, key, phy)
     assert idx.pop_due(5_000, 10) == [got[0]]
+    # one key stored twice (a producer's retry): both are found
+    idx.add(9001, 1, "TWICE", 1)
+    idx.add(9002, 2, "TWICE", 2)
+    assert idx.find("TWICE") == [9001, 9002]
+    idx.remove(9001)
+    assert idx.find("TWICE") == [9002]
 
 
 def test_progress_ranges_and_replay():
