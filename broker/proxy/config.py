@@ -12,6 +12,8 @@
 #   telemetryQueueSize=256              commands waiting for one client's stream (past it: dropped, logged)
 #   maxTransactionRecords=100000        open transactions the proxy remembers for EndTransaction
 #   longPollingTimeoutMillis=20000      the longest ReceiveMessage hold a client may ask for
+#   autoRenewInvisibleMillis=60000      a push consumer's (auto_renew) invisible time, renewed while it holds the message
+#   maxRenewedReceipts=100000           receipts renewed at once
 #   sendTimeoutMillis=3000              one SendMessage, retries included
 #   aclEnable=false                     check the authorization header against aclFile
 #   aclFile=$ROCKETMQ_HOME/conf/plain_acl.yml
@@ -34,7 +36,7 @@ from commitlog.config import ConfigError, iter_properties
 _KEYS = {"namesrvAddr", "grpcServerPort", "bindAddress", "maxMessageBodySize", "grpcMaxInboundMessageSize",
          "grpcMaxConcurrentStreams", "maxHeldReceives", "maxClients", "telemetryQueueSize", "maxTransactionRecords",
          "longPollingTimeoutMillis", "sendTimeoutMillis", "aclEnable", "aclFile", "innerAccessKey", "innerSecretKey",
-         "proxyMode"}
+         "proxyMode", "autoRenewInvisibleMillis", "maxRenewedReceipts"}
 
 
 @attrs.frozen
@@ -61,6 +63,8 @@ class ProxyConfig:
     telemetry_queue_size: int = 256
     max_transaction_records: int = 100_000
     long_polling_timeout_ms: int = 20_000
+    auto_renew_invisible_ms: int = 60_000
+    max_renewed_receipts: int = 100_000
     send_timeout_ms: int = 3000
     acl_enable: bool = False
     acl_file: str | None = None
@@ -126,6 +130,8 @@ class ProxyConfig:
             telemetry_queue_size=num("telemetryQueueSize", 256, 1, 1_000_000),
             max_transaction_records=num("maxTransactionRecords", 100_000, 1, 100_000_000),
             long_polling_timeout_ms=num("longPollingTimeoutMillis", 20_000, 0, 300_000),
+            auto_renew_invisible_ms=num("autoRenewInvisibleMillis", 60_000, 3000, 12 * 3600 * 1000),
+            max_renewed_receipts=num("maxRenewedReceipts", 100_000, 0, 10_000_000),
             send_timeout_ms=num("sendTimeoutMillis", 3000, 100, 600_000),
             acl_enable=acl_enable,
             acl_file=acl_file,

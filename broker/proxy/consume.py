@@ -10,8 +10,9 @@
 #                    MESSAGE_NOT_FOUND 40401 when nothing came), then each
 #                    message with receipt_handle = its POP_CK + " " + its
 #                    commitlog offset and body_digest MD5.  A push consumer
-#                    (auto_renew, no invisible_duration) gets 60 s, RocketMQ's
-#                    default; the proxy does not renew it in the background.
+#                    (auto_renew, no invisible_duration) gets
+#                    autoRenewInvisibleMillis, renewed while it holds the
+#                    message (renew.py); its ack names the handle it was given.
 #   AckMessage       ACK_MESSAGE 200051 per entry, to the master of the
 #                    receipt's broker, naming the topic the client consumes:
 #                    the broker finds the retry topic a redelivered message
@@ -42,7 +43,6 @@ from consumequeue import record as M
 S = pb.service
 MIN_INVISIBLE_MS = 10_000
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
-DEFAULT_INVISIBLE_MS = 60_000  # auto_renew without a duration (push consumers)
 MAX_BATCH = 32
 MAX_ACK_ENTRIES = 64
 _NOT_FOUND = (ResponseCode.POLLING_TIMEOUT, ResponseCode.NO_MESSAGE, ResponseCode.PULL_NOT_FOUND)
@@ -145,7 +145,7 @@ class ConsumeRpcs:
                                          f"invisible duration {invisible} ms is not within "
                                          f"{MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms")
             elif request.auto_renew:
-                invisible = DEFAULT_INVISIBLE_MS
+                invisible = self.cfg.auto_renew_invisible_ms
             else:
                 raise RequestInvalid(pb.Code.ILLEGAL_INVISIBLE_TIME, "invisible duration is required")
             poll = self.cfg.long_polling_timeout_ms
@@ -201,12 +201,42 @@ class ConsumeRpcs:
         if not messages:
             yield S.ReceiveMessageResponse(status=status(pb.Code.MESSAGE_NOT_FOUND, "no new message"))
             return
+        if request.auto_renew and not request.HasField("invisible_duration"):
+            client_id = self._client_id(context)
+            for m in messages:
+                handle = m.system_properties.receipt_handle
+                try:
+                    self.renewals.add(group, topic, client_id, handle, parse_receipt(handle))
+                except RequestInvalid:
+                    pass  # (already expired: nothing to renew)
         first = S.ReceiveMessageResponse()
         first.delivery_timestamp.GetCurrentTime()
         yield S.ReceiveMessageResponse(status=ok())
         yield first
         for m in messages:
             yield S.ReceiveMessageResponse(message=m)
+
+    async def _receipt(self, group: str, handle: str) -> Receipt:
+        """The receipt a client's handle stands for now: the renewed one if
+        the proxy renews it (renewal stopped), else the handle itself."""
+        renewed = await self.renewals.take(group, handle)
+        return renewed if renewed is not None else parse_receipt(handle)
+
+    async def _change_receipt(self, topic: str, group: str, receipt: Receipt, invisible: int) -> Receipt:
+        """CHANGE_MESSAGE_INVISIBLETIME: the message's new receipt."""
+        _name, addr = await self._broker_addr(topic, receipt.broker_name)
+        req = RemotingCommand.create_request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
+            "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
+            "extraInfo": receipt.text, "offset": str(receipt.queue_offset), "invisibleTime": str(invisible)})
+        f = (await self._relay(topic, addr, req)).ext_fields
+        try:
+            pop_time, new_invisible, revive = int(f["popTime"]), int(f["invisibleTime"]), int(f["reviveQid"])
+        except (KeyError, ValueError):
+            raise RequestInvalid(pb.Code.INTERNAL_SERVER_ERROR, "the broker's answer has no new receipt") from None
+        text = (f"{receipt.queue_offset} {pop_time} {new_invisible} {revive} {receipt.topic_type} "
+                f"{receipt.broker_name} {receipt.queue_id} {receipt.queue_offset}")
+        return attrs.evolve(receipt, text=text, ck_offset=receipt.queue_offset, pop_time=pop_time,
+                            invisible_ms=new_invisible, revive_qid=revive)
 
     async def _ack_one(self, topic: str, group: str, receipt: Receipt) -> None:
         _name, addr = await self._broker_addr(topic, receipt.broker_name)
@@ -225,7 +255,7 @@ class ConsumeRpcs:
             resp = S.AckMessageResponse(status=ok())
             for entry in request.entries:
                 try:
-                    await self._ack_one(topic, group, parse_receipt(entry.receipt_handle))
+                    await self._ack_one(topic, group, await self._receipt(group, entry.receipt_handle))
                     st = ok()
                 except Exception as e:
                     st = self._refusal(e)
@@ -243,22 +273,12 @@ class ConsumeRpcs:
             topic = check_topic(request.topic.name)
             group = request.group.name
             self._authorize(context, auth.consume_resources(topic, group))
-            receipt = parse_receipt(request.receipt_handle)
             invisible = _duration_ms(request.invisible_duration)
             if not 0 <= invisible <= MAX_INVISIBLE_MS:
                 raise RequestInvalid(pb.Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {invisible} ms is illegal")
-            _name, addr = await self._broker_addr(topic, receipt.broker_name)
-            req = RemotingCommand.create_request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, {
-                "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
-                "extraInfo": receipt.text, "offset": str(receipt.queue_offset), "invisibleTime": str(invisible)})
-            r = await self._relay(topic, addr, req)
-            f = r.ext_fields
-            new = (f"{receipt.queue_offset} {f.get('popTime', '')} {f.get('invisibleTime', '')} "
-                   f"{f.get('reviveQid', '')} {receipt.topic_type} {receipt.broker_name} {receipt.queue_id} "
-                   f"{receipt.queue_offset}")
-            if receipt.commitlog_offset is not None:
-                new += f" {receipt.commitlog_offset}"
-            return S.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new)
+            receipt = await self._receipt(group, request.receipt_handle)
+            new = await self._change_receipt(topic, group, receipt, invisible)
+            return S.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new.handle())
         except Exception as e:
             return S.ChangeInvisibleDurationResponse(status=self._refusal(e))
 
@@ -267,7 +287,7 @@ class ConsumeRpcs:
             topic = check_topic(request.topic.name)
             group = request.group.name
             self._authorize(context, auth.consume_resources(topic, group))
-            receipt = parse_receipt(request.receipt_handle)
+            receipt = await self._receipt(group, request.receipt_handle)
             if receipt.commitlog_offset is None:
                 raise RequestInvalid(pb.Code.INVALID_RECEIPT_HANDLE, "receipt handle has no commitlog offset")
             _name, addr = await self._broker_addr(topic, receipt.broker_name)

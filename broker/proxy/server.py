@@ -62,6 +62,7 @@ async def serve_proxy(cfg: ProxyConfig, *, task_status=anyio.TASK_STATUS_IGNORED
                                     tls=cfg.client_tls if cfg.client_tls.enabled else None,
                                     timeout=cfg.send_timeout_ms / 1000) as (instance, tasks):
         service = MessagingService(cfg, instance, tasks, rules)
+        tasks.start_soon(service.renewals.run)
         server = grpc.aio.server(options=server_options(cfg))
         pb.service_grpc.add_MessagingServiceServicer_to_server(service, server)
         where = f"{cfg.bind_address}:{cfg.grpc_port}"

@@ -48,6 +48,7 @@ from broker.proxy import auth, pb
 from broker.proxy.config import ProxyConfig
 from broker.proxy.consume import ConsumeRpcs
 from broker.proxy.convert import RequestInvalid, check_topic, outgoing, recall_broker, recall_handle, to_grpc_message
+from broker.proxy.renew import Renewals
 from broker.proxy.status import from_client_error, ok, status
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -109,6 +110,8 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         self.producers: dict[str, Producer] = {}
         self.tx: collections.OrderedDict[tuple[str, str], TxRecord] = collections.OrderedDict()
         self.receives = asyncio.Semaphore(cfg.max_held_receives)
+        self.renewals = Renewals(self._change_receipt, invisible_ms=cfg.auto_renew_invisible_ms,
+                                 max_held=cfg.max_renewed_receipts)
         self._rr = itertools.count()
         self.checks_pushed = 0
         self.checks_dropped = 0
@@ -236,7 +239,9 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         try:
             group = request.group.name if request.HasField("group") else None
             self._authorize(context, auth.consume_resources(None, group) if group else [])
-            self.sessions.pop(_metadata(context).get("x-mq-client-id", ""), None)
+            client_id = _metadata(context).get("x-mq-client-id", "")
+            self.sessions.pop(client_id, None)
+            self.renewals.forget_client(client_id)
             return S.NotifyClientTerminationResponse(status=ok())
         except Exception as e:
             return S.NotifyClientTerminationResponse(status=self._refusal(e))
@@ -279,6 +284,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
             session = self.sessions.get(client_id)
             if session is not None and session.outbox is outbox:
                 del self.sessions[client_id]
+                self.renewals.forget_client(client_id)
 
     async def _settings(self, context, client_id: str, settings, outbox: asyncio.Queue):
         ctype = settings.client_type

@@ -14,18 +14,19 @@ import pytest
 from broker.client import open_pull_consumer
 from broker.client.model import PullStatus
 from broker.proxy import pb
-from tests.broker.proxy.proxy_helpers import INNER, OWNER, READER, metadata, proxy_env
+from tests.broker.proxy.proxy_helpers import INNER, READER, metadata, proxy_env
+from tests.helpers.waiting import wait_until_sync
 
 S = pb.service
 D = pb.definition
 T = pb.MessageType
-TOPICS = ("Orders", "Fifo", "Timed", "Tx", "TxCheck", "Big", "Pop")
+TOPICS = ("Orders", "Fifo", "Timed", "Tx", "TxCheck", "Big", "Pop", "Renew")
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     with proxy_env(tmp_path_factory.mktemp("proxy"), topics=TOPICS, maxMessageBodySize="65536",
-                   grpcMaxInboundMessageSize="131072") as e:
+                   grpcMaxInboundMessageSize="131072", autoRenewInvisibleMillis="3000") as e:
         yield e
 
 
@@ -393,3 +394,31 @@ def test_receive_ack_and_change_invisible(env):
     change.invisible_duration.seconds = 30
     r = env.stub.ChangeInvisibleDuration(change, metadata=metadata(), timeout=10)
     assert r.status.code == pb.Code.INVALID_RECEIPT_HANDLE, r.status
+
+
+def test_push_receipts_are_renewed_until_acked(env):
+    """A push consumer's receive (auto_renew, no duration) is invisible for
+    autoRenewInvisibleMillis (3 s here) and renewed while held: past twice
+    that it has not come back; acked with the handle the client was given,
+    it never does."""
+    group = "RenewGroup"
+    r = env.stub.SendMessage(send_request("Renew", b"held"), metadata=metadata(), timeout=10)
+    assert r.status.code == pb.Code.OK
+    req = receive_request("Renew", group, invisible_s=None, poll_s=5)
+    req.auto_renew = True
+    st, msgs = receive(env, req)
+    while st.code == pb.Code.MESSAGE_NOT_FOUND:  # (long polls until the message is there)
+        st, msgs = receive(env, req)
+    assert st.code == pb.Code.OK and [m.body for m in msgs] == [b"held"]
+    handle = msgs[0].system_properties.receipt_handle
+    renewals = env.proxy.service.renewals
+    wait_until_sync(lambda: renewals.held[(group, handle)].renewals >= 2, 20, "two renewals of the held message")
+    st, again = receive(env, receive_request("Renew", group, poll_s=0.2))
+    assert st.code == pb.Code.MESSAGE_NOT_FOUND and not again  # held past its first invisible time
+    ack = S.AckMessageRequest()
+    ack.group.name, ack.topic.name = group, "Renew"
+    ack.entries.add(message_id=msgs[0].system_properties.message_id, receipt_handle=handle)
+    assert env.stub.AckMessage(ack, metadata=metadata(), timeout=10).status.code == pb.Code.OK
+    assert (group, handle) not in renewals.held
+    st, again = receive(env, receive_request("Renew", group, poll_s=3.5))  # longer than an invisible time
+    assert st.code == pb.Code.MESSAGE_NOT_FOUND and not again, again
