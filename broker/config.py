@@ -206,7 +206,7 @@ class BrokerConfig:
     send_forward_max_in_flight: int = 4096
     timer_max_delay_sec: int = 3 * 86400  # RocketMQ's default: 3 days
     timer_precision_ms: int = 10
-    timer_max_in_memory: int = 200_000  # about 350 bytes each
+    timer_max_in_memory: int = 100_000  # about 420 bytes each
     # The remoting port: TLS as a server (clients, mqadmin), TLS as a client
     # (to the name servers), and the limits against hostile clients.
     tls: ServerTls = ServerTls()

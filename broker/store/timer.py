@@ -30,7 +30,7 @@
 # every unit below `low` is done, plus the done ranges above it (as many as
 # gaps of pending timers) -- and a new leader rebuilds the heap by reading
 # the not-done units from `low` to the queue's end.  Memory is O(pending):
-# about 350 bytes per pending timer in the heap and maps; at most
+# about 420 bytes per pending timer in the heap and maps; at most
 # timerMaxInMemory are loaded at once, the rest wait in the queue (read
 # once the heap drains below the budget; they may then be late, never lost).
 #
@@ -371,13 +371,17 @@ class TimerService:
         arrivals = self.bs.cq.dispatcher.arrivals
         budget = self.cfg.timer_max_in_memory
         while True:
-            await self._load(budget)
-            if not self._ready.is_set():
+            # One chunk at a time, delivering what is due in between: a new
+            # master with many pending timers delivers while it still reads.
+            more = await self._load(budget)
+            if not more and not self._ready.is_set():
                 self._ready.set()
             now = self.clock_ms()
             head = self.index.head_due()
             if head is not None and head <= now:
                 await self._deliver(now)
+                continue
+            if more:
                 continue
             timeout = math.inf if head is None else (head - now) / 1000
             self._wake = trio.Event()
@@ -397,35 +401,35 @@ class TimerService:
                 else:
                     await self._wake.wait()
 
-    async def _load(self, budget: int) -> None:
-        """Read the queue from `scanned` into the index (not-done units
-        only), while the index is below `budget`."""
+    async def _load(self, budget: int) -> bool:
+        """Read up to SCAN_CHUNK units of the queue from `scanned` into the
+        index (not-done units only), while the index is below `budget`.
+        True when there is more to read now."""
         progress = self.bs.metadata.timer_progress
-        while len(self.index) < budget:
-            cq = self._queue()
-            pos = self.scanned.value
-            if cq is None or cq.max_offset <= pos:
-                return
-            pos = max(pos, cq.min_offset)
-            n = 0
-            for unit in cq.read(pos, min(SCAN_CHUNK, budget - len(self.index))):
-                pos = unit.offset + 1
-                n += 1
-                if unit.is_blank or progress.is_done(unit.offset):
-                    continue
-                try:
-                    rec = M.decode(message_at(self.bs.cq, unit.phy))
-                    due = due_of(rec)
-                except (MessageNotFoundError, MessageFormatError) as exc:
-                    log.warning("%s offset %d: timer message unreadable, skipped when due: %s", TIMER_TOPIC,
-                                unit.offset, exc)
-                    due = 0  # marked done (not delivered) with the next batch
-                    rec = None
-                self.index.add(unit.offset, due, rec.uniq_key if rec is not None else None, unit.phy)
-            if n == 0:
-                return
-            self.scanned.advance(pos)
-            await trio.lowlevel.checkpoint()
+        cq = self._queue()
+        pos = self.scanned.value
+        if cq is None or cq.max_offset <= pos or len(self.index) >= budget:
+            return False
+        pos = max(pos, cq.min_offset)
+        units = cq.read(pos, min(SCAN_CHUNK, budget - len(self.index)))
+        if not units:
+            return False  # (nothing readable yet: the arrivals wake us)
+        for unit in units:
+            pos = unit.offset + 1
+            if unit.is_blank or progress.is_done(unit.offset):
+                continue
+            try:
+                rec = M.decode(message_at(self.bs.cq, unit.phy))
+                due = due_of(rec)
+            except (MessageNotFoundError, MessageFormatError) as exc:
+                log.warning("%s offset %d: timer message unreadable, skipped when due: %s", TIMER_TOPIC,
+                            unit.offset, exc)
+                due = 0  # marked done (not delivered) with the next batch
+                rec = None
+            self.index.add(unit.offset, due, rec.uniq_key if rec is not None else None, unit.phy)
+        self.scanned.advance(pos)
+        await trio.lowlevel.checkpoint()
+        return cq.max_offset > pos and len(self.index) < budget
 
     async def _deliver(self, now: int) -> None:
         async with self._lock:
