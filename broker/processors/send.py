@@ -19,9 +19,13 @@
 #   7. reply: msgId = offset message id (comma-separated for a batch),
 #      queueId, queueOffset (the first), transactionId = UNIQ_KEY.
 #
-# Bursts: the remoting connection hands over every send one read brought
-# (accept_burst): send_burst.py serves them, one append for all, with the
-# steps here for each message it does not take in C (send_native.py).
+# One route (send_burst.py): the connection hands over every send one read
+# brought as a burst (accept_burst); a single send is a burst of one
+# (process()).  Each message is checked and its record built -- in C for
+# runs of plain SEND_MESSAGE_V2 (send_native.py), by the steps here for the
+# rest -- one that fails is answered alone, all records go to the log as
+# one append, and the answers are written when the commit covers it, from
+# the task that learns of the commit.
 #
 # A send this broker could not store (not leader, transferring, an entry a
 # later leader truncated) first goes to unstored(): the forwarder
@@ -63,7 +67,7 @@ from broker.metadata.records import is_internal_topic
 from broker.metadata.service import MetadataService
 from broker.processors import send_burst, send_native
 from broker.processors.forward import WriteForwarder
-from broker.remoting.codec import encode_response
+from broker.remoting.codec import CommandDecoder, encode_response
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
@@ -265,29 +269,13 @@ class SendProcessor:
             dispatcher.register_burst(code, self)
 
     async def process(self, request: RemotingCommand, peer, *, hand_on: bool = True) -> RemotingCommand:
-        """One send, start to answer (also the path of a burst's sends to a
-        topic that is auto-created first).  hand_on=False: the forwarder's
-        own retry here, refused plainly if it fails again."""
-        records: list[bytes] = []
-        req = None
-        try:
-            header = parse_send_header(request)
-            self.gate.check_writable()
-            validate_topic(header.topic)
-            # The usual case (the topic exists, writable) without a coroutine; the rest in _topic_config.
-            topic_cfg = self.metadata.topic_config(header.topic)
-            if topic_cfg is None or not topic_cfg.perm & PERM_WRITE:
-                topic_cfg = await self._topic_config(header)
-            queue_id = self._queue_id(header, topic_cfg)
-            records, uniq = self._records(header, topic_cfg, queue_id, request.body, host_of(peer))
-            req = self.replica.submit(records)
-            await self.replica.wait(req)
-            return self._success(request, queue_id, req.result, req.stamped, uniq)
-        except (SendError, RequestError, CommitLogError, InvalidMetadataError, M.MessageFormatError) as exc:
-            first = req.first_index if req is not None else -1
-            if hand_on:
-                return await self.unstored(request, exc, peer, records, first)
-            return self.refusal(request, exc, records, first)
+        """One send, start to answer: a burst of one (send_burst.py), so a
+        request read alone and one read with others take the same route.
+        hand_on=False: the forwarder's own retry here, refused plainly if
+        it fails again."""
+        answers = send_burst.accept_burst(self, _Peer(peer), [request], hand_on=hand_on)
+        [reply] = await answers()
+        return _as_command(reply) if type(reply) is bytes else reply
 
     async def unstored(self, request, exc: Exception, peer, records=(), first_index: int = -1) -> RemotingCommand:
         """The one answer to a send this broker did not store: handed on to
@@ -320,7 +308,7 @@ class SendProcessor:
     def burst_records(self, request: RemotingCommand, born_host: M.HostAddr) -> tuple | None:
         """One send of a burst the general way: (queueId, records, UNIQ_KEY),
         or None when its topic must be auto-created first or is not
-        writable (process() serves it and says why).  Raises REFUSALS."""
+        writable (topic_for_send creates it or says why).  Raises REFUSALS."""
         header = parse_send_header(request)
         validate_topic(header.topic)
         topic_cfg = self.metadata.topic_config(header.topic)
@@ -332,10 +320,17 @@ class SendProcessor:
 
     # --- steps --------------------------------------------------------------------
 
-    async def _topic_config(self, header: SendHeader) -> TopicConfig:
+    async def topic_for_send(self, request: RemotingCommand, create: bool = True) -> TopicConfig:
+        """The writable config of a send's topic, auto-created first when
+        that is allowed (and `create`); raises REFUSALS with the reason."""
+        header = parse_send_header(request)
+        validate_topic(header.topic)
+        return await self._topic_config(header, create)
+
+    async def _topic_config(self, header: SendHeader, create: bool = True) -> TopicConfig:
         cfg = self.metadata.topic_config(header.topic)
         if cfg is None:
-            if not self.cfg.auto_create_topic_enable:
+            if not (create and self.cfg.auto_create_topic_enable):
                 raise SendError(ResponseCode.TOPIC_NOT_EXIST,
                                 f"topic[{header.topic}] not exist, apply first please!")
             # createTopicInSendMessageMethod: min(client's, broker's) queues, perm RW.
@@ -527,14 +522,10 @@ class SendProcessor:
         return request.make_response(code, remark, ext_fields=self._reply_fields(queue_id, ids, queue_offset, uniq))
 
     def success_frame(self, request, queue_id, placed, stamps, uniq) -> bytes:
-        """_success, encoded directly (the burst path answers every message so)."""
+        """The SUCCESS answer of stored records, encoded (every send is answered so)."""
         ids, queue_offset = self._stamped(placed, stamps)
         return encode_response(request, ResponseCode.SUCCESS, None,
                                self._reply_fields(queue_id, ids, queue_offset, uniq))
-
-    def _success(self, request, queue_id, placed, stamps, uniq) -> RemotingCommand:
-        ids, queue_offset = self._stamped(placed, stamps)
-        return self._reply(request, ResponseCode.SUCCESS, queue_id, ids, queue_offset, uniq)
 
     def _timed_out_reply(self, request, exc: QuorumTimeoutError, records, first: int) -> RemotingCommand | None:
         """FLUSH_SLAVE_TIMEOUT with ids, if the log still holds exactly our
@@ -582,7 +573,7 @@ class SendProcessor:
             remark = f"service not available now: {exc}"
             if not isinstance(exc, DiskFullError):
                 remark += f" ({self._leader_hint()})"
-        else:  # pragma: no cover - process() catches only the types above
+        else:  # pragma: no cover - the send path catches only the types above
             raise exc
         log.debug("send to %s refused: %s %s", request.ext_fields.get("topic") or request.ext_fields.get("b"),
                   ResponseCode(code).name, remark)
@@ -606,3 +597,17 @@ class SendProcessor:
         who = describe_leader(exc.leader_id, exc.leader_addr, broker_addr)
         return f"broker {self.cfg.broker_name}/{self.cfg.self_id} is not the DLedger leader (master); {who}"
 
+
+@attrs.frozen
+class _Peer:
+    """What a burst asks of its connection (the peer's address), for a
+    send that did not come in one (process())."""
+
+    remote_address: object
+
+
+def _as_command(frame: bytes) -> RemotingCommand:
+    """An answer the burst encoded, as the command process() returns."""
+    decoder = CommandDecoder()
+    decoder.receive_data(frame)
+    return decoder.next_command()

@@ -8,9 +8,9 @@
 # (AppendRequest.on_done -> BurstAnswers.give; the connection writes the
 # answers in one write, from that same task step).  Only what needs to
 # wait for something else takes a task (BurstAnswers.give_async): sends
-# handed on to the master, sends to a topic to auto-create.  Sends to a
-# topic that must be auto-created first take the one-at-a-time path
-# (SendProcessor.process).  What it needs of the general path it asks the
+# handed on to the master, sends to a topic to auto-create (created first,
+# then served as a burst of their own).  A single send is a burst of one:
+# there is no other route.  What it needs of the general path it asks the
 # processor for (burst_hosts, burst_records, REFUSALS, refusal, ...):
 # send.py imports this module, not the other way round.
 import functools
@@ -24,21 +24,24 @@ from commitlog import roundtrace as _rt
 from commitlog.errors import CommitLogError
 
 
-def accept_burst(proc, conn, cmds: list):
+def accept_burst(proc, conn, cmds: list, *, hand_on: bool = True, create_topics: bool = True):
     """The synchronous half of a burst of sends read together from one
     connection (see the module comment); returns their BurstAnswers (one
     answer per item, in order).  The requests of a SendRun the native
     path takes are checked and encoded a run at a time
     (send_native.py); every other request, and every one of a SendRun
     it does not take, is served here one by one (a SendRun's answer is
-    then a list, see codec.SendRun)."""
+    then a list, see codec.SendRun).  A single send is a burst of one
+    (SendProcessor.process).  hand_on=False: the forwarder's own retry,
+    refused plainly if this node still cannot store it; create_topics:
+    whether a send to a missing topic may auto-create it (once)."""
     replies: list = [None] * len(cmds)
     try:
         proc.gate.check_writable()
     except CommitLogError as exc:  # not the writable leader: all of them alike
         unstored = [(i, k, one) for i, cmd in enumerate(cmds)
                     for k, one in (enumerate(cmd.sends()) if type(cmd) is SendRun else ((None, cmd),))]
-        if _hands_on(proc, exc):
+        if hand_on and _hands_on(proc, exc):
             return _handed_on(proc, conn, cmds, replies, unstored, exc)
         for i, k, one in unstored:
             _put(replies, cmds, i, k, proc.refusal(one, exc, []))
@@ -93,7 +96,7 @@ def accept_burst(proc, conn, cmds: list):
             for r in runs:
                 if not send_native.answer(r, cmds[r.item], replies, placed, stamps, store_host):
                     _answer_run_slowly(proc, r, cmds[r.item], replies, placed)
-        elif failed is not None and _hands_on(proc, failed):
+        elif failed is not None and hand_on and _hands_on(proc, failed):
             return False
         elif failed is not None:
             base = req.first_index if req is not None else -1
@@ -162,8 +165,14 @@ def accept_burst(proc, conn, cmds: list):
             error = exc
 
     async def finish() -> list:
-        for i, k, request in slow:
-            _put(replies, cmds, i, k, await proc.process(request, conn.remote_address))
+        for i, k, request in slow:  # a topic to create first (or to refuse): then a burst of its own
+            try:
+                await proc.topic_for_send(request, create=create_topics)
+            except proc.REFUSALS as exc:
+                _put(replies, cmds, i, k, proc.refusal(request, exc, []))
+                continue
+            [reply] = await accept_burst(proc, conn, [request], hand_on=hand_on, create_topics=False)()
+            _put(replies, cmds, i, k, reply)
         failed = error
         if req is not None:
             try:

@@ -84,3 +84,40 @@ async def test_pipelined_sends_are_answered_in_order_from_the_commit(tmp_path):
             assert (rec.body, rec.queue_id, rec.queue_offset) == (f"m{i}".encode(), qid, qoff)
         await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_send_alone_and_in_a_burst_are_answered_alike(tmp_path, autojump_clock):
+    """The oracle of the one route: every request of a corpus answered by
+    process() (a burst of one) says what it says inside one burst of them
+    all, native runs included -- code, remark, header fields and the record
+    stored, log positions aside."""
+    from broker.remoting.codes import RequestCode
+    from tests.broker.processors.test_send_native import _comparable, _raw, _serve
+    async with trio.open_nursery() as nursery:
+        g = Group(tmp_path, nursery, maxMessageSize="1024")
+        await g.start()
+        leader = await g.wait_leader()
+        alone, together = processor(leader), processor(leader)
+        assert (await alone.process(_v2(), BORN)).code == ResponseCode.SUCCESS
+        corpus = [
+            _v2(opaque=1), _v2(opaque=2, props="TAGS\x01t\x02UNIQ_KEY\x01MINE\x02"),
+            _v2(opaque=3, props="DELAY\x012\x02"), _v2(opaque=4, queue_id=77), _v2(opaque=5, body=b"y" * 2000),
+            _v2(opaque=6, topic="TBW102"), _v2(opaque=7, topic="Fresh1"), _v2(opaque=8, e="01"),
+            RemotingCommand.create_request(RequestCode.SEND_MESSAGE, {
+                "producerGroup": "pg", "topic": "TopicA", "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+                "queueId": "3", "sysFlag": "0", "bornTimestamp": "1", "flag": "9", "properties": "K\x01v\x02"},
+                body=b"v1", opaque=9),
+            _v2(opaque=10, props="K\x01" + "v" * 40000 + "\x02"),
+        ]
+        one_by_one = [await alone.process(c, BORN) for c in corpus]
+        # (the auto-created topic exists now: a fresh name keeps that case in the burst)
+        burst = corpus[:6] + [_v2(opaque=7, topic="Fresh2")] + corpus[7:]
+        in_burst = await _serve(together, _raw(burst))
+        await g.settle()
+        a = [_comparable(r, leader) for r in one_by_one]
+        b = [_comparable(r, leader) for r in in_burst]
+        assert [r.code for r in one_by_one] == [0, 0, 0, ResponseCode.SYSTEM_ERROR, ResponseCode.MESSAGE_ILLEGAL,
+                                               ResponseCode.NO_PERMISSION, 0, 0, 0, ResponseCode.MESSAGE_ILLEGAL]
+        assert a[:6] + a[7:] == b[:6] + b[7:]
+        assert a[6][4][0][1:] == b[6][4][0][1:] and (a[6][4][0][0], b[6][4][0][0]) == ("Fresh1", "Fresh2")
+        nursery.cancel_scope.cancel()
