@@ -47,6 +47,8 @@ async def pull_all(rc, addr, offset: int, want: int, timeout: float = 40) -> lis
 
 @pytest.mark.slow
 async def test_kill_master_while_timers_wait(tmp_path):
+    """Slow: a kill -9 of a real master process is the subject (3 broker
+    processes, an election, timers due across it)."""
     from tools.brokercluster import open_broker_cluster
     async with open_broker_cluster(tmp_path, size=3, extra_conf={"timerPrecisionMs": "1"}) as cluster:
         rc = cluster.remoting
