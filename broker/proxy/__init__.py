@@ -10,5 +10,7 @@
 #   auth.py     the authorization header, the plain ACL accounts, each RPC's rule
 #   status.py   gRPC Status values and the translation of client-library errors
 #   convert.py  gRPC Message <-> remoting records and properties
-#   service.py  the MessagingService RPCs
+#   service.py  the MessagingService RPCs: routes, clients, sending, transactions
+#   consume.py  the consuming RPCs on the brokers' POP codes
+#   renew.py    renewing the receipts push consumers hold
 #   server.py   serve_proxy (grpc.aio server + client instance) and `mqproxy`

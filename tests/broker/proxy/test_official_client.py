@@ -20,7 +20,6 @@
 import json
 import subprocess
 import sys
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
