@@ -12,6 +12,14 @@
 # case does not matter.  An empty Credential (the Python client sends the
 # header without credentials) is anonymous, refused when ACL is on.
 #
+# The date is not checked against the clock: the Python client writes its
+# local time with a literal Z, so a skew check would refuse every client
+# outside UTC.  (Nor does RocketMQ's proxy check it.)
+#
+# The file is read again when it changes (AclFile.current: its mtime and
+# size looked at most once a second, on a request); a file that no longer
+# parses keeps the rules in force, logged.
+#
 # Who checks.  RocketMQ's proxy in cluster mode authenticates the gRPC
 # client itself and forwards to the brokers under its own identity; it
 # cannot sign a remoting request as the client (it holds the signature of a
@@ -42,12 +50,17 @@
 import binascii
 import hashlib
 import hmac
+import logging
+import os
+import time
 
 import attrs
 
-from broker.acl.plain import ANY, PUB, SUB, AclRules
+from broker.acl.plain import ANY, PUB, SUB, AclConfigError, AclRules, load_plain_acl
 from broker.acl.table import Resource, group, topic
 from broker.acl.validator import denied
+
+log = logging.getLogger("ledgermq.proxy")
 
 SCHEME = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"
@@ -121,6 +134,38 @@ def authorize(rules: AclRules, address: str | None, metadata: dict[str, str], ne
         raise AuthError(f"No permission for {refused.shown or f'{refused.kind}:{refused.name}'} "
                         f"(accessKey={auth.access_key})", unauthorized=False)
     return auth.access_key
+
+
+class AclFile:
+    """plain_acl.yml and the rules read from it, read again when it changes."""
+
+    def __init__(self, path: str, *, clock=time.monotonic) -> None:
+        self.path, self.clock = path, clock
+        self.rules = load_plain_acl(path)  # a bad file at start fails the start
+        self._seen = self._stamp()
+        self._looked = clock()
+
+    def _stamp(self):
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def current(self) -> AclRules:
+        now = self.clock()
+        if now - self._looked < 1.0:
+            return self.rules
+        self._looked = now
+        stamp = self._stamp()
+        if stamp != self._seen:
+            self._seen = stamp
+            try:
+                self.rules = load_plain_acl(self.path)
+                log.info("%s changed: ACL rules reloaded (%d accounts)", self.path, len(self.rules.accounts))
+            except (AclConfigError, OSError) as e:
+                log.error("%s changed but cannot be used, the rules in force stay: %s", self.path, e)
+        return self.rules
 
 
 # --- what each RPC touches --------------------------------------------------------------

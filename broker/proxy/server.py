@@ -21,6 +21,7 @@ import attrs
 
 from broker.acl.plain import load_plain_acl
 from broker.client.instance import open_client_instance
+from broker.proxy.auth import AclFile
 from broker.proxy.config import ProxyConfig
 from broker.proxy.service import MessagingService
 
@@ -57,7 +58,7 @@ async def serve_proxy(cfg: ProxyConfig, *, task_status=anyio.TASK_STATUS_IGNORED
 
     from broker.proxy import pb
 
-    rules = load_plain_acl(cfg.acl_file) if cfg.acl_enable else None
+    rules = AclFile(cfg.acl_file) if cfg.acl_enable else None
     async with open_client_instance(";".join(cfg.namesrv_addr), credentials=cfg.inner_credentials,
                                     tls=cfg.client_tls if cfg.client_tls.enabled else None,
                                     timeout=cfg.send_timeout_ms / 1000) as (instance, tasks):

@@ -37,7 +37,6 @@ import time
 
 import attrs
 
-from broker.acl.plain import AclRules
 from broker.client.errors import BrokerUnavailableError, ClientError, ConnectionFailedError
 from broker.client.instance import ClientInstance
 from broker.client.model import Message
@@ -101,7 +100,7 @@ def _peer_ip(context) -> str | None:
 
 
 class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
-    def __init__(self, cfg: ProxyConfig, instance: ClientInstance, tasks, rules: AclRules | None) -> None:
+    def __init__(self, cfg: ProxyConfig, instance: ClientInstance, tasks, rules: "auth.AclFile | None") -> None:
         self.cfg = cfg
         self.inst = instance
         self.tasks = tasks  # the client instance's task group (anyio)
@@ -121,7 +120,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
     def _authorize(self, context, needed) -> str | None:
         if self.rules is None:
             return None
-        return auth.authorize(self.rules, _peer_ip(context), _metadata(context), needed)
+        return auth.authorize(self.rules.current(), _peer_ip(context), _metadata(context), needed)
 
     @staticmethod
     def _refusal(e: Exception):

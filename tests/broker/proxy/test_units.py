@@ -123,3 +123,18 @@ def test_proxy_conf():
         with pytest.raises(ConfigError) as e:
             ProxyConfig.from_properties(text)
         assert e.value.key == key, text
+
+
+def test_the_acl_file_is_read_again_when_it_changes(tmp_path):
+    path = tmp_path / "plain_acl.yml"
+    path.write_text("accounts:\n  - accessKey: first001\n    secretKey: first-secret\n")
+    now = [0.0]
+    f = auth.AclFile(str(path), clock=lambda: now[0])
+    assert set(f.current().accounts) == {"first001"}
+    path.write_text("accounts:\n  - accessKey: second01\n    secretKey: second-secret\n")
+    assert set(f.current().accounts) == {"first001"}  # looked at most once a second
+    now[0] = 2.0
+    assert set(f.current().accounts) == {"second01"}
+    path.write_text("accounts: [ {accessKey: x")  # broken: the rules in force stay
+    now[0] = 4.0
+    assert set(f.current().accounts) == {"second01"}
