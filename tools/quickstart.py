@@ -123,6 +123,32 @@ def seq_of(keys) -> int | None:
 
 # --- producing and consuming ------------------------------------------------------------------
 
+def cpu_by_process(cluster, master: str) -> dict[str, float]:
+    """CPU seconds so far: this process (producer and push consumer), the
+    master, the slaves and the name servers (Linux /proc)."""
+    from tools.bench.broker import cpu_split, own_cpu_seconds
+    out = {"client": own_cpu_seconds()}
+    for name, proc in cluster.brokers.items():
+        split = cpu_split(proc.pid)
+        if split is not None:
+            out["master" if name == master else f"slave {name}"] = sum(split)
+    out["name server"] = sum(sum(split) for p in cluster.namesrvs if (split := cpu_split(p.pid)) is not None)
+    return out
+
+
+def cpu_report(before: dict, after: dict, messages: int, seconds: float) -> str:
+    """Where the messages' CPU went: µs per message by process, and how
+    busy the machine's cores were (the sends are CPU-bound on a small
+    machine: messages/s ~ cores / the sum of these)."""
+    per = {k: (after[k] - before[k]) / max(messages, 1) * 1e6 for k in after if k in before}
+    total = sum(per.values())
+    cores = os.cpu_count() or 1
+    busy = total * messages / 1e6 / max(seconds, 1e-9) / cores
+    parts = ", ".join(f"{k} {v:,.0f}" for k, v in per.items())
+    return (f"CPU per message, µs: {parts}; {total:,.0f} in all, {busy:.0%} of {cores} cores "
+            f"while producing and consuming")
+
+
 async def produce(client, producer, tally: Tally, seqs: range, tag: str) -> None:
     """Sync sends of `seqs` with SENDERS in flight; a failed send is retried
     (same message) until SEND_OK or SEND_DEADLINE."""
@@ -296,6 +322,7 @@ async def run(args, client) -> int:
                                               handler=consumer_handler(client, tally),
                                               consume_from=client.ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET):
                 t1 = time.perf_counter()
+                cpu0 = cpu_by_process(cluster, master)
                 await produce(client, producer, tally, first, "first")
                 sent_s = time.perf_counter() - t1
                 consumed_all = await wait_consumed(tally, 60)
@@ -303,6 +330,8 @@ async def run(args, client) -> int:
                     f"({len(tally.acked) / sent_s:,.0f}/s, {SENDERS} sync sends in flight); the push consumer "
                     f"{'has them all' if consumed_all else 'is still missing some'} after "
                     f"{time.perf_counter() - t1:.2f} s")
+                say("   " + cpu_report(cpu0, cpu_by_process(cluster, master), len(tally.acked),
+                                       time.perf_counter() - t1))
 
                 tally.old_master_addr = cluster.addr(master)
                 acked_before = len(tally.acked)
