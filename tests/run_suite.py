@@ -29,8 +29,10 @@ from pathlib import Path
 
 NICE = 10
 SHARDS = int(os.environ.get("LEDGERMQ_SLOW_SHARDS", "2"))
-# file -> seconds, from the last run; kept only inside a venv (make test's)
-SLOW_TIMES = Path(sys.prefix) / "ledgermq-slow-test-seconds.json" if sys.prefix != sys.base_prefix else None
+# file -> seconds, from the last run; kept only inside a venv (make test's),
+# or where LEDGERMQ_SLOW_TIMES says
+SLOW_TIMES = (Path(os.environ["LEDGERMQ_SLOW_TIMES"]) if os.environ.get("LEDGERMQ_SLOW_TIMES")
+              else Path(sys.prefix) / "ledgermq-slow-test-seconds.json" if sys.prefix != sys.base_prefix else None)
 PATHS = shlex.split(os.environ.get("LEDGERMQ_SUITE_PATHS", ""))
 
 
