@@ -183,3 +183,28 @@ async def test_over_the_memory_budget_timers_wait_in_the_queue_and_are_not_lost(
         assert sorted(r.body for r in got) == sorted(asked)
         assert all(r.store_timestamp >= asked[r.body] for r in got)  # late maybe, never early
         nursery.cancel_scope.cancel()
+
+
+async def test_a_committed_timer_half_waits_for_its_time_from_the_commit(tmp_path, autojump_clock):
+    from broker.processors.client_manager import ClientManager
+    from tests.broker.store.test_transaction import end_request, wire
+    async with trio.open_nursery() as nursery:
+        g = Group(tmp_path, nursery, timerPrecisionMs="1")
+        await g.start()
+        leader = await g.wait_leader()
+        send, _service, end = wire(leader, ClientManager(clock_ms=vclock))
+        services = await start_services(g, nursery)
+        props = M.properties_to_string({"TRAN_MSG": "true", "PGROUP": "txg", "UNIQ_KEY": "H1",
+                                        "TIMER_DELAY_SEC": "2"})
+        resp = await send.process(v2(topic="TxTimerT", body=b"half", queue_id=0, props=props,
+                                     sys_flag=M.TRANSACTION_PREPARED_TYPE), BORN)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        await trio.sleep(1)
+        committed_at = vclock()
+        resp = await end.process(end_request(resp.ext_fields, M.TRANSACTION_COMMIT_TYPE))
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert [r.body for r in await wait_count(leader, TIMER_TOPIC, 1)] == [b"half"]
+        got = await wait_count(leader, "TxTimerT", 1)
+        assert got[0].store_timestamp >= committed_at + 2000 and got[0].uniq_key == "H1"
+        assert services[leader.nid].delivered == 1
+        nursery.cancel_scope.cancel()
