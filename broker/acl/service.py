@@ -2,7 +2,8 @@
 # check the composition root puts in front of dispatch (AclService.check:
 # refusals answered as RocketMQ answers them, SYSTEM_ERROR with the
 # AclException text, and logged -- the one place an AclDenied becomes an
-# answer), what each connection authenticated as (the accessKeys whose
+# answer; the sends the native scanner parsed are judged a scan at a time
+# by fastpath.py, every other request by validator.validate), what each connection authenticated as (the accessKeys whose
 # signed requests it sent), the check-back filter built on that
 # (may_check_back), the store lookup requests naming a commitlog offset are
 # judged with (message_lookup), and reloading the file when it changes.
@@ -29,9 +30,11 @@ import struct
 
 import trio
 
+from broker.acl import fastpath
 from broker.acl.plain import Account, AclConfigError, AclRules, parse_plain_acl_text
 from broker.acl.table import PROPERTY_REAL_TOPIC, Lookup, StoredMessage, check_back_resources
 from broker.acl.validator import AclDenied, Policy, permits, validate
+from broker.remoting.codec import RawSend
 from broker.remoting.codes import ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
@@ -93,6 +96,11 @@ class AclService:
         self.lookup: Lookup | None = None
         self._digest = digest
         self._log_window = (0.0, 0, 0)  # (second, lines logged, lines suppressed)
+        # Scanned sends (RawSend) are checked a scan at a time in C
+        # (fastpath.py; None: every request takes validate()), the verdicts
+        # of the last scan kept for the sends of it that follow.
+        self.sends = fastpath.SendChecks(policy) if fastpath.applies(policy) else None
+        self._scan_checks: fastpath.ScanChecks | None = None
 
     @classmethod
     def load(cls, path: str | None, policy: Policy, *, extra: tuple[Account, ...] = ()) -> "AclService":
@@ -108,20 +116,45 @@ class AclService:
 
     def check(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         """None to let `cmd` through, else the refusal to answer it with."""
+        if type(cmd) is RawSend and self.sends is not None:
+            # A send the native scanner parsed: its scan's verdicts, checked
+            # in C once for every send of the scan (fastpath.py).
+            memo = self._scan_checks
+            if memo is None or memo.scan is not cmd.scan or memo.rules is not self.rules or cmd.index < memo.lo:
+                memo = self._check_scan(conn, cmd)
+            verdict = memo.verdict[cmd.index]
+            if verdict == fastpath.OK:
+                return None
+            if verdict != fastpath.GENERAL:
+                return self._refuse(conn, cmd, memo.refusal(cmd.index))
         address = host_of(conn.remote_address)
         try:
             access_key = validate(self.rules, address, cmd, self.policy, self.lookup)
         except AclDenied as e:
-            self.refused += 1
-            self._log_refusal(conn.remote_address, cmd, e)
-            return cmd.make_response(ResponseCode.SYSTEM_ERROR, e.remark)
+            return self._refuse(conn, cmd, e)
         if access_key is not None:
-            keys = conn.attributes.get(PRINCIPALS)
-            if keys is None:
-                conn.attributes[PRINCIPALS] = {access_key}
-            elif access_key not in keys:
-                keys.add(access_key)
+            self._authenticated(conn, access_key)
         return None
+
+    def _refuse(self, conn, cmd, e: AclDenied) -> RemotingCommand:
+        self.refused += 1
+        self._log_refusal(conn.remote_address, cmd, e)
+        return cmd.make_response(ResponseCode.SYSTEM_ERROR, e.remark)
+
+    @staticmethod
+    def _authenticated(conn, access_key: str) -> None:
+        keys = conn.attributes.get(PRINCIPALS)
+        if keys is None:
+            conn.attributes[PRINCIPALS] = {access_key}
+        elif access_key not in keys:
+            keys.add(access_key)
+
+    def _check_scan(self, conn, cmd) -> "fastpath.ScanChecks":
+        memo = self._scan_checks = self.sends.check_scan(self.rules, host_of(conn.remote_address), cmd.scan,
+                                                         cmd.index)
+        for access_key in memo.principals:
+            self._authenticated(conn, access_key)
+        return memo
 
     def may_check_back(self, conn, group: str, real_topic: str) -> bool:
         """May CHECK_TRANSACTION_STATE for a half of `real_topic` (producer

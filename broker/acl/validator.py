@@ -54,8 +54,8 @@ class AclDenied(Exception):
         return EXCEPTION_PREFIX + self.reason
 
 
-__all__ = ["ADMIN_CODES", "BROKER_POLICY", "NAMESRV_POLICY", "AclDenied", "Policy", "Resource", "broker_policy",
-           "denied", "permits", "required_resources", "validate"]
+__all__ = ["ADMIN_CODES", "BROKER_POLICY", "NAMESRV_POLICY", "AclDenied", "Policy", "Resource", "authorize",
+           "broker_policy", "denied", "permits", "required_resources", "validate"]
 
 
 @attrs.frozen
@@ -144,14 +144,22 @@ def validate(rules: AclRules, address: str | None, cmd: RemotingCommand, policy:
     expected = signature(content_to_sign(cmd.ext_fields, cmd.body, SERVER_UNSIGNED), account.secret_key)
     if not signature_matches(expected, cmd.ext_fields.get(SIGNATURE)):
         raise AclDenied(f"Check signature failed for accessKey={ak}", ak)
+    authorize(account, ak, cmd, policy, lookup)
+    return ak
+
+
+def authorize(account: Account, ak: str, cmd: RemotingCommand, policy: Policy = BROKER_POLICY,
+              lookup: Lookup | None = None) -> None:
+    """Steps 7-10, for a request whose signature verified: raise
+    AclDenied if `account` may not make it.  (broker/acl/fastpath.py asks this once per account
+    and topic of a scan's sends.)"""
     if cmd.code in policy.admin_codes and not account.admin:
         raise AclDenied(f"Need admin permission for request code={cmd.code}, but accessKey={ak} is not", ak)
     if account.admin and not account.has_resource_perms:
-        return ak
+        return
     needed = required_resources(cmd, lookup)
     if any(r.kind == "topic" and r.name == TRACE_TOPIC and r.perm == PUB for r in needed):
-        return ak
+        return
     refused = denied(account, needed)
     if refused is not None:
         raise _refusal(refused, ak)
-    return ak
