@@ -277,6 +277,13 @@ class ClientInstance:
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
+    def forget_route(self, topic: str) -> None:
+        """Drop a topic's slot whose route is unknown (a gateway asked for a
+        name that does not exist: broker/proxy keeps no slot per such name)."""
+        slot = self._routes.get(topic)
+        if slot is not None and slot.route is None and not slot.lock.locked():
+            del self._routes[topic]
+
     def route_changed(self, topic: str) -> anyio.Event:
         """Set when the topic's route next changes."""
         return self._slot(topic).changed
