@@ -161,6 +161,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
     async def _route(self, topic: str):
         route = await self.inst.route(topic)
         if route is None:
+            self.inst.forget_route(topic)  # no slot kept per unknown name a client tries
             raise RequestInvalid(pb.Code.TOPIC_NOT_FOUND, f"No topic route info in name server for the topic: {topic}")
         return route
 

@@ -91,3 +91,13 @@ def test_telemetry_abuse(env):
         list(pool.map(hammer, range(64)))
     assert not errors, errors[:3]
     assert env.stub.SendMessage(send_request("Orders"), metadata=metadata(), timeout=10).status.code == pb.Code.OK
+
+
+def test_unknown_topics_leave_nothing_behind(env):
+    inst = env.proxy.service.inst
+    before = len(inst.topics())
+    req = S.QueryRouteRequest()
+    for i in range(200):
+        req.topic.name = f"NoSuchTopic{i}"
+        assert env.stub.QueryRoute(req, metadata=metadata(), timeout=10).status.code == pb.Code.TOPIC_NOT_FOUND
+    assert len(inst.topics()) == before
