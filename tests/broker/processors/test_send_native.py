@@ -90,7 +90,7 @@ _TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
 _DIGITS = st.one_of(st.integers(0, 10**9 - 1).map(str), st.sampled_from(["007", "0", "999999999"]))
 _ODD_NUMBERS = st.sampled_from(["+1", "-1", " 1", "", "1.0", "1e3", "\u0663", "2147483648", "x"])
 _PROP_NAMES = st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "DELAY", "CLUSTER", "TRAN_MSG", "n\u00e4me",
-                               "X"])
+                               "X", "TIMER_DELAY_SEC"])
 _PROP_VALUES = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=10)
 
 
@@ -241,6 +241,9 @@ def test_the_usual_clients_take_the_native_path():
 @pytest.mark.parametrize("props,status", [("DELAY\x013\x02", sendpath.SEND_PROPS),
                                           ("CLUSTER\x01c\x02", sendpath.SEND_PROPS),
                                           ("TRAN_MSG\x01true\x02", sendpath.SEND_PROPS),
+                                          ("TIMER_DELIVER_MS\x011\x02", sendpath.SEND_PROPS),
+                                          ("TAGS\x01t\x02TIMER_DELAY_SEC\x013\x02", sendpath.SEND_PROPS),
+                                          ("TIMER_DELAY_MS\x013\x02", sendpath.SEND_PROPS),
                                           ("UNIQ_KEY\x01\x02", sendpath.SEND_PROPS),
                                           ("UNIQ_KEY\x01a\x02UNIQ_KEY\x01b\x02", sendpath.SEND_PROPS),
                                           ("TAGS\x01t", sendpath.SEND_PROPS),
