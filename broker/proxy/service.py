@@ -7,7 +7,9 @@
 # request or a failed broker never ends the stream of another client.
 #
 # Clients.  A client is known by its x-mq-client-id once its Telemetry
-# stream has sent Settings (Heartbeat before that is UNRECOGNIZED_CLIENT_TYPE,
+# stream has sent Settings (a consumer's group is then declared to the
+# brokers by the proxy's heartbeats, as CONSUME_POP with its subscriptions,
+# until its last client goes) (Heartbeat before that is UNRECOGNIZED_CLIENT_TYPE,
 # as RocketMQ's proxy answers).  The reply carries the server's side of the
 # settings: publishing.max_body_size (what the proxy enforces), the retry
 # policy, and for consumers receive_batch_size, long_polling_timeout and
@@ -37,9 +39,10 @@ import time
 
 import attrs
 
-from broker.client.errors import BrokerUnavailableError, ClientError, ConnectionFailedError
+from broker.client.consumer_api import subscription_data
+from broker.client.errors import BrokerUnavailableError, ClientError, ConnectionFailedError, InvalidArgumentError
 from broker.client.instance import ClientInstance
-from broker.client.model import Message
+from broker.client.model import Message, MessageSelector, subscription
 from broker.client.producer import Producer, hash_selector
 from broker.common.msgid import parse_offset_msg_id
 from broker.common.permissions import PERM_READ, PERM_WRITE
@@ -74,6 +77,7 @@ class Session:
     group: str | None
     outbox: asyncio.Queue
     fifo: bool = False
+    subscriptions: dict = attrs.Factory(dict)  # topic -> Subscription (consumers)
     started: float = attrs.field(factory=time.monotonic)
 
 
@@ -239,9 +243,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         try:
             group = request.group.name if request.HasField("group") else None
             self._authorize(context, auth.consume_resources(None, group) if group else [])
-            client_id = _metadata(context).get("x-mq-client-id", "")
-            self.sessions.pop(client_id, None)
-            self.renewals.forget_client(client_id)
+            self._session_ended(_metadata(context).get("x-mq-client-id", ""))
             return S.NotifyClientTerminationResponse(status=ok())
         except Exception as e:
             return S.NotifyClientTerminationResponse(status=self._refusal(e))
@@ -283,8 +285,7 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
             task.cancel()
             session = self.sessions.get(client_id)
             if session is not None and session.outbox is outbox:
-                del self.sessions[client_id]
-                self.renewals.forget_client(client_id)
+                self._session_ended(client_id)
 
     async def _settings(self, context, client_id: str, settings, outbox: asyncio.Queue):
         ctype = settings.client_type
@@ -306,6 +307,14 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
             if not group:
                 raise RequestInvalid(pb.Code.ILLEGAL_CONSUMER_GROUP, "consumer group cannot be empty")
             topics = tuple(check_topic(s.topic.name) for s in settings.subscription.subscriptions)
+            subs = {}
+            for entry in settings.subscription.subscriptions:
+                sql = entry.expression.type == D.FilterType.SQL
+                text = entry.expression.expression or "*"
+                try:
+                    subs[entry.topic.name] = subscription(MessageSelector.by_sql(text) if sql else text)
+                except InvalidArgumentError as e:
+                    raise RequestInvalid(pb.Code.ILLEGAL_FILTER_EXPRESSION, str(e)) from None
             ak = self._authorize(context, [r for t in topics for r in auth.consume_resources(t, group)] or
                                  auth.consume_resources(None, group))
             sub = reply.subscription
@@ -328,11 +337,58 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
                                  f"is not served")
         if client_id not in self.sessions and len(self.sessions) >= self.cfg.max_clients:
             raise RequestInvalid(pb.Code.TOO_MANY_REQUESTS, f"the proxy serves {self.cfg.max_clients} clients at most")
+        consumer = ctype != pb.ClientType.PRODUCER
         self.sessions[client_id] = Session(client_id, ctype, ak, topics, group, outbox,
-                                           fifo=ctype != pb.ClientType.PRODUCER and reply.subscription.fifo)
+                                           fifo=consumer and reply.subscription.fifo,
+                                           subscriptions=subs if consumer else {})
         if ctype == pb.ClientType.PRODUCER and topics:
             await self._declare_producer(topics)
+        elif consumer:
+            await self._declare_consumer(group, topics)
         return S.TelemetryCommand(status=ok(), settings=reply)
+
+    def _consumer_data(self, group: str) -> dict:
+        """The group's HEART_BEAT consumerData: its sessions' subscriptions
+        (POP consumers, as RocketMQ's proxy registers them)."""
+        subs: dict = {}
+        for session in self.sessions.values():
+            if session.group == group and session.client_type != pb.ClientType.PRODUCER:
+                subs.update(session.subscriptions)
+        return {"groupName": group, "consumeType": "CONSUME_POP", "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET", "unitMode": False,
+                "subscriptionDataSet": [subscription_data(t, sub) for t, sub in sorted(subs.items())]}
+
+    async def _declare_consumer(self, group: str, topics) -> None:
+        """The group is declared to every broker of its topics (heartbeats
+        carry it from now on), so mqadmin consumerConnection and the
+        brokers' consumer lists show gRPC consumers."""
+        self.inst.consumers[group] = lambda: self._consumer_data(group)
+        for topic in topics:
+            try:
+                await self.inst.route(topic)
+            except ClientError as e:
+                log.debug("route of %s: %s", topic, e)
+        self.tasks.start_soon(self.inst.heartbeat_all)
+
+    def _session_ended(self, client_id: str) -> None:
+        session = self.sessions.pop(client_id, None)
+        self.renewals.forget_client(client_id)
+        if session is None or session.group is None or session.client_type == pb.ClientType.PRODUCER:
+            return
+        if any(s.group == session.group and s.client_type != pb.ClientType.PRODUCER for s in self.sessions.values()):
+            return
+        addrs = self.inst.heartbeat_addrs()
+        self.inst.consumers.pop(session.group, None)
+
+        async def unregister() -> None:
+            req = RemotingCommand.create_request(RequestCode.UNREGISTER_CLIENT, {
+                "clientID": self.inst.client_id, "consumerGroup": session.group})
+            for addr in addrs:
+                try:
+                    await self.inst.invoke(addr, req, 1.0)
+                except ClientError as e:
+                    log.debug("unregistering %s from %s: %s", session.group, addr, e)
+        self.tasks.start_soon(unregister)
 
     async def _declare_producer(self, topics) -> None:
         """Each topic a producer group the brokers check back with."""

@@ -115,6 +115,11 @@ def settings_command(client_type, topics=(), group=None):
     return cmd
 
 
+def broker_consumers(env, group):
+    """The group's consumer ids at the broker (read in the broker's thread)."""
+    return env.trio_portal.call(env.broker.clients.consumer_ids, group)
+
+
 class Telemetry:
     """A Telemetry stream kept open: commands go in through a queue."""
 
@@ -152,12 +157,21 @@ def test_settings_before_heartbeat(env):
         assert reply.settings.subscription.receive_batch_size == 32
         assert reply.settings.subscription.long_polling_timeout.seconds == 20
         assert reply.settings.backoff_policy.max_attempts == 17
+        # the group is declared to the broker (a POP consumer with its subscription) ...
+        wait_until_sync(lambda: broker_consumers(env, "ReadGroup"), 10, "ReadGroup at the broker")
+        assert "Orders" in env.trio_portal.call(lambda: dict(env.broker.clients.group("ReadGroup").subscriptions))
+        bad = settings_command(D.ClientType.SIMPLE_CONSUMER, ["Orders"], group="ReadGroup")
+        bad.settings.subscription.subscriptions[0].expression.type = D.FilterType.SQL
+        bad.settings.subscription.subscriptions[0].expression.expression = "a >"
+        assert t.send(bad).status.code == pb.Code.ILLEGAL_FILTER_EXPRESSION
         reply = t.send(settings_command(D.ClientType.SIMPLE_CONSUMER, ["Orders"], group=""))
         assert reply.status.code == pb.Code.ILLEGAL_CONSUMER_GROUP
         reply = t.send(settings_command(D.ClientType.PULL_CONSUMER, ["Orders"], group="g"))
         assert reply.status.code == pb.Code.UNRECOGNIZED_CLIENT_TYPE
     finally:
         t.close()
+    # ... and leaves with its last client
+    wait_until_sync(lambda: not broker_consumers(env, "ReadGroup"), 10, "ReadGroup gone from the broker")
 
 
 def test_send_normal_fifo_and_timed_reach_the_store(env):
