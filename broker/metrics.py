@@ -24,13 +24,24 @@
 #                       frame bytes, rounds deferred: remoting_families) and
 #                       the long polls held and refused
 #
+#   message sizes       PutCounter: the same CQ units, bucketed per read
+#                       (sorted once, one bisect per bucket bound)
+#   store-time lag      MeteredPulls: the first record of each answered
+#                       pull, its store timestamp (one unpack per pull)
+#   lag age             at scrape time, on the master: the store time of the
+#                       message at each lagging queue's committed offset
+#   rpc latency         the send and pull BucketCounters, read through
+#                       RocketMQ 5's bucket bounds (BucketCounter.coarsened)
+#
 # serve_broker_metrics samples the StatsBook every SAMPLE_S (a timer: it
 # feeds VIEW_BROKER_STATS_DATA and the TPS gauges) and, with
-# metricsExporterType=PROM, serves the endpoint.  Names: rocketmq-exporter's
-# where it has one (rocketmq_producer_tps, rocketmq_consumer_offset,
-# rocketmq_message_accumulation, ...), RocketMQ 5's counters
-# (rocketmq_messages_in_total, rocketmq_throughput_in_total, ...), and
-# ledgermq_* for what RocketMQ has no name for (DLedger, dispatch).
+# metricsExporterType=PROM, serves the endpoint.  Which names, labels and
+# nodes: broker/telemetry/catalog.py (the collector builds its families from
+# it through FamilySet; the group's data only on the writable master, so
+# the stock queries add up over a group's members).
+import os
+import shutil
+import socket
 import struct
 import sys
 import time
@@ -44,27 +55,38 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from broker.config import LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import split_offset_key
-from broker.processors.admin import disk_ratio
+from broker.common.values import ConsumeType, MessageModel
+from broker.processors.admin import SYSTEM_TOPICS, VERSION_DESC, disk_ratio
+from broker.processors.retry import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from broker.remoting.answers import BurstAnswers, as_answers
 from broker.remoting.codec import request_count
 from broker.remoting.codes import ResponseCode
 from broker.store.broker_store import BrokerStore
+from broker.store.timer import TIMER_TOPIC
+from broker.store.transaction import HALF_TOPIC
+from broker.telemetry import catalog as C
 from broker.telemetry import stats as S
-from broker.telemetry.buckets import BucketCounter
+from broker.telemetry.buckets import MESSAGE_SIZE_BUCKETS, RPC_LATENCY_BUCKETS_MS, STORE_LAG_BUCKETS_S, BucketCounter
 from broker.telemetry.exporter import MetricsConfig, serve_metrics
+from consumequeue.record import POS_SYSFLAG, SCHEDULE_TOPIC, store_timestamp_pos
 from consumequeue.service import positions
 
 CQ_UNIT = struct.Struct(">qiq")  # phy offset, size, tags code (spec §2)
+_I32, _I64 = struct.Struct(">i"), struct.Struct(">q")
 
 
-def _size_sum(raw: bytes, n: int) -> int:
-    """The message bytes of n consume queue units, without a Python step
+def _sizes(raw: bytes, n: int) -> array:
+    """The message sizes of n consume queue units, without a Python step
     per unit (this runs over every message put): a unit is five big-endian
     int32 words, the size its third."""
     words = array("i", raw[:n * CQ_UNIT.size])
     if sys.byteorder == "little":
         words.byteswap()
-    sizes = words[2::5]
+    return words[2::5]
+
+
+def _size_sum(raw: bytes, n: int) -> int:
+    sizes = _sizes(raw, n)
     total = sum(sizes)
     return total if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
 READ_UNITS = 8192  # CQ units read per queue per pass
@@ -78,6 +100,7 @@ class PutCounter:
     cursor: dict = attrs.Factory(dict)  # (topic, qid) -> next unit to count
     messages: dict = attrs.Factory(dict)  # topic -> messages
     bytes: dict = attrs.Factory(dict)  # topic -> bytes
+    sizes: dict = attrs.Factory(dict)  # topic -> BucketCounter of message sizes
 
     def __attrs_post_init__(self) -> None:
         # What is stored already was put before this process started.
@@ -98,7 +121,12 @@ class PutCounter:
                 if not raw:
                     break
                 n = len(raw) // CQ_UNIT.size
-                self.bytes[topic] = self.bytes.get(topic, 0) + _size_sum(raw, n)
+                sizes = sorted(s for s in _sizes(raw, n) if s > 0)
+                self.bytes[topic] = self.bytes.get(topic, 0) + sum(sizes)
+                bc = self.sizes.get(topic)
+                if bc is None:
+                    bc = self.sizes[topic] = BucketCounter(MESSAGE_SIZE_BUCKETS)
+                bc.observe_sorted(sizes)
                 self.messages[topic] = self.messages.get(topic, 0) + n
                 pos += n
             self.cursor[key] = pos
@@ -138,7 +166,10 @@ class MeteredPulls:
     inner: object  # PullProcessor
     latency: BucketCounter = attrs.Factory(BucketCounter)
     gets: dict = attrs.Factory(dict)  # (topic, group) -> [messages, bytes, pulls that found some]
+    rpc: dict = attrs.Factory(dict)  # (response code name, "true"/"false" held) -> BucketCounter
+    store_lag: dict = attrs.Factory(dict)  # (topic, group) -> BucketCounter: store time -> answer
     clock: object = time.perf_counter
+    wall_ms: object = lambda: time.time() * 1000
 
     def register(self, dispatcher) -> None:
         for code in self.inner.CODES:
@@ -149,15 +180,24 @@ class MeteredPulls:
         f = request.ext_fields
         # (the callback of a held pull keeps these, not the request)
         key, offset = (f.get("topic", ""), f.get("consumerGroup", "")), f.get("queueOffset")
-        response = await self.inner(conn, request, lambda late: self._count(key, offset, late, t0))
+        response = await self.inner(conn, request, lambda late: self._count(key, offset, late, t0, "true"))
         if response is not None:
-            self._count(key, offset, response, t0)
+            self._count(key, offset, response, t0, "false")
         return response
 
-    def _count(self, key: tuple[str, str], offset, response, t0: float) -> None:
+    def _count(self, key: tuple[str, str], offset, response, t0: float, held: str) -> None:
+        elapsed = self.clock() - t0
+        try:
+            code = ResponseCode(response.code).name.lower()
+        except ValueError:
+            code = str(response.code)
+        bc = self.rpc.get((code, held))
+        if bc is None:
+            bc = self.rpc[code, held] = BucketCounter()
+        bc.observe(elapsed)
         if response.code != ResponseCode.SUCCESS:
             return
-        self.latency.observe(self.clock() - t0)
+        self.latency.observe(elapsed)
         try:
             n = int(response.ext_fields.get("nextBeginOffset")) - int(offset)
         except (TypeError, ValueError):
@@ -168,6 +208,22 @@ class MeteredPulls:
         entry[0] += max(n, 0)
         entry[1] += len(response.body or b"")
         entry[2] += 1
+        stored = _first_store_time(response.body)
+        if stored is not None and n > 0:
+            lag = self.store_lag.get(key)
+            if lag is None:
+                lag = self.store_lag[key] = BucketCounter(STORE_LAG_BUCKETS_S)
+            lag.observe(max(0.0, (self.wall_ms() - stored) / 1000), n)
+
+
+def _first_store_time(body) -> int | None:
+    """The store timestamp (ms) of the first record of a pull's body."""
+    if not body or len(body) < POS_SYSFLAG + 4:
+        return None
+    pos = store_timestamp_pos(_I32.unpack_from(body, POS_SYSFLAG)[0])
+    if len(body) < pos + 8:
+        return None
+    return _I64.unpack_from(body, pos)[0]
 
 
 @attrs.define(eq=False)
@@ -182,6 +238,11 @@ class BrokerMetrics:
     stats: S.StatsBook
     puts: PutCounter = attrs.field(init=False)
     start_term: int = attrs.field(init=False)
+    started_ms: int = attrs.field(init=False, factory=lambda: int(time.time() * 1000))
+
+    @property
+    def clients(self):  # ClientManager: the one the pull processor reads subscriptions from
+        return self.pulls.inner.clients
 
     def __attrs_post_init__(self) -> None:
         self.puts = PutCounter(self.store.cq.engine.cqs)
@@ -217,10 +278,90 @@ class BrokerMetrics:
         return BrokerCollector(self)
 
 
-def _histogram(name: str, doc: str, labels: dict, bc: BucketCounter) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=list(labels))
-    family.add_metric(list(labels.values()), bc.cumulative(), bc.total)
-    return family
+def _topic_kind(topic: str) -> tuple[str, str]:
+    """RocketMQ 5's (message_type, is_system) of a topic, from its name
+    alone (the consume queues do not say what a message was sent as)."""
+    if topic == HALF_TOPIC:
+        return "transaction", "true"
+    if topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+        return "delay", "true"
+    system = topic.startswith(("rmq_sys_", "RMQ_SYS_")) or topic in SYSTEM_TOPICS
+    return "normal", "true" if system else "false"
+
+
+def _is_retry(topic: str) -> str:
+    return "true" if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) else "false"
+
+
+_CONSUME_MODE = {ConsumeType.CONSUME_PASSIVELY: "push", ConsumeType.CONSUME_ACTIVELY: "pull",
+                 ConsumeType.CONSUME_POP: "pop"}
+
+
+def _dir_bytes(path: str, limit: int = 100_000) -> int:
+    """Bytes of the files under path (at most `limit` entries looked at)."""
+    total, stack, seen = 0, [path], 0
+    while stack and seen < limit:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                seen += 1
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    return total
+
+
+@attrs.define(eq=False)
+class FamilySet:
+    """The families of one scrape, built from the catalogue's specs only
+    (broker/telemetry/catalog.py): a name or label the catalogue does not
+    have raises, and MASTER-scope samples are dropped on any node that is
+    not the writable master (the family itself stays, empty)."""
+
+    common: dict  # label -> value for the labels every spec may take from here
+    master: bool
+    families: dict = attrs.Factory(dict)
+
+    def _family(self, spec: C.Spec):
+        fam = self.families.get(spec.name)
+        if fam is None:
+            cls = {C.COUNTER: CounterMetricFamily, C.GAUGE: GaugeMetricFamily,
+                   C.HISTOGRAM: HistogramMetricFamily}[spec.kind]
+            fam = self.families[spec.name] = cls(spec.family_name, spec.doc, labels=list(spec.labels))
+        return fam
+
+    def _labels(self, spec: C.Spec, labels: dict) -> list[str] | None:
+        fam = self._family(spec)
+        if spec.scope == C.MASTER and not self.master:
+            return None
+        extra = set(labels) - set(spec.labels)
+        if extra:
+            raise KeyError(f"{spec.name} has no label {sorted(extra)}")
+        del fam
+        return [str(labels[k]) if k in labels else str(self.common[k]) for k in spec.labels]
+
+    def add(self, name: str, value, **labels) -> None:
+        spec = C.BY_NAME[name]
+        values = self._labels(spec, labels)
+        if values is not None:
+            self.families[name].add_metric(values, float(value))
+
+    def histogram(self, name: str, buckets: list, total: float, **labels) -> None:
+        spec = C.BY_NAME[name]
+        values = self._labels(spec, labels)
+        if values is not None:
+            self.families[name].add_metric(values, buckets, total)
+
+    def __iter__(self):
+        for spec in C.SERVED:
+            yield self._family(spec)
 
 
 @attrs.define(eq=False)
@@ -229,155 +370,257 @@ class BrokerCollector:
     in the trio thread: see broker/telemetry/exporter.py)."""
 
     m: BrokerMetrics
+    host: str = attrs.Factory(socket.gethostname)
 
     def describe(self):
         return []  # unchecked collector: the families depend on the topics
+
+    def common(self) -> dict:
+        cfg, m = self.m.config.current, self.m
+        return {"cluster": cfg.broker_cluster_name, "broker": cfg.broker_name, "node_type": "broker",
+                "node_id": cfg.broker_name, "brokerIP": f"{cfg.broker_ip1}:{cfg.listen_port}",
+                "brokerHost": self.host, "des": cfg.broker_name, "boottime": str(m.started_ms),
+                "broker_version": VERSION_DESC, "protocol_type": "remoting", "storage_type": "local"}
 
     def collect(self):
         m, cfg = self.m, self.m.config.current
         bs = m.store
         base = {"cluster": cfg.broker_cluster_name, "broker": cfg.broker_name}
-        bl, bv = list(base), list(base.values())
         m.refresh()
         m.puts.update()
+        out = FamilySet(self.common(), bs.gate.writable)
+        self.puts(out)
+        self.gets(out)
+        self.consumers(out)
+        self.clients(out)
+        self.runtime(out)
+        self.latency(out)
+        self.dledger(out)
+        yield from out
+        # Families of other owners (names and labels theirs: catalog.FOREIGN_PREFIXES).
+        yield from remoting_families(m.server, base)
 
-        # --- puts per topic
-        offset = GaugeMetricFamily("rocketmq_producer_offset", "TopicOffset: sum of the max offsets of the "
-                                   "topic's consume queues", labels=bl + ["topic"])
-        by_topic: dict[str, int] = {}
+    # --- the group's puts (MASTER)
+    def puts(self, out: FamilySet) -> None:
+        m, bs = self.m, self.m.store
+        offsets: dict[str, int] = {}
         for (topic, _), cq in list(bs.cq.engine.cqs.queues.items()):
             if not is_internal_topic(topic):
-                by_topic[topic] = by_topic.get(topic, 0) + cq.max_offset
-        for topic, n in sorted(by_topic.items()):
-            offset.add_metric(bv + [topic], n)
-        yield offset
-        msgs_in = CounterMetricFamily("rocketmq_messages_in", "Messages put, per topic, since the broker started",
-                                      labels=bl + ["topic"])
-        bytes_in = CounterMetricFamily("rocketmq_throughput_in", "Bytes put (stored size), per topic, since the "
-                                       "broker started", labels=bl + ["topic"])
-        tps = GaugeMetricFamily("rocketmq_producer_tps", "TopicPutNums per second over the last minute",
-                                labels=bl + ["topic"])
-        size = GaugeMetricFamily("rocketmq_producer_message_size", "TopicPutMessageSize: bytes put per second "
-                                 "over the last minute", labels=bl + ["topic"])
+                offsets[topic] = offsets.get(topic, 0) + cq.max_offset
+        for topic, n in sorted(offsets.items()):
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                out.add("rocketmq_topic_retry_offset", n, topic=topic)
+            elif topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+                out.add("rocketmq_topic_dlq_offset", n, group=topic[len(DLQ_GROUP_TOPIC_PREFIX):])
+            else:
+                out.add("rocketmq_producer_offset", n, topic=topic)
         for topic in sorted(m.puts.messages):
-            msgs_in.add_metric(bv + [topic], m.puts.messages[topic])
-            bytes_in.add_metric(bv + [topic], m.puts.bytes.get(topic, 0))
+            n = m.puts.messages[topic]
+            message_type, is_system = _topic_kind(topic)
+            out.add("rocketmq_messages_in_total", n, topic=topic, message_type=message_type, is_system=is_system)
+            out.add("rocketmq_throughput_in_total", m.puts.bytes.get(topic, 0), topic=topic,
+                    message_type=message_type, is_system=is_system)
+            sizes = m.puts.sizes.get(topic)
+            if sizes is not None:
+                out.histogram("rocketmq_message_size", sizes.cumulative(), sizes.total, topic=topic,
+                              message_type=message_type)
             item = m.stats.get(S.TOPIC_PUT_NUMS, topic)
-            tps.add_metric(bv + [topic], item.rate(60) if item else 0.0)
+            out.add("rocketmq_producer_tps", item.rate(60) if item else 0.0, topic=topic)
             item = m.stats.get(S.TOPIC_PUT_SIZE, topic)
-            size.add_metric(bv + [topic], item.rate(60) if item else 0.0)
-        yield from (msgs_in, bytes_in, tps, size)
+            out.add("rocketmq_producer_message_size", item.rate(60) if item else 0.0, topic=topic)
+            if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+                out.add("rocketmq_send_to_dlq_messages_total", n, topic=topic,
+                        consumer_group=topic[len(DLQ_GROUP_TOPIC_PREFIX):], is_retry="false", is_system="false")
+        put_all = m.stats.get(S.BROKER_PUT_NUMS, self.m.config.current.broker_cluster_name)
+        out.add("rocketmq_broker_tps", put_all.rate(60) if put_all else 0.0)
 
-        # --- gets per topic@group
-        gl = bl + ["topic", "group"]
-        msgs_out = CounterMetricFamily("rocketmq_messages_out", "Messages pulled, per topic and group",
-                                       labels=gl)
-        bytes_out = CounterMetricFamily("rocketmq_throughput_out", "Bytes pulled, per topic and group",
-                                        labels=gl)
-        ctps = GaugeMetricFamily("rocketmq_consumer_tps", "GroupGetNums per second over the last minute", labels=gl)
+    # --- what this node served to pulls (NODE)
+    def gets(self, out: FamilySet) -> None:
+        m = self.m
         for (topic, group), (n, nbytes, _) in sorted(m.pulls.gets.items()):
-            msgs_out.add_metric(bv + [topic, group], n)
-            bytes_out.add_metric(bv + [topic, group], nbytes)
+            labels = dict(topic=topic, consumer_group=group, is_retry=_is_retry(topic),
+                          is_system=_topic_kind(topic)[1])
+            out.add("rocketmq_messages_out_total", n, **labels)
+            out.add("rocketmq_throughput_out_total", nbytes, **labels)
             item = m.stats.get(S.GROUP_GET_NUMS, f"{topic}@{group}")
-            ctps.add_metric(bv + [topic, group], item.rate(60) if item else 0.0)
-        yield from (msgs_out, bytes_out, ctps)
-        put_all = m.stats.get(S.BROKER_PUT_NUMS, cfg.broker_cluster_name)
-        get_all = m.stats.get(S.BROKER_GET_NUMS, cfg.broker_cluster_name)
-        yield _gauge("rocketmq_broker_tps", "BrokerPutNums per second over the last minute", base,
-                     put_all.rate(60) if put_all else 0.0)
-        yield _gauge("rocketmq_broker_qps", "BrokerGetNums per second over the last minute", base,
-                     get_all.rate(60) if get_all else 0.0)
+            out.add("rocketmq_consumer_tps", item.rate(60) if item else 0.0, topic=topic, group=group)
+            item = m.stats.get(S.GROUP_GET_SIZE, f"{topic}@{group}")
+            out.add("rocketmq_consumer_message_size", item.rate(60) if item else 0.0, topic=topic, group=group)
+        for (topic, group), bc in sorted(m.pulls.store_lag.items()):
+            out.histogram("ledgermq_consume_latency_by_storetime_seconds", bc.cumulative(), bc.total,
+                          topic=topic, consumer_group=group)
+        get_all = m.stats.get(S.BROKER_GET_NUMS, self.m.config.current.broker_cluster_name)
+        out.add("rocketmq_broker_qps", get_all.rate(60) if get_all else 0.0)
 
-        # --- consumer offsets and lag per queue
-        consumer_offset = GaugeMetricFamily("rocketmq_consumer_offset", "GroupOffset: sum of the group's "
-                                            "committed offsets on the topic", labels=gl)
-        lag = GaugeMetricFamily("rocketmq_message_accumulation", "Messages the group has not consumed yet "
-                                "(max offset - committed offset), per queue", labels=gl + ["queueid"])
-        cqs = bs.cq.engine.cqs
+    # --- consumer offsets, lag and its age (MASTER)
+    def consumers(self, out: FamilySet) -> None:
+        bs = self.m.store
+        if not out.master:
+            return  # (every family here is MASTER: skip the reads)
+        cqs, engine = bs.cq.engine.cqs, bs.cq.engine
+        now_ms = int(time.time() * 1000)
+        online = {g: len(self.m.clients.consumer_ids(g)) for g in list(self.m.clients.consumers)}
         for key, table in sorted(bs.metadata.state.offsets.offsets.items()):
             topic, group = split_offset_key(key)
-            total = 0
+            total = lag_sum = 0
+            oldest = None  # store time (ms) of the oldest unconsumed message
             for qid, committed in sorted(table.items()):
                 cq = cqs.get(topic, qid)
                 max_offset = cq.max_offset if cq is not None else 0
-                lag.add_metric(bv + [topic, group, str(qid)], max(0, max_offset - max(committed, 0)))
-                total += max(committed, 0)
-            consumer_offset.add_metric(bv + [topic, group], total)
-        yield from (consumer_offset, lag)
+                committed = max(committed, 0)
+                lag = max(0, max_offset - committed)
+                out.add("rocketmq_message_accumulation", lag, topic=topic, group=group, queueid=qid)
+                total += committed
+                lag_sum += lag
+                if lag and cq is not None:
+                    ts = _store_time_at(engine, cq, max(committed, cq.min_offset))
+                    if ts is not None and (oldest is None or ts < oldest):
+                        oldest = ts
+            age = max(0, now_ms - oldest) if oldest is not None else 0
+            is_retry, is_system = _is_retry(topic), _topic_kind(topic)[1]
+            out.add("rocketmq_consumer_lag_messages", lag_sum, topic=topic, consumer_group=group,
+                    is_retry=is_retry, is_system=is_system)
+            out.add("rocketmq_consumer_lag_latency", age, topic=topic, consumer_group=group,
+                    is_retry=is_retry, is_system=is_system)
+            if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+                diff_name, owner = "rocketmq_group_dlqdiff", topic[len(DLQ_GROUP_TOPIC_PREFIX):]
+            elif topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                diff_name, owner = "rocketmq_group_retrydiff", topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+            else:
+                diff_name, owner = "rocketmq_group_diff", group
+                out.add("rocketmq_consumer_offset", total, topic=topic, group=group)
+                out.add("rocketmq_group_get_latency_by_storetime", age, topic=topic, group=group)
+            info = self.m.clients.group(owner)
+            if info is None or info.message_model == MessageModel.CLUSTERING:
+                out.add(diff_name, lag_sum, group=owner, topic=topic,
+                        countOfOnlineConsumers=online.get(owner, 0), msgModel=MessageModel.CLUSTERING.value)
 
-        # --- latency
-        yield _histogram("ledgermq_send_latency_seconds", "From a send burst's arrival to its answer (after "
-                         "the quorum commit), weighted by the burst's messages", base, m.sends.latency)
-        yield _histogram("ledgermq_pull_latency_seconds", "PULL_MESSAGE requests that found messages, from "
-                         "arrival to answer (long-polling holds included)", base, m.pulls.latency)
+    # --- online clients (MASTER: every client heartbeats every member)
+    def clients(self, out: FamilySet) -> None:
+        if not out.master:
+            return
+        clients, now = self.m.clients, self.m.clients.clock_ms()
+        producers: dict[tuple, int] = {}
+        for group, channels in sorted(clients.producers.items()):
+            live = [ch for ch in list(channels.values()) if clients._alive(ch, now)]
+            if live:
+                out.add("rocketmq_producer_count", len({ch.client_id for ch in live}), group=group)
+            for ch in live:
+                key = (getattr(ch.language, "name", str(ch.language)), str(ch.version))
+                producers[key] = producers.get(key, 0) + 1
+        for (language, version), n in sorted(producers.items()):
+            out.add("rocketmq_producer_connections", n, language=language, version=version)
+        for group, info in sorted(clients.consumers.items()):
+            live = [ch for ch in list(info.channels.values()) if clients._alive(ch, now)]
+            addrs = ",".join(sorted(str(getattr(ch.conn, "remote_address", "")) for ch in live))
+            out.add("rocketmq_group_count", len(live), group=group, caddr=addrs, localaddr=addrs)
+            by_client: dict[tuple, int] = {}
+            for ch in live:
+                key = (getattr(ch.language, "name", str(ch.language)), str(ch.version))
+                by_client[key] = by_client.get(key, 0) + 1
+            for (language, version), n in sorted(by_client.items()):
+                out.add("rocketmq_consumer_connections", n, consumer_group=group, language=language,
+                        version=version, consume_mode=_CONSUME_MODE.get(info.consume_type, "push"))
 
-        # --- DLedger
+    # --- GET_BROKER_RUNTIME_INFO's figures, the exporter's brokeruntime_* and RocketMQ 5's storage_*
+    def runtime(self, out: FamilySet) -> None:
+        m, cfg, bs = self.m, self.m.config.current, self.m.store
+        pos = positions(bs.store)
+        behind = max(0, pos.committed_pos - bs.cq.engine.pos)
+        put_n = sum(m.puts.messages.values())
+        put_b = sum(m.puts.bytes.values())
+        put_all = m.stats.get(S.BROKER_PUT_NUMS, cfg.broker_cluster_name)
+        get_all = m.stats.get(S.BROKER_GET_NUMS, cfg.broker_cluster_name)
+        try:
+            usage = shutil.disk_usage(cfg.store_path_root_dir)
+        except OSError:
+            usage = None
+        ratio = disk_ratio(cfg.store_path_root_dir)
+        lat = m.sends.latency
+        rt = {
+            "msg_put_total_today_now": put_n, "msg_gettotal_today_now": get_all.value if get_all else 0,
+            "put_message_size_total": put_b, "put_message_average_size": put_b / put_n if put_n else 0.0,
+            "dispatch_behind_bytes": behind, "commitlog_maxoffset": bs.store.end_pos,
+            "commitlog_minoffset": pos.begin_pos, "commitlog_disk_ratio": ratio, "consumequeue_disk_ratio": ratio,
+            "commitlogdir_capacity_total": usage.total if usage else 0,
+            "commitlogdir_capacity_free": usage.free if usage else 0,
+            "start_accept_sendrequest_time": m.started_ms,
+            "put_latency_99": lat.quantile(0.99) * 1000, "put_latency_999": lat.quantile(0.999) * 1000,
+        }
+        for window in (10, 60, 600):
+            rt[f"put_tps{window}"] = put_all.rate(window) if put_all else 0.0
+            rt[f"gettotal_tps{window}"] = get_all.rate(window) if get_all else 0.0
+        for name, value in rt.items():
+            out.add(f"rocketmq_brokeruntime_{name}", value)
+        for band, low, high in C.PMDT_BANDS:
+            upto = lat.count if high is None else lat.le(high)
+            out.add(f"rocketmq_brokeruntime_pmdt_{band}", upto - (lat.le(low) if low else 0))
+        out.add("rocketmq_broker_permission", cfg.broker_permission)
+        out.add("rocketmq_storage_size", _dir_bytes(cfg.store_path_root_dir))
+        out.add("rocketmq_storage_dispatch_behind_bytes", behind)
+        out.add("ledgermq_dispatch_lag_bytes", behind)
+        out.add("ledgermq_remoting_connections", len(m.server.connections))
+        out.add("ledgermq_pull_held", m.pulls.inner.held)
+        for budget, n in sorted(m.pulls.inner.holds.table.refused.items()):
+            out.add("ledgermq_pull_hold_refused_total", n, budget=budget)
+        fwd = m.sends.inner.forwarder
+        if fwd is not None:  # sends this broker could not store (broker/processors/forward.py)
+            out.add("ledgermq_send_forward_held", fwd.held)
+            for outcome, n in sorted(fwd.stats.items()):
+                out.add("ledgermq_send_forward_total", n, outcome=outcome)
+
+    # --- latency histograms (NODE)
+    def latency(self, out: FamilySet) -> None:
+        m = self.m
+        out.histogram("ledgermq_send_latency_seconds", m.sends.latency.cumulative(), m.sends.latency.total)
+        out.histogram("ledgermq_pull_latency_seconds", m.pulls.latency.cumulative(), m.pulls.latency.total)
+        ms = RPC_LATENCY_BUCKETS_MS
+        out.histogram("rocketmq_rpc_latency", m.sends.latency.coarsened(ms, 1000), m.sends.latency.total * 1000,
+                      request_code="send_message", response_code="all", is_long_polling="false", result="success")
+        for (code, held), bc in sorted(m.pulls.rpc.items()):
+            out.histogram("rocketmq_rpc_latency", bc.coarsened(ms, 1000), bc.total * 1000,
+                          request_code="pull_message", response_code=code, is_long_polling=held,
+                          result="success")
+
+    # --- DLedger (NODE)
+    def dledger(self, out: FamilySet) -> None:
+        m, bs = self.m, self.m.store
         st = bs.replica.status()
-        role = GaugeMetricFamily("ledgermq_dledger_role", "1 for this node's current Raft role",
-                                 labels=bl + ["role"])
         for name in ("leader", "candidate", "follower"):
-            role.add_metric(bv + [name], 1.0 if str(st.get("role", "")).lower() == name else 0.0)
-        yield role
-        yield _gauge("ledgermq_dledger_writable", "1 while this node is the writable master", base,
-                     1.0 if bs.gate.writable else 0.0)
+            out.add("ledgermq_dledger_role", 1.0 if str(st.get("role", "")).lower() == name else 0.0, role=name)
+        out.add("ledgermq_dledger_writable", 1.0 if bs.gate.writable else 0.0)
         term = int(st.get("term", bs.gate.term))
-        yield _gauge("ledgermq_dledger_term", "Current Raft term", base, term)
-        yield _counter("ledgermq_dledger_elections", "Elections (terms begun) since this process started", base,
-                       max(0, term - m.start_term))
-        yield _gauge("ledgermq_dledger_committed_index", "Raft commit index", base, st.get("committedIndex", -1))
-        yield _gauge("ledgermq_dledger_end_index", "Last index of the local log", base, st.get("ledgerEndIndex", -1))
-        match_lag = GaugeMetricFamily("ledgermq_dledger_peer_match_lag_entries", "Leader only: entries a peer "
-                                      "is behind the leader's log end", labels=bl + ["peer"])
-        ack_age = GaugeMetricFamily("ledgermq_dledger_peer_last_ack_age_seconds", "Leader only: time since the "
-                                    "peer last acknowledged", labels=bl + ["peer"])
+        out.add("ledgermq_dledger_term", term)
+        out.add("ledgermq_dledger_elections_total", max(0, term - m.start_term))
+        out.add("ledgermq_dledger_committed_index", st.get("committedIndex", -1))
+        out.add("ledgermq_dledger_end_index", st.get("ledgerEndIndex", -1))
         for peer, p in sorted((st.get("peers") or {}).items()):
-            match_lag.add_metric(bv + [peer], p.get("lag", 0))
+            out.add("ledgermq_dledger_peer_match_lag_entries", p.get("lag", 0), peer=peer)
             if p.get("lastAckMsAgo") is not None:
-                ack_age.add_metric(bv + [peer], p["lastAckMsAgo"] / 1000)
-        yield from (match_lag, ack_age)
-        errors = CounterMetricFamily("ledgermq_dledger_append_errors", "Appends refused or failed, by type",
-                                     labels=bl + ["type"])
+                out.add("ledgermq_dledger_peer_last_ack_age_seconds", p["lastAckMsAgo"] / 1000, peer=peer)
         counts = st.get("stats") or {}
         for kind in ("pending_full", "quorum_timeout", "refused_appends"):
-            errors.add_metric(bv + [kind], counts.get(kind, 0))
-        yield errors
-        stalled = CounterMetricFamily("ledgermq_dledger_ticks_dropped", "Raft clock ticks (10 ms) the process "
-                                      "missed while it could not run (stopped, starved) and dropped", labels=bl)
-        stalled.add_metric(bv, counts.get("ticks_dropped", 0))
-        yield stalled
-        yield from peer_port_families(counts, bs.replica.transport, bl, bv)
+            out.add("ledgermq_dledger_append_errors_total", counts.get(kind, 0), type=kind)
+        out.add("ledgermq_dledger_ticks_dropped_total", counts.get("ticks_dropped", 0))
+        for reason, key in _PEER_DROPS:
+            out.add("ledgermq_dledger_peer_messages_dropped_total", counts.get(key, 0), reason=reason)
+        stats = getattr(bs.replica.transport, "stats", None)
+        if stats is not None:  # (the in-memory transport keeps none)
+            ts = stats()
+            for reason, value in (("rejected", ts.rejected_connections), ("capped", ts.capped_connections),
+                                  ("failed", ts.failed_connections)):
+                out.add("ledgermq_dledger_peer_connections_refused_total", value, reason=reason)
+            out.add("ledgermq_dledger_peer_unfinished_frame_bytes", ts.unfinished_bytes)
 
-        # --- storage, dispatch, connections
-        yield _gauge("rocketmq_brokeruntime_commitlog_disk_ratio", "Used fraction of the disk holding the store",
-                     base, disk_ratio(cfg.store_path_root_dir))
-        pos = positions(bs.store)
-        yield _gauge("ledgermq_dispatch_lag_bytes", "Committed commitlog bytes not yet dispatched to the "
-                     "consume queues", base, max(0, pos.committed_pos - bs.cq.engine.pos))
-        yield _gauge("ledgermq_remoting_connections", "Open remoting connections (clients, tools, peers' "
-                     "brokers)", base, len(m.server.connections))
-        yield from remoting_families(m.server, base)
 
-        # --- long polling
-        holds = m.pulls.inner.holds.table
-        yield _gauge("ledgermq_pull_held", "PULL_MESSAGE requests held (long polling) right now", base,
-                     m.pulls.inner.held)
-        refused = CounterMetricFamily("ledgermq_pull_hold_refused", "Pulls answered SYSTEM_BUSY instead of "
-                                      "held: the budget (longPollingMaxHeld*) that was full", labels=bl + ["budget"])
-        for budget, n in sorted(holds.refused.items()):
-            refused.add_metric(bv + [budget], n)
-        yield refused
-
-        # --- sends this broker could not store (broker/processors/forward.py)
-        fwd = m.sends.inner.forwarder
-        if fwd is not None:
-            yield _gauge("ledgermq_send_forward_held", "Sends held or being handed on to the master right now",
-                         base, fwd.held)
-            outcomes = CounterMetricFamily(
-                "ledgermq_send_forward", "Sends this broker could not store itself (a master that stepped down, "
-                "a leader catching up or transferring), by outcome", labels=bl + ["outcome"])
-            for outcome, n in sorted(fwd.stats.items()):
-                outcomes.add_metric(bv + [outcome], n)
-            yield outcomes
+def _store_time_at(engine, cq, offset: int) -> int | None:
+    """Store time (ms) of the message at a queue offset, None when it cannot
+    be read (deleted meanwhile, not dispatched yet)."""
+    try:
+        unit = cq.get_unit(offset)
+        return engine.store_timestamp_of(unit.phy, unit.size)
+    except (OSError, ValueError, IndexError, struct.error, LookupError):
+        return None
 
 
 def remoting_families(server, base: dict):
@@ -394,44 +637,6 @@ def remoting_families(server, base: dict):
 
 _PEER_DROPS = (("undecodable", "peer_messages_undecodable"), ("refused", "peer_messages_refused"),
                ("failed", "peer_messages_failed"))
-
-
-def peer_port_families(counts: dict, transport, labels: list[str], values: list[str]):
-    """What the DLedger peer port turned away: peer messages dropped before
-    the Raft core (commitlog/admission.py), by reason, and connections the
-    peer transport closed, by reason (a transport without stats, such as the
-    in-memory one, reports none)."""
-    dropped = CounterMetricFamily("ledgermq_dledger_peer_messages_dropped", "Peer messages dropped before the "
-                                  "Raft core: undecodable, refused by admission, or failed in the core",
-                                  labels=labels + ["reason"])
-    for reason, key in _PEER_DROPS:
-        dropped.add_metric(values + [reason], counts.get(key, 0))
-    yield dropped
-    stats = getattr(transport, "stats", None)
-    if stats is None:
-        return
-    ts = stats()
-    closed = CounterMetricFamily("ledgermq_dledger_peer_connections_refused", "Peer-port connections closed: "
-                                 "rejected at the handshake, capped (too many handshakes), or failed",
-                                 labels=labels + ["reason"])
-    for reason, value in (("rejected", ts.rejected_connections), ("capped", ts.capped_connections),
-                          ("failed", ts.failed_connections)):
-        closed.add_metric(values + [reason], value)
-    yield closed
-    yield _gauge("ledgermq_dledger_peer_unfinished_frame_bytes", "Bytes of peer frames begun and not yet complete",
-                 dict(zip(labels, values)), ts.unfinished_bytes)
-
-
-def _gauge(name: str, doc: str, labels: dict, value) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=list(labels))
-    g.add_metric(list(labels.values()), float(value))
-    return g
-
-
-def _counter(name: str, doc: str, labels: dict, value) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=list(labels))
-    c.add_metric(list(labels.values()), float(value))
-    return c
 
 
 def registry_for(collector) -> CollectorRegistry:
