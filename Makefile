@@ -8,7 +8,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: setup browser native test quickstart bench clean screenshots
+.PHONY: setup browser prometheus native test quickstart bench clean screenshots
 
 $(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
 	$(VPY) -m pip install -q -e '.[test,spark,bench,dashboard,grpc]'
 	@touch $(STAMP)
 
-setup: $(STAMP) browser
+setup: $(STAMP) browser prometheus
 
 # Debian's chromium for the web console's browser tests (Playwright drives
 # that executable).  Installed with apt-get when missing; where that is not
@@ -25,6 +25,16 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "warning: could not install chromium (apt-get); the web console's browser tests will skip"
+
+# Debian's prometheus for the test that scrapes a live group with a real
+# Prometheus and asks it the stock exporter rules and the dashboard's
+# queries (tests/broker/telemetry/test_prometheus.py; it runs its own on
+# 127.0.0.1, never the packaged service).  As for chromium: installed with
+# apt-get when missing; where that is not possible that test skips, saying so.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+	  echo "warning: could not install prometheus (apt-get); the Prometheus query test will skip"
 
 # Rebuild the C helpers in place after editing native/src (serialized with a
 # lock so parallel builds never clobber each other's .so).
