@@ -173,3 +173,15 @@ def test_timer_done_op_and_snapshot_file(tmp_path):
     os.unlink(tmp_path / "config" / snapshot.TIMER_FILE)
     loaded = snapshot.load_snapshot(str(tmp_path))
     assert loaded.state.applied_index == 13 and loaded.state.timer == TimerProgress()
+
+
+def test_client_message_with_a_delivery_time():
+    from broker.client import Message
+    from broker.client.errors import InvalidMessageError
+    m = Message("T", b"b", deliver_at_ms=NOW)
+    m.check()
+    assert m.wire_properties("U")["TIMER_DELIVER_MS"] == str(NOW)
+    assert "TIMER_DELIVER_MS" not in Message("T", b"b").wire_properties("U")
+    for bad in (-1, True, 1.5, "1"):
+        with pytest.raises(InvalidMessageError, match="deliver_at_ms"):
+            Message("T", b"b", deliver_at_ms=bad).check()
