@@ -4,6 +4,7 @@
 # progress on every member, a leader change with timers pending, and a
 # delivery batch its leader committed only in part (the next leader
 # delivers the rest, once).
+import pytest
 import trio
 import trio.testing
 
@@ -14,8 +15,6 @@ from broker.store.timer import TIMER_TOPIC, RecallError, TimerService, from_time
 from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, v2
 from tests.broker.store.test_gate import Group
-
-import pytest
 
 
 def vclock() -> int:

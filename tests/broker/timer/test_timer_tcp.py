@@ -159,7 +159,7 @@ async def test_recall_refusals_over_remoting(tmp_path):
             # the send answer carries the handle in its header
             send = RemotingCommand.create_request(RequestCode.SEND_MESSAGE_V2, {
                 "a": "pg", "b": TOPIC, "c": "TBW102", "d": 4, "e": 0, "f": 0, "g": now_ms(), "h": 0,
-                "i": f"UNIQ_KEY\x01RAW1\x02TIMER_DELAY_SEC\x0130\x02", "j": 0, "k": False, "m": False}, body=b"raw")
+                "i": "UNIQ_KEY\x01RAW1\x02TIMER_DELAY_SEC\x0130\x02", "j": 0, "k": False, "m": False}, body=b"raw")
             resp = await rc.invoke(broker.broker_addr, send, 10)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
             assert RecallHandle.decode(resp.ext_fields["recallHandle"]).message_id == "RAW1"
