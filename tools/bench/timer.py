@@ -123,7 +123,8 @@ async def run(count: int, spread: float, load: int) -> dict:
     visible = [at - asked[r.body] for r, at in seen]
     return {"timers": count, "spread_s": spread, "load_tasks": load, "delivered": len(seen),
             "missing": len(set(asked) - set(bodies)), "duplicates": len(bodies) - len(set(bodies)),
-            "early": sum(1 for s in stored if s < 0), "acked_after_due": acked_late[0], "stored_late_ms": summary(stored),
+            "early": sum(1 for s in stored if s < 0), "acked_after_due": acked_late[0],
+            "stored_late_ms": summary(stored),
             "visible_late_ms": summary(visible), "load_sends_per_s": round(loaded[0] / elapsed, 1)}
 
 
