@@ -14,7 +14,8 @@
 #                    autoRenewInvisibleMillis, renewed while it holds the
 #                    message (renew.py); its ack names the handle it was given.
 #   AckMessage       ACK_MESSAGE 200051 per entry, to the master of the
-#                    receipt's broker, naming the topic the client consumes:
+#                    receipt's broker (once more to the next master when that
+#                    one went away unanswered), naming the topic the client consumes:
 #                    the broker finds the retry topic a redelivered message
 #                    came from by the receipt's topicType (ExtraInfoUtil.getRealTopic).
 #   ChangeInvisibleDuration  CHANGE_MESSAGE_INVISIBLETIME 200053 -> the new receipt.
@@ -30,9 +31,10 @@
 import json
 import time
 
+import anyio
 import attrs
 
-from broker.client.errors import ClientError
+from broker.client.errors import BrokerUnavailableError, ClientError, ConnectionFailedError, NoRouteError
 from broker.proxy import auth, pb
 from broker.proxy.convert import RequestInvalid, check_topic, to_grpc_message
 from broker.proxy.status import ok, status
@@ -45,6 +47,7 @@ MIN_INVISIBLE_MS = 10_000
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 MAX_BATCH = 32
 MAX_ACK_ENTRIES = 64
+ACK_RETRY_S = 2.0  # how long an ack whose master went away waits for the next one
 _NOT_FOUND = (ResponseCode.POLLING_TIMEOUT, ResponseCode.NO_MESSAGE, ResponseCode.PULL_NOT_FOUND)
 
 
@@ -239,11 +242,29 @@ class ConsumeRpcs:
                             invisible_ms=new_invisible, revive_qid=revive)
 
     async def _ack_one(self, topic: str, group: str, receipt: Receipt) -> None:
-        _name, addr = await self._broker_addr(topic, receipt.broker_name)
+        """ACK_MESSAGE; an ack whose master went away before answering is
+        sent once more to the next master (within ACK_RETRY_S).  An ack is
+        idempotent: if the first one was committed the checkpoint is gone
+        and the broker answers SUCCESS without appending; if not, this one
+        acks it.  Without the retry the client would see a failed ack for a
+        message that may be acked, and never come back."""
         req = RemotingCommand.create_request(RequestCode.ACK_MESSAGE, {
             "consumerGroup": group, "topic": topic, "queueId": str(receipt.queue_id),
             "extraInfo": receipt.text, "offset": str(receipt.queue_offset)})
-        await self._relay(topic, addr, req)
+        _name, addr = await self._broker_addr(topic, receipt.broker_name)
+        try:
+            await self._relay(topic, addr, req)
+            return
+        except (ConnectionFailedError, BrokerUnavailableError) as e:
+            first = e
+        deadline = anyio.current_time() + ACK_RETRY_S
+        try:
+            route = await self.inst.wait_route(
+                topic, lambda r: r.master(receipt.broker_name) not in (None, addr), deadline)
+        except NoRouteError:
+            raise first from None
+        await self._relay(topic, route.master(receipt.broker_name),
+                          RemotingCommand.create_request(RequestCode.ACK_MESSAGE, dict(req.ext_fields)))
 
     async def AckMessage(self, request, context):
         try:

@@ -177,7 +177,8 @@ def test_official_client_across_a_master_kill(group_and_proxy):
         pushed = pusher.finish(150)
     finally:
         pusher.home.cleanup()
-    # nothing acknowledged is lost ("missing": each missing id and how often it was delivered)
+    # nothing acknowledged is lost ("missing": each missing id, how often it
+    # was delivered and why its last ack failed)
     assert got["complete"], (len(missing), got["missing"], errors[-8:])
     assert pushed["complete"], len(set(acked) - {c[0] for c in pushed["consumed"]})  # the push consumer too
     # Nothing acked comes back (within an invisible time after the last ack).

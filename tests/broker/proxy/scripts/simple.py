@@ -20,7 +20,7 @@ change, watch = mode == "change", mode == "watch"
 INVISIBLE = 10
 consumer = SimpleConsumer(config(endpoint, ak, sk), group, {topic: FilterExpression("*")}, await_duration=5)
 consumer.startup()
-acked, deliveries, changed, after, copies = set(), {}, None, [], []
+acked, deliveries, changed, after, copies, ack_failed = set(), {}, None, [], [], {}
 bodies = {}
 deadline = time.monotonic() + 90
 want = None
@@ -55,9 +55,10 @@ while time.monotonic() < deadline:
             consumer.ack(m)
             acked.add(mid)
         except Exception as e:
-            emit(ack_error=f"{type(e).__name__}: {e}"[:300], id=mid)
+            ack_failed[mid] = f"{type(e).__name__}: {e}"[:200]
+            emit(ack_error=ack_failed[mid], id=mid)
 consumer.shutdown()
 emit(result={"acked": sorted(acked), "redelivered_after_ack": after, "duplicate_copies": copies, "changed": changed,
              "changed_deliveries": deliveries.get(changed, 0), "complete": want is not None and want <= acked,
-             "missing": {mid: deliveries.get(mid, 0) for mid in sorted((want or set()) - acked)[:20]},
+             "missing": {mid: [deliveries.get(mid, 0), ack_failed.get(mid)] for mid in sorted((want or set()) - acked)[:20]},
              "bodies": bodies})
