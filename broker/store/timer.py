@@ -493,7 +493,12 @@ class TimerService:
                 log.warning("%s offset %d: cannot check its delivery: %s", TIMER_TOPIC, unit, exc)
                 continue
             if not self._delivered_at(index + 1 + k, rec):
-                missing = [(u, self._timer_record(cq, u)) for u in batch[k:]]
+                for u in batch[k:]:
+                    try:
+                        missing.append((u, self._timer_record(cq, u)))
+                    except (MessageNotFoundError, MessageFormatError) as exc:
+                        log.warning("%s offset %d: timer message of an unfinished batch lost: %s", TIMER_TOPIC,
+                                    u, exc)
                 break
         if not missing:
             return
