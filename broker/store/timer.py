@@ -29,7 +29,9 @@
 # replicated state is small -- TimerProgress (broker/metadata/tables.py):
 # every unit below `low` is done, plus the done ranges above it (as many as
 # gaps of pending timers) -- and a new leader rebuilds the heap by reading
-# the not-done units from `low` to the queue's end.  Memory is O(pending):
+# the not-done units from `low` to the queue's end, in chunks, delivering
+# what is due between them (recalls wait until it has read everything
+# committed when they came).  Memory is O(pending):
 # about 420 bytes per pending timer in the heap and maps; at most
 # timerMaxInMemory are loaded at once, the rest wait in the queue (read
 # once the heap drains below the budget; they may then be late, never lost).
