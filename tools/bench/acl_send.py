@@ -1,19 +1,28 @@
 # Owns the benchmark of signed sends under ACL (`python -m
 # tools.bench.acl_send`): the rate of pipelined SEND_MESSAGE_V2 on a
-# one-member group served in this process, with aclEnable=true and every
-# send signed, against the same load with ACL off, in one run.  Both brokers
-# run side by side in one trio loop (each on its own port and data
-# directory); rounds alternate between them so that a noisy neighbour on the
-# machine hits both alike, and the figure printed is the ratio of the
-# median rates (ACL on / ACL off).  The load is tools/bench/rawsend.py's
-# generator: one connection, `window` requests in flight, each write
-# carrying up to `window` frames, so the broker reads them as bursts (the
-# native send path, admission checking each send of a run).  Client and
-# broker share this process and its core, as the README's figures say.
-# Not a test; nothing is asserted.
+# one-member group served in this process, in one run, in three modes:
 #
-#   python -m tools.bench.acl_send [--count N] [--window W] [--body B] [--rounds R] [--json]
-#   py-spy record -- python -m tools.bench.acl_send --only on   (one mode, to profile it)
+#   off       ACL off, unsigned sends (the peer every figure is divided by)
+#   on        aclEnable=true, every send signed: admission checks a scan's
+#             sends in C (broker/acl/fastpath.py)
+#   general   the same broker and frames with that C check switched off, so
+#             every send is decoded and judged by validator.validate (the
+#             path before it)
+#
+# Both brokers run side by side in one trio loop (each on its own port and
+# data directory); rounds alternate between the modes so that a noisy
+# neighbour hits them alike, and the figures are median rates and their
+# ratio to `off`, by the wall clock and per CPU second this process used
+# (the one to trust when other work shares the cores: a round descheduled
+# by a neighbour takes longer, not more CPU).  The load is
+# tools/bench/rawsend.py's generator: one connection, `window` requests in
+# flight, each write carrying up to `window` frames, so the broker reads
+# them as bursts (the native send path; admission checks each send of a
+# run).  Client and broker share this process and its core, as the
+# README's figures say.  Not a test; nothing is asserted.
+#
+#   python -m tools.bench.acl_send [--count N] [--window W] [--body B] [--rounds R] [--modes off,on,general]
+#   py-spy record -- python -m tools.bench.acl_send --modes on   (one mode, to profile it)
 import argparse
 import json
 import os
@@ -29,6 +38,7 @@ from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
 from broker.server import serve_broker
 from consumequeue import record as M
+from native import acl as native_acl
 from tools.bench.rawsend import FrameTemplate, run_window
 from tools.localcluster import free_ports
 
@@ -58,44 +68,71 @@ def broker_config(root: str, acl: bool) -> BrokerConfig:
     return cfg
 
 
+MODES = {  # what each mode measures: (the broker, with ACL's C check of scanned sends)
+    "off": "ACL off, unsigned sends",
+    "on": "aclEnable=true, signed sends (the C check of a scan's sends)",
+    "general": "aclEnable=true, signed sends, every one through validate() (the path before the C check)",
+}
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
 async def measure(args) -> dict:
     body = b"m" * args.body
     # Distinct signed frames (each signature covers its own fields and
     # body); the generator patches only the opaque, which is not signed.
     signed = [FrameTemplate(ACCOUNT.sign(send_request(i, body))) for i in range(64)]
     plain = [FrameTemplate(send_request(i, body)) for i in range(64)]
-    rates: dict[str, list[float]] = {"off": [], "on": []}
-    errors: dict[str, dict] = {"off": {}, "on": {}}
+    modes = list(args.modes)
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_rates: dict[str, list[float]] = {m: [] for m in modes}
+    errors: dict[str, dict] = {m: {} for m in modes}
     with tempfile.TemporaryDirectory(prefix="acl-bench-") as tmp:
         async with trio.open_nursery() as nursery:
-            addrs = {}
-            for mode in ("off", "on"):
-                root = f"{tmp}/{mode}"
+            brokers = {}
+            for acl in (False, True):
+                root = f"{tmp}/{'on' if acl else 'off'}"
                 os.makedirs(root)
-                cfg = broker_config(root, acl=mode == "on")
-                broker = await nursery.start(lambda task_status, cfg=cfg: serve_broker(
+                cfg = broker_config(root, acl=acl)
+                brokers[acl] = await nursery.start(lambda task_status, cfg=cfg: serve_broker(
                     cfg, bind_host="127.0.0.1", task_status=task_status))
-                await broker.gate.wait_writable(timeout=30)
-                addrs[mode] = f"127.0.0.1:{broker.server.port}"
-            templates = {"off": plain, "on": signed}
+                await brokers[acl].gate.wait_writable(timeout=30)
+            acl_broker = brokers[True]
+            fast = acl_broker.acl.sends
+
+            async def round_of(mode: str, count: int) -> dict:
+                broker = brokers[mode != "off"]
+                acl_broker.acl.sends = None if mode == "general" else fast
+                return await run_window(f"127.0.0.1:{broker.server.port}", plain if mode == "off" else signed,
+                                        count=count, window=args.window, seconds=args.seconds)
+
             # Warm up: the topic is created by the first send (autoCreate),
             # and the first rounds pay for imports and allocations.
-            for mode in ("off", "on"):
-                await run_window(addrs[mode], templates[mode], count=2000, window=args.window, seconds=30)
-            modes = ("off", "on") if args.only is None else (args.only,)
+            for mode in modes:
+                await round_of(mode, 2000)
             for r in range(args.rounds):
                 for mode in (modes if r % 2 == 0 else modes[::-1]):
-                    res = await run_window(addrs[mode], templates[mode], count=args.count, window=args.window,
-                                           seconds=args.seconds)
+                    cpu0 = time.process_time()
+                    res = await round_of(mode, args.count)
                     rates[mode].append(res["count"] / res["seconds"])
+                    cpu_rates[mode].append(res["count"] / (time.process_time() - cpu0))
                     for code, n in res["errors"].items():
                         errors[mode][code] = errors[mode].get(code, 0) + n
+            acl_broker.acl.sends = fast
             nursery.cancel_scope.cancel()
-    off, on = (statistics.median(rates[m]) if rates[m] else float("nan") for m in ("off", "on"))
-    return {"window": args.window, "body": args.body, "count": args.count, "rounds": args.rounds,
-            "rate_off": round(off, 1), "rate_on": round(on, 1), "ratio": round(on / off, 3),
-            "rates_off": [round(x) for x in rates["off"]], "rates_on": [round(x) for x in rates["on"]],
-            "errors": errors}
+    out = {"window": args.window, "body": args.body, "count": args.count, "rounds": args.rounds, "errors": errors,
+           "sha_extensions": native_acl.uses_sha_extensions()}
+    for m in modes:
+        out[f"rate_{m}"] = round(_median(rates[m]), 1)
+        out[f"cpu_rate_{m}"] = round(_median(cpu_rates[m]), 1)
+        out[f"rates_{m}"] = [round(x) for x in rates[m]]
+    for m in modes:
+        if m != "off" and "off" in modes:
+            out[f"ratio_{m}"] = round(out[f"rate_{m}"] / out["rate_off"], 3)
+            out[f"cpu_ratio_{m}"] = round(out[f"cpu_rate_{m}"] / out["cpu_rate_off"], 3)
+    return out
 
 
 def main(argv=None) -> None:
@@ -105,19 +142,27 @@ def main(argv=None) -> None:
     p.add_argument("--body", type=int, default=1024, help="body bytes")
     p.add_argument("--rounds", type=int, default=5, help="rounds per mode, alternating")
     p.add_argument("--seconds", type=float, default=30.0, help="time cap of one round")
-    p.add_argument("--only", choices=("on", "off"), help="measure one mode only (to profile it)")
+    p.add_argument("--modes", type=lambda t: t.split(","), default=["off", "on", "general"],
+                   help="comma-separated, of " + ", ".join(MODES) + " (one mode alone: to profile it)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if not set(args.modes) <= set(MODES):
+        p.error(f"--modes: of {', '.join(MODES)}")
     t0 = time.perf_counter()
     out = trio.run(measure, args)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     if args.json:
         print(json.dumps(out))
         return
-    print(f"signed SEND_MESSAGE_V2, {args.body} B bodies, window {args.window}, one process:")
-    print(f"  ACL off  {out['rate_off']:>9.0f} msg/s   rounds {out['rates_off']}")
-    print(f"  ACL on   {out['rate_on']:>9.0f} msg/s   rounds {out['rates_on']}")
-    print(f"  ratio on/off  {out['ratio']:.3f}   errors {out['errors']}")
+    print(f"{args.body} B bodies, window {args.window}, client and brokers in one process "
+          f"(SHA extensions: {out['sha_extensions']}):")
+    for m in args.modes:
+        ratio = f"  on/off {out[f'ratio_{m}']:.3f} (wall), {out[f'cpu_ratio_{m}']:.3f} (CPU)" if f"ratio_{m}" in out \
+            else ""
+        print(f"  {m:8s} {out[f'rate_{m}']:>8.0f} msg/s wall, {out[f'cpu_rate_{m}']:>8.0f} per CPU s{ratio}")
+        print(f"           {MODES[m]}; rounds {out[f'rates_{m}']}")
+    if any(out["errors"].values()):
+        print(f"  errors {out['errors']}")
 
 
 if __name__ == "__main__":
