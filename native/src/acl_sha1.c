@@ -20,6 +20,12 @@ static const uint32_t H0[5] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476
 
 static inline uint32_t rol(uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
 
+#define R(f, k, t)                                          \
+    do {                                                    \
+        uint32_t x = rol(a, 5) + (f) + e + (k) + w[t];       \
+        e = d, d = c, c = rol(b, 30), b = a, a = x;         \
+    } while (0)
+
 static void blocks_portable(uint32_t h[5], const uint8_t *p, int64_t n) {
     for (; n > 0; n--, p += 64) {
         uint32_t w[80];
@@ -28,15 +34,10 @@ static void blocks_portable(uint32_t h[5], const uint8_t *p, int64_t n) {
                    p[4 * t + 3];
         for (int t = 16; t < 80; t++) w[t] = rol(w[t - 3] ^ w[t - 8] ^ w[t - 14] ^ w[t - 16], 1);
         uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
-        for (int t = 0; t < 80; t++) {
-            uint32_t f, k;
-            if (t < 20) f = (b & c) | (~b & d), k = 0x5A827999u;
-            else if (t < 40) f = b ^ c ^ d, k = 0x6ED9EBA1u;
-            else if (t < 60) f = (b & c) | (b & d) | (c & d), k = 0x8F1BBCDCu;
-            else f = b ^ c ^ d, k = 0xCA62C1D6u;
-            uint32_t x = rol(a, 5) + f + e + k + w[t];
-            e = d, d = c, c = rol(b, 30), b = a, a = x;
-        }
+        for (int t = 0; t < 20; t++) R(d ^ (b & (c ^ d)), 0x5A827999u, t);
+        for (int t = 20; t < 40; t++) R(b ^ c ^ d, 0x6ED9EBA1u, t);
+        for (int t = 40; t < 60; t++) R((b & c) | (d & (b | c)), 0x8F1BBCDCu, t);
+        for (int t = 60; t < 80; t++) R(b ^ c ^ d, 0xCA62C1D6u, t);
         h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e;
     }
 }
