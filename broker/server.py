@@ -476,16 +476,22 @@ def _leaves(exc: BaseException):
         yield exc
 
 
-def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str]) -> None:
+def check_and_print(config_file: str, cfg: BrokerConfig, warnings: list[str], strict: bool = False) -> None:
     """`mqbroker --check-config`: the warnings, then every effective key as
     broker.conf text; a store folder that cannot be created or written is
-    an error (exit 1), since the broker would fail on it at once."""
+    an error (exit 1), since the broker would fail on it at once.  strict:
+    an unknown key (a misspelt brokerClusterName would start the node in
+    another cluster) is an error too, reported alone on the first line."""
     import os
 
     import click
 
     from broker.processors.admin_clients import broker_config_properties, properties_text
 
+    unknown = [w for w in warnings if w.startswith("unknown key ")]
+    if strict and unknown:
+        raise click.ClickException(f"{config_file}: --strict: "
+                                   + "; ".join(w.replace("' ignored", "'", 1) for w in unknown))
     for warning in warnings:
         if not warning.startswith("listenPort=0:"):  # a note for embedders, not for operators
             click.echo(f"mqbroker: warning: {config_file}: {warning}", err=True)
@@ -518,14 +524,16 @@ def main(argv=None) -> None:
     from commitlog.stallwatch import instruments_from_env
 
     @click.command(name="mqbroker", context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option("-c", "--config-file", required=True, type=click.Path(exists=True, dir_okay=False),
+    @click.option("-c", "--config-file", required=True, type=click.Path(dir_okay=False),
                   help="broker.conf (Java properties: brokerName, listenPort, namesrvAddr, dLeger*, ...)")
     @click.option("-n", "--namesrv-addr", default=None, help="name servers, a:9876;b:9876 (overrides namesrvAddr)")
     @click.option("--check-config", is_flag=True,
                   help="validate the config, print the effective settings and exit (0 when usable)")
+    @click.option("--strict", is_flag=True,
+                  help="with --check-config: an unknown key is an error (exit 1), not a warning")
     @log_options()
     @click.version_option(version_text(), "--version", prog_name="mqbroker", message="%(prog)s (ledgermq) %(version)s")
-    def command(config_file: str, namesrv_addr: str | None, check_config: bool, log_level: str,
+    def command(config_file: str, namesrv_addr: str | None, check_config: bool, strict: bool, log_level: str,
                 log_file: str | None, log_format: str) -> None:
         """Run a ledgermq broker."""
         try:
@@ -536,7 +544,7 @@ def main(argv=None) -> None:
         except (ConfigError, OSError) as e:
             raise click.ClickException(f"{config_file}: {getattr(e, 'strerror', None) or e}") from None
         if check_config:
-            check_and_print(config_file, cfg, warnings)
+            check_and_print(config_file, cfg, warnings, strict=strict)
             return
         used = cli_logging(log_level, log_file, log_format, log_dir=cfg.log_dir, file_name="broker.log")
         if used:

@@ -40,7 +40,7 @@ async def _run(cfg: NamesrvConfig) -> None:
 
 
 @click.command(name="mqnamesrv", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-c", "--config-file", type=click.Path(exists=True, dir_okay=False),
+@click.option("-c", "--config-file", type=click.Path(dir_okay=False),
               help="namesrv.conf (Java properties: listenPort, bindAddress, ...)")
 @click.option("-p", "--listen-port", type=click.IntRange(0, 65535),
               help="port to listen on (overrides listenPort; default 9876, 0 picks a free one)")
@@ -52,8 +52,9 @@ def main(config_file: str | None, listen_port: int | None, log_level: str, log_f
     try:
         cfg, warnings = load_namesrv_config(config_file, listen_port)
     except (ConfigError, OSError) as e:
-        raise click.ClickException(f"{config_file}: {e}" if config_file and config_file not in str(e)
-                                   else str(e)) from None
+        why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        raise click.ClickException(f"{config_file}: {why}" if config_file and config_file not in why
+                                   else why) from None
     for warning in warnings:
         click.echo(f"mqnamesrv: warning: {config_file}: {warning}", err=True)
     cli_logging(log_level, log_file, log_format, log_dir=cfg.log_dir, file_name="namesrv.log")

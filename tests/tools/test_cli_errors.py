@@ -23,6 +23,7 @@ ROOT = str(REPO_ROOT)
 MQADMIN = [sys.executable, "-m", "tools.mqadmin"]
 MQBROKER = [sys.executable, "-c", "from broker.cli import mqbroker; mqbroker()"]
 MQNAMESRV = [sys.executable, "-c", "from broker.cli import mqnamesrv; mqnamesrv()"]
+MQDASHBOARD = [sys.executable, "-m", "tools.dashboard"]
 
 CONF = """brokerClusterName=C
 brokerName=broker-a
@@ -115,7 +116,7 @@ async def test_mqadmin_hosts_name_the_host_and_the_cause():
 
 
 async def test_log_levels_are_validated_on_every_command(tmp_path):
-    for cmd in (MQADMIN, MQBROKER, MQNAMESRV):
+    for cmd in (MQADMIN, MQBROKER, MQNAMESRV, MQDASHBOARD):
         _, err = await run([*cmd, "--log-level", "verbose"], expect=2)
         assert "Invalid value for '--log-level': 'verbose' is not one of" in err
     _, err = await run([*MQADMIN, "--log-format", "xml", "clusterList"], expect=2)
@@ -123,7 +124,8 @@ async def test_log_levels_are_validated_on_every_command(tmp_path):
 
 
 async def test_version_on_every_command():
-    for cmd, name in ((MQADMIN, "mqadmin"), (MQBROKER, "mqbroker"), (MQNAMESRV, "mqnamesrv")):
+    for cmd, name in ((MQADMIN, "mqadmin"), (MQBROKER, "mqbroker"), (MQNAMESRV, "mqnamesrv"),
+                      (MQDASHBOARD, "mqdashboard")):
         out, _ = await run([*cmd, "--version"], expect=0)
         assert out.startswith(name) and "0." in out, out
 
@@ -154,8 +156,16 @@ async def test_mqbroker_check_config_and_config_errors(tmp_path):
     assert one_line(err) == f"Error: {under_file}: storePathRootDir={a_file}/store: {a_file} is not a directory"
     _, err = await run([*MQBROKER, "-c", str(conf), "--log-file", str(a_file / "broker.log")], expect=1)
     assert one_line(err) == f"Error: cannot write the log file {a_file}/broker.log: File exists"
-    _, err = await run([*MQBROKER, "-c", str(tmp_path / "missing.conf")], expect=2)
-    assert f"'{tmp_path / 'missing.conf'}' does not exist" in err
+    for cmd in (MQBROKER, MQNAMESRV):  # the cause on the first line, not under the usage text
+        _, err = await run([*cmd, "-c", str(tmp_path / "missing.conf")], expect=1)
+        assert one_line(err) == f"Error: {tmp_path / 'missing.conf'}: No such file or directory"
+    # --strict: an unknown key (a misspelt cluster name) fails the check, alone on the first line
+    _, err = await run([*MQBROKER, "--check-config", "--strict", "-c", str(conf)], expect=1)
+    assert one_line(err) == (f"Error: {conf}: --strict: unknown key 'brokerNmae' (did you mean 'brokerName'?)")
+    strict_ok = tmp_path / "strict.conf"
+    strict_ok.write_text(CONF.format(root=tmp_path / "store"))
+    out, _ = await run([*MQBROKER, "--check-config", "--strict", "-c", str(strict_ok)], expect=0)
+    assert out.startswith(f"# {strict_ok}: OK")
 
 
 async def test_mqnamesrv_config_errors_and_port_in_use(tmp_path):

@@ -10,6 +10,7 @@ import trio
 
 from broker.acl.signing import credentials_or_none, load_tools_credentials
 from broker.remoting.tls import ClientTls
+from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.config import ConfigError
 from tools.mqadmin import EXIT_ERROR
 from tools.mqadmin.online import _single_leaf
@@ -33,10 +34,13 @@ Examples:
               type=click.Path(exists=True, dir_okay=False), help="CA bundle (implies TLS to the servers)")
 @click.option("--period", type=click.FloatRange(min=0.2), default=1.0, show_default=True, metavar="SECONDS",
               help="how often the cluster is sampled")
-def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, period):
+@log_options(default_level="WARNING")
+@click.version_option(version_text(), "--version", prog_name="mqdashboard", message="%(prog)s (ledgermq) %(version)s")
+def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, period, log_level, log_file, log_format):
     """Serve the web console (cluster, topics, consumers, messages, replication)."""
     if not namesrv_addr:
         raise click.UsageError("no name server: give -n HOST:9876 or set NAMESRV_ADDR")
+    cli_logging(log_level, log_file, log_format, file_name="dashboard.log")
     try:
         credentials = credentials_or_none(access_key, secret_key) or load_tools_credentials()
     except ValueError as e:
