@@ -136,6 +136,32 @@ class AclService:
             self._authenticated(conn, access_key)
         return None
 
+    def check_run(self, conn, run) -> list[tuple[int, RemotingCommand]]:
+        """The refusals of a SendRun's sends, (frame index, answer) in
+        order; every other send of the run is admitted.  What check() says
+        of each send, asked once per run (for admission that keeps runs
+        whole: no RawSend is made for an admitted send)."""
+        if self.sends is None:
+            out = []
+            for i in range(run.lo, run.hi):
+                refusal = self.check(conn, run.send(i))
+                if refusal is not None:
+                    out.append((i, refusal))
+            return out
+        memo = self._scan_checks
+        if memo is None or memo.scan is not run.scan or memo.rules is not self.rules or run.lo < memo.lo:
+            memo = self._check_scan(conn, run.send(run.lo))
+        verdict = memo.verdict
+        if not any(verdict[run.lo:run.hi]):  # (OK is 0) the usual run: nothing refused, nothing to ask
+            return []
+        out = []
+        for i in range(run.lo, run.hi):
+            if verdict[i] != fastpath.OK:
+                refusal = self.check(conn, run.send(i))
+                if refusal is not None:
+                    out.append((i, refusal))
+        return out
+
     def _refuse(self, conn, cmd, e: AclDenied) -> RemotingCommand:
         self.refused += 1
         self._log_refusal(conn.remote_address, cmd, e)

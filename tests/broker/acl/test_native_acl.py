@@ -278,6 +278,36 @@ def test_hostile_headers_go_to_the_general_path_or_are_refused():
         assert got is None or got == want or (got[0] == want[0] == "admitted")
 
 
+class FakeConn:
+    def __init__(self, address: str) -> None:
+        self.remote_address, self.attributes = address, {}
+
+
+async def test_check_run_says_what_check_says_of_each_send():
+    """AclService.check_run (a run at a time) and check (a send at a time)
+    agree, with the fast path and without it, principals included."""
+    from broker.acl.service import PRINCIPALS, AclService
+
+    unsigned = RemotingCommand.create_request(RequestCode.SEND_MESSAGE_V2, base_fields("Orders", 1), body=b"b")
+    cmds = [signed("producer1", "Orders", seq=i) for i in range(5)] + [
+        unsigned, signed("producer1", "Other"), signed("producer1", "Orders", zz="1"),
+        Credentials("producer1", "not-the-secret").sign(unsigned), signed("publisher", "Anything")]
+    run = SendRun(scanned(cmds), 0, len(cmds))
+    for fast_path in (True, False):
+        one, whole = AclService(None, RULES, POLICY), AclService(None, RULES, POLICY)
+        if not fast_path:
+            one.sends = whole.sends = None
+        c1, c2 = FakeConn("10.0.0.1:4000"), FakeConn("10.0.0.1:4001")
+        each = [(i, one.check(c1, run.send(i))) for i in range(run.lo, run.hi)]
+        each = [(i, a.code, a.remark) for i, a in each if a is not None]
+        assert [(i, a.code, a.remark) for i, a in whole.check_run(c2, run)] == each
+        assert [i for i, _, _ in each] == [5, 6, 7, 8]
+        assert c1.attributes[PRINCIPALS] == c2.attributes[PRINCIPALS] == {"producer1", "publisher"}
+        assert one.refused == whole.refused == 4
+        # a run of admitted sends only: nothing asked one by one
+        assert whole.check_run(c2, SendRun(run.scan, 0, 5)) == []
+
+
 # --- live: the same frames with and without the fast path -------------------------------
 
 PLAIN_ACL = """\
