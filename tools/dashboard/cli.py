@@ -34,9 +34,13 @@ Examples:
               type=click.Path(exists=True, dir_okay=False), help="CA bundle (implies TLS to the servers)")
 @click.option("--period", type=click.FloatRange(min=0.2), default=1.0, show_default=True, metavar="SECONDS",
               help="how often the cluster is sampled")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="a host name the console is reached by (repeatable); IP addresses and localhost always "
+                   "work, any other Host or foreign Origin is refused (DNS rebinding)")
 @log_options(default_level="WARNING")
 @click.version_option(version_text(), "--version", prog_name="mqdashboard", message="%(prog)s (ledgermq) %(version)s")
-def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, period, log_level, log_file, log_format):
+def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, period, allow_hosts, log_level, log_file,
+              log_format):
     """Serve the web console (cluster, topics, consumers, messages, replication)."""
     if not namesrv_addr:
         raise click.UsageError("no name server: give -n HOST:9876 or set NAMESRV_ADDR")
@@ -55,7 +59,8 @@ def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, perio
         click.echo(f"mqdashboard: error: the console needs the dashboard extra ({e.name} is missing): "
                    "pip install 'ledgermq[dashboard]'", err=True)
         sys.exit(EXIT_ERROR)
-    cfg = DashboardConfig(namesrv_addr, port=port, bind=bind, credentials=credentials, tls=tls, period_s=period)
+    cfg = DashboardConfig(namesrv_addr, port=port, bind=bind, credentials=credentials, tls=tls, period_s=period,
+                          allowed_hosts=tuple(allow_hosts))
 
     async def main():
         async with trio.open_nursery() as nursery:

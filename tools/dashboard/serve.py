@@ -1,6 +1,7 @@
 # Owns the console's composition root: one remoting client (signing with
 # the ACL credentials when given), one MQAdmin, the sampler and its Hub,
-# and the Starlette app on hypercorn's trio worker, all in one nursery.
+# and the Starlette app on hypercorn's trio worker behind the Host/Origin
+# guard (hostguard.py), all in one nursery.
 #
 #   async with trio.open_nursery() as n:
 #       url = await n.start(serve_dashboard, DashboardConfig("127.0.0.1:9876", port=0))
@@ -17,6 +18,7 @@ from broker.acl.signing import Credentials
 from broker.remoting.client import open_remoting_client
 from broker.remoting.tls import ClientTls
 from tools.dashboard.app import create_app
+from tools.dashboard.hostguard import HostGuard
 from tools.dashboard.sampler import Hub, Sampler
 from tools.mqadmin.adminapi import MQAdmin
 
@@ -32,6 +34,7 @@ class DashboardConfig:
     tls: ClientTls | None = None
     period_s: float = 1.0
     timeout: float = 5.0
+    allowed_hosts: tuple[str, ...] = ()  # names (beyond IP literals and localhost) the console answers to
 
     def __repr__(self) -> str:  # never the secret key
         return f"DashboardConfig(namesrv={self.namesrv!r}, bind={self.bind!r}, port={self.port})"
@@ -61,5 +64,7 @@ async def serve_dashboard(cfg: DashboardConfig, *, task_status=trio.TASK_STATUS_
         hc.graceful_timeout = 1.0
         async with trio.open_nursery() as nursery:
             await nursery.start(Sampler(admin, hub, period_s=cfg.period_s).run)
-            binds = await nursery.start(functools.partial(hypercorn_serve, create_app(admin, hub, rc), hc))
+            names = cfg.allowed_hosts + ((cfg.bind,) if cfg.bind not in ("0.0.0.0", "::", "") else ())
+            app = HostGuard(create_app(admin, hub, rc), names)
+            binds = await nursery.start(functools.partial(hypercorn_serve, app, hc))
             task_status.started(binds[0])

@@ -37,7 +37,7 @@ async def exchange(port: int, data: bytes, read_limit: int = 1 << 20) -> bytes:
 
 
 async def get(port: int, path: str) -> bytes:
-    return await exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    return await exchange(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
 
 
 async def test_console_survives_garbage_and_oversized_http(nursery):
@@ -67,3 +67,38 @@ async def test_console_survives_garbage_and_oversized_http(nursery):
     snapshot = await get(port, "/api/snapshot")
     assert snapshot.startswith(b"HTTP/1.1 200")
     nursery.cancel_scope.cancel()
+
+
+async def test_a_rebinding_host_or_a_foreign_origin_is_refused(nursery):
+    """DNS rebinding (issue 31): a page of evil.example that resolves its
+    name to 127.0.0.1 sends Host: evil.example:PORT; another site's page
+    sends its own Origin.  Both get 403 before the app sees them, writes
+    with the console header and the confirm step included; the console's
+    own page (an IP, localhost or an --allow-host name) goes on working."""
+    ns = await nursery.start(serve_namesrv, NamesrvConfig(listen_port=0, bind_address="127.0.0.1"))
+    url = await nursery.start(serve_dashboard, DashboardConfig(ns.address, port=0, period_s=0.5,
+                                                               allowed_hosts=("console.example",)))
+    port = int(url.rsplit(":", 1)[1])
+    body = b'{"cluster": "C", "topic": "Rebound", "confirmed": true}'
+
+    def post(host: str, origin: str | None = None) -> bytes:
+        extra = f"Origin: {origin}\r\n".encode() if origin else b""
+        return (f"POST /api/topics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n".encode() + extra + WRITE
+                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    def get_as(host: str, origin: str | None = None) -> bytes:
+        extra = f"Origin: {origin}\r\n" if origin else ""
+        return f"GET /api/snapshot HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode()
+
+    for request in (post(f"evil.example:{port}"), post(f"evil.example:{port}", f"http://evil.example:{port}"),
+                    post(f"127.0.0.1:{port}", "http://evil.example"), post(f"127.0.0.1:{port}", "null"),
+                    get_as(f"evil.example:{port}"), get_as(f"127.0.0.1:{port}", f"http://evil.example:{port}"),
+                    b"GET /api/snapshot HTTP/1.0\r\n\r\n"):
+        reply = await exchange(port, request)
+        assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
+        assert b"refused:" in reply
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"console.example:{port}"):
+        assert (await exchange(port, get_as(host, f"http://{host}"))).startswith(b"HTTP/1.1 200")
+    # the same-origin write is let through to the app (which then finds no such cluster: not a 403)
+    reply = await exchange(port, post(f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"))
+    assert not reply.startswith(b"HTTP/1.1 403"), reply[:200]
