@@ -538,7 +538,7 @@ class PopProcessor(RequestProcessor):
     async def batch_ack(self, request: RemotingCommand) -> RemotingCommand:
         acks = parse_batch_ack(request.body)
         if not acks:
-            return request.make_response(ResponseCode.NO_MESSAGE)
+            return request.make_response(ResponseCode.NO_MESSAGE, "no acks in the request body")
         for a in acks:
             topic_cfg = self.metadata.topic_config(a.topic)
             if topic_cfg is None:
