@@ -89,6 +89,13 @@ class MessageFormatError(ValueError):
         self.offset = offset
 
 
+def host_flags(sysflag: int, born_v6: bool, store_v6: bool) -> int:
+    """`sysflag` with the V6 bits saying what the hosts are (the one rule:
+    the broker sets them from the hosts, whatever the producer sent)."""
+    return (sysflag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)) | (BORNHOST_V6_FLAG if born_v6 else 0) | \
+        (STOREHOST_V6_FLAG if store_v6 else 0)
+
+
 def _ip(value) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     if isinstance(value, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
         return value
@@ -294,12 +301,7 @@ class MessageRecord:
     @property
     def effective_sysflag(self) -> int:
         """SYSFLAG with the V6 bits set from the hosts, as the broker does."""
-        flag = self.sysflag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
-        if self.born_host.is_v6:
-            flag |= BORNHOST_V6_FLAG
-        if self.store_host.is_v6:
-            flag |= STOREHOST_V6_FLAG
-        return flag
+        return host_flags(self.sysflag, self.born_host.is_v6, self.store_host.is_v6)
 
     def encode(self) -> bytes:
         return encode(self)

@@ -211,7 +211,6 @@ def _topic_ok(topic: str) -> bool:
 
 
 _UNIQ_NAME = M.PROPERTY_UNIQ_KEY + "\x01"
-_V6_FLAGS = M.BORNHOST_V6_FLAG | M.STOREHOST_V6_FLAG
 
 
 @functools.lru_cache(maxsize=4096)  # topics are few and stable; this runs per send
@@ -381,8 +380,7 @@ class SendProcessor:
         topic, magic = _topic_wire(header.topic)
         born, born_v6 = _host_wire(born_host)
         store, store_v6 = _host_wire(cfg.store_host)
-        sysflag = (sysflag & ~_V6_FLAGS) | (M.BORNHOST_V6_FLAG if born_v6 else 0) | \
-            (M.STOREHOST_V6_FLAG if store_v6 else 0)
+        sysflag = M.host_flags(sysflag, born_v6, store_v6)
         return M.encode_parts(magic, topic, props, body, queue_id=queue_id, flag=header.flag, sysflag=sysflag,
                               born_timestamp=header.born_timestamp, born_host=born, store_timestamp=store_timestamp,
                               store_host=store, reconsume_times=header.reconsume_times), uniq
@@ -454,8 +452,7 @@ class SendProcessor:
         topic_b, magic = _topic_wire(topic)
         born_b, born_v6 = _host_wire(born_host)
         store_b, store_v6 = _host_wire(store_host)
-        wire_sysflag = (batch_sysflag & ~_V6_FLAGS) | (M.BORNHOST_V6_FLAG if born_v6 else 0) | \
-            (M.STOREHOST_V6_FLAG if store_v6 else 0)
+        wire_sysflag = M.host_flags(batch_sysflag, born_v6, store_v6)
         records = send_native.batch_records(body, topic_b, magic, queue_id, wire_sysflag, born_ts, reconsume, born_b,
                                             store_b, store_timestamp, self.cfg.broker_cluster_name.encode(),
                                             self.uniq_keys)

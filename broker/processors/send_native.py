@@ -107,8 +107,8 @@ class NativeSends:
         if cfg is None or not cfg.perm & PERM_WRITE:
             return None  # auto-create first, or refused: the general path says which
         bcfg = proc.cfg
-        flags = (M.MULTI_TAGS_FLAG if cfg.topic_filter_type == "MULTI_TAG" else 0) | \
-            (M.BORNHOST_V6_FLAG if born_v6 else 0) | (M.STOREHOST_V6_FLAG if bcfg.store_host.is_v6 else 0)
+        flags = M.host_flags(M.MULTI_TAGS_FLAG if cfg.topic_filter_type == "MULTI_TAG" else 0, born_v6,
+                             bcfg.store_host.is_v6)
         return cfg.write_queue_nums, cfg.read_queue_nums, bcfg.max_message_size, flags
 
     def _validated(self, key: bytes) -> str | None:
