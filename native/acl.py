@@ -129,7 +129,9 @@ def check_sends(scan, lo: int, accounts: BoundAccounts) -> ScanVerdicts:
     if _scratch is None:
         _scratch = ffi.new("uint8_t[]", SCRATCH)
     n = scan.n
-    verdict, pair = array("i", bytes(4 * n)), array("i", bytes(4 * n))
+    # Requests before lo are never checked here: GENERAL, so that a caller
+    # asking about one anyway is sent to the general path, never admitted.
+    verdict, pair = array("i", [GENERAL]) * n, array("i", bytes(4 * n))
     ak_off, ak_len = array("q", bytes(8 * n)), array("i", bytes(4 * n))
     pairs = ffi.new("lmq_acl_pair[]", max(1, n - lo))
     f = ffi.from_buffer

@@ -99,8 +99,18 @@ class AclService:
         # Scanned sends (RawSend) are checked a scan at a time in C
         # (fastpath.py; None: every request takes validate()), the verdicts
         # of the last scan kept for the sends of it that follow.
-        self.sends = fastpath.SendChecks(policy) if fastpath.applies(policy) else None
         self._scan_checks: fastpath.ScanChecks | None = None
+        self._memo_scan = self._memo_rules = self._memo_verdict = None  # (the last scan's, for check())
+        self.sends = fastpath.SendChecks(policy) if fastpath.applies(policy) else None
+
+    @property
+    def sends(self) -> "fastpath.SendChecks | None":
+        return self._sends
+
+    @sends.setter
+    def sends(self, checks: "fastpath.SendChecks | None") -> None:
+        self._sends = checks
+        self._scan_checks = self._memo_scan = self._memo_rules = self._memo_verdict = None
 
     @classmethod
     def load(cls, path: str | None, policy: Policy, *, extra: tuple[Account, ...] = ()) -> "AclService":
@@ -116,17 +126,22 @@ class AclService:
 
     def check(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         """None to let `cmd` through, else the refusal to answer it with."""
-        if type(cmd) is RawSend and self.sends is not None:
+        if type(cmd) is RawSend:
             # A send the native scanner parsed: its scan's verdicts, checked
-            # in C once for every send of the scan (fastpath.py).
-            memo = self._scan_checks
-            if memo is None or memo.scan is not cmd.scan or memo.rules is not self.rules or cmd.index < memo.lo:
-                memo = self._check_scan(conn, cmd)
-            verdict = memo.verdict[cmd.index]
-            if verdict == fastpath.OK:
-                return None
+            # in C once for every send of the scan (fastpath.py; the sends
+            # before the one that started the check are GENERAL there).
+            if cmd.scan is self._memo_scan and self.rules is self._memo_rules:
+                verdict = self._memo_verdict[cmd.index]
+                if verdict == 0:  # fastpath.OK
+                    return None
+            elif self._sends is not None:
+                verdict = self._check_scan(conn, cmd).verdict[cmd.index]
+                if verdict == fastpath.OK:
+                    return None
+            else:
+                verdict = fastpath.GENERAL
             if verdict != fastpath.GENERAL:
-                return self._refuse(conn, cmd, memo.refusal(cmd.index))
+                return self._refuse(conn, cmd, self._scan_checks.refusal(cmd.index))
         address = host_of(conn.remote_address)
         try:
             access_key = validate(self.rules, address, cmd, self.policy, self.lookup)
@@ -176,8 +191,9 @@ class AclService:
             keys.add(access_key)
 
     def _check_scan(self, conn, cmd) -> "fastpath.ScanChecks":
-        memo = self._scan_checks = self.sends.check_scan(self.rules, host_of(conn.remote_address), cmd.scan,
-                                                         cmd.index)
+        memo = self._scan_checks = self._sends.check_scan(self.rules, host_of(conn.remote_address), cmd.scan,
+                                                          cmd.index)
+        self._memo_scan, self._memo_rules, self._memo_verdict = memo.scan, memo.rules, memo.verdict
         for access_key in memo.principals:
             self._authenticated(conn, access_key)
         return memo

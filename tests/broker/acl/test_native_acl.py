@@ -308,6 +308,21 @@ async def test_check_run_says_what_check_says_of_each_send():
         assert whole.check_run(c2, SendRun(run.scan, 0, 5)) == []
 
 
+async def test_a_send_before_the_checked_ones_is_not_taken_as_admitted():
+    """The verdicts of a scan start at the send that asked first; one
+    before it asked later goes to the general path (and is refused here)."""
+    from broker.acl.service import AclService
+
+    unsigned = RemotingCommand.create_request(RequestCode.SEND_MESSAGE_V2, base_fields("Orders", 1), body=b"b")
+    run = SendRun(scanned([unsigned, signed("producer1", "Orders"), signed("producer1", "Orders", seq=2)]), 0, 3)
+    svc, conn = AclService(None, RULES, POLICY), FakeConn("10.0.0.1:4000")
+    assert svc.check(conn, run.send(1)) is None
+    refusal = svc.check(conn, run.send(0))
+    assert refusal is not None and refusal.remark.endswith("No accessKey is configured")
+    assert svc.check(conn, run.send(2)) is None
+    assert svc.sends.scans == 1
+
+
 # --- live: the same frames with and without the fast path -------------------------------
 
 PLAIN_ACL = """\
