@@ -173,6 +173,7 @@ class Connection:
         self._written = 0  # frames 1.._written are written
         self._send_broken = False
         self._closing = False
+        self._heard = False  # any bytes read from the peer (a silent port is named in timeouts)
         self._reading = True
         self._pending: dict[int, _Waiter] = {}
         self._opaques = itertools.count(1)
@@ -333,7 +334,7 @@ class Connection:
                 return waiter.response
             if waiter.error is not None:
                 raise waiter.error
-            raise RemotingTimeoutError(self.remote_address, cmd.code, timeout)
+            raise RemotingTimeoutError(self.remote_address, cmd.code, timeout, silent=not self._heard)
         finally:
             self._pending.pop(opaque, None)
 
@@ -474,6 +475,7 @@ class Connection:
                 if intake.report(data, buffered) and self._closing:  # shed by the budget
                     return self.close_reason
                 intake.receive(data, buffered)
+                self._heard = True
                 self._window.unbilled += len(data)
                 if _rt.TRACER is not None:  # tools/bench/round.py
                     _rt.TRACER.read()

@@ -62,9 +62,14 @@ class RemotingTimeoutError(RemotingError):
     addr: str
     code: int
     timeout: float
+    silent: bool = False  # nothing at all has come back on the connection since it opened
 
     def __str__(self) -> str:
-        return f"no response from {self.addr} within {self.timeout:g} s to {code_name(self.code)}"
+        text = f"no response from {self.addr} within {self.timeout:g} s to {code_name(self.code)}"
+        if self.silent:
+            text += (" (the port accepted the connection but has sent nothing back: it may not speak "
+                     "RocketMQ remoting, e.g. a metrics or other service's port)")
+        return text
 
 
 @attrs.define(str=False)

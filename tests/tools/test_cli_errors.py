@@ -114,6 +114,19 @@ async def test_mqadmin_hosts_name_the_host_and_the_cause():
         assert one_line(err).startswith(f"mqadmin: error: broker 127.0.0.1:{port} unreachable: connection to")
         nursery.cancel_scope.cancel()
 
+    # A port that accepts and never answers (a metrics port waiting for its HTTP request line).
+    async def silent(stream):
+        async with stream:
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        _, err = await run([*MQADMIN, "clusterList", "-n", f"127.0.0.1:{port}", "--timeout", "1"], expect=3)
+        assert one_line(err).endswith("has sent nothing back: it may not speak RocketMQ remoting, e.g. a metrics "
+                                      "or other service's port)") and f"127.0.0.1:{port}" in err
+        nursery.cancel_scope.cancel()
+
 
 async def test_log_levels_are_validated_on_every_command(tmp_path):
     for cmd in (MQADMIN, MQBROKER, MQNAMESRV, MQDASHBOARD):
