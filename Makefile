@@ -72,6 +72,7 @@ bench: setup native
 	$(VPY) -m tools.bench.timer
 	$(VPY) -m tools.bench.groups
 	$(VPY) -m tools.bench.grpc_cost
+	$(VPY) -m tools.bench.acl_send
 	$(VPY) -m tools.bench.pipeline
 
 clean:
