@@ -104,7 +104,8 @@ class ScanVerdicts:
 
     def access_key(self, i: int) -> str:
         off = self.ak_off[i]
-        return self.scan.data[off:off + self.ak_len[i]].decode("utf-8")
+        # (UTF-8: the scanner checked every string of the header)
+        return self.scan.data[off:off + self.ak_len[i]].decode("utf-8", "replace")
 
     def pair_of(self, k: int) -> tuple[int, int, bool]:
         """(account index, the scanner's topic_first, whitelisted)."""

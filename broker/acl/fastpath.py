@@ -28,7 +28,7 @@ from array import array
 import attrs
 
 from broker.acl import table
-from broker.acl.plain import AclRules
+from broker.acl.plain import AclRules, AddressPattern
 from broker.acl.validator import AclDenied, Policy, authorize
 from broker.remoting.codes import RequestCode
 from native import acl as native_acl
@@ -78,6 +78,7 @@ class ScanChecks:
         return AclDenied(f"Check signature failed for accessKey={ak}", ak)
 
 
+_NO_WHITELIST = AddressPattern("")
 _GLOBAL = object()  # an address in globalWhiteRemoteAddresses: everything admitted
 
 
@@ -94,6 +95,7 @@ class SendChecks:
         self.broker_name = (policy.broker_name or "").encode("utf-8")
         self._rules: AclRules | None = None
         self._table = None
+        self._white: list = []
         self._bound: dict[str, object] = {}
         self._decisions: dict[tuple[str, str], AclDenied | None] = {}
         self.scans = 0  # scans checked in C (tests, and what a profile counts)
@@ -101,6 +103,9 @@ class SendChecks:
     def _reset(self, rules: AclRules) -> None:
         self._rules = rules
         self._table = native_acl.AccountTable({k: a.secret_key for k, a in rules.accounts.items()})
+        # the accounts with a whiteRemoteAddress (the blank one matches no address)
+        self._white = [(i, rules.accounts[k].white) for i, k in enumerate(self._table.keys)
+                       if rules.accounts[k].white != _NO_WHITELIST]
         self._bound = {}
         self._decisions = {}
 
@@ -110,8 +115,10 @@ class SendChecks:
             if rules.globally_whitelisted(address):
                 bound = _GLOBAL
             else:
-                modes = bytes(1 if rules.accounts[k].white.matches(address) else 0 for k in self._table.keys)
-                bound = self._table.bind(modes, self.broker_name)
+                modes = bytearray(self._table.n)
+                for i, white in self._white:
+                    modes[i] = white.matches(address)
+                bound = self._table.bind(bytes(modes), self.broker_name)
             if len(self._bound) >= ADDRESSES:
                 self._bound.clear()
             self._bound[address] = bound
