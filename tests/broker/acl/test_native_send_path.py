@@ -2,9 +2,10 @@
 # and without ACL, on a one-member group served in process.  Without ACL the
 # pipelined SEND_MESSAGE_V2s of one write reach admission as SendRuns.  With
 # ACL they do too: admission (broker/remoting/guard.py) checks each send of
-# a run -- its header decoded for the signature, as on the one-by-one path
-# -- and hands the admitted ones on as runs, so signed sends keep the C
-# record building.  Unsigned, wrongly signed and tampered sends -- one by one
+# a run -- the scan's sends checked in C, broker/acl/fastpath.py, with the
+# one-by-one path's verdicts (tests/broker/acl/test_native_acl.py) -- and
+# hands the admitted ones on as runs, so signed sends keep the C record
+# building.  Unsigned, wrongly signed and tampered sends -- one by one
 # and pipelined -- are refused with the same RocketMQ remark on both paths
 # and store nothing, while a correctly signed burst is stored from queue
 # offset 0 by the C path; a run with refused sends in the middle is split
