@@ -172,19 +172,25 @@ SERVED: tuple[Spec, ...] = (
     _s("ledgermq_dledger_committed_index", GAUGE, BASE, LEDGERMQ, NODE, "Raft commit index"),
     _s("ledgermq_dledger_end_index", GAUGE, BASE, LEDGERMQ, NODE, "last index of the local log"),
     _s("ledgermq_dledger_peer_match_lag_entries", GAUGE, BASE + ("peer",), LEDGERMQ, NODE,
-       "leader only: entries a peer is behind"),
+       "on the leader: entries a peer is behind the leader's log end"),
     _s("ledgermq_dledger_peer_last_ack_age_seconds", GAUGE, BASE + ("peer",), LEDGERMQ, NODE,
-       "leader only: since the peer last acknowledged"),
+       "on the leader: since the peer last acknowledged"),
     _s("ledgermq_dledger_append_errors_total", COUNTER, BASE + ("type",), LEDGERMQ, NODE,
        "pending_full, quorum_timeout, refused_appends"),
     _s("ledgermq_dledger_ticks_dropped_total", COUNTER, BASE, LEDGERMQ, NODE,
-       "Raft clock ticks (10 ms) missed while the process could not run, dropped"),
+       "Raft clock ticks (10 ms) missed while the process could not run (stopped, starved) and dropped rather "
+       "than replayed: how long it stalled"),
     _s("ledgermq_dledger_peer_messages_dropped_total", COUNTER, BASE + ("reason",), LEDGERMQ, NODE,
-       "peer messages dropped before the Raft core: undecodable, refused, failed"),
+       "peer messages dropped before the Raft core: undecodable, refused (admission: wrong sender or "
+       "destination, a term or index out of range, a malformed push) or failed (the Raft core raised; the message "
+       "dropped and the core rebuilt from disk). Non-zero means someone other than a healthy member speaks on the "
+       "peer port"),
     _s("ledgermq_dledger_peer_connections_refused_total", COUNTER, BASE + ("reason",), LEDGERMQ, NODE,
-       "peer-port connections closed: rejected, capped, failed"),
+       "peer-port connections closed: rejected at the handshake (garbage, wrong group or id, a failed proof, an "
+       "oversized handshake frame), capped (too many handshakes at once) or failed (an unexpected error, logged "
+       "with its traceback)"),
     _s("ledgermq_dledger_peer_unfinished_frame_bytes", GAUGE, BASE, LEDGERMQ, NODE,
-       "bytes of peer frames begun and not yet complete"),
+       "bytes of peer frames begun and not yet complete (bounded by the peer transport's receive budget)"),
     _s("ledgermq_dispatch_lag_bytes", GAUGE, BASE, LEDGERMQ, NODE,
        "committed commitlog bytes not yet in the consume queues"),
     _s("ledgermq_remoting_connections", GAUGE, BASE, LEDGERMQ, NODE, "open remoting connections"),
@@ -192,9 +198,13 @@ SERVED: tuple[Spec, ...] = (
     _s("ledgermq_pull_hold_refused_total", COUNTER, BASE + ("budget",), LEDGERMQ, NODE,
        "pulls answered SYSTEM_BUSY instead of held, by the budget that was full"),
     _s("ledgermq_send_forward_held", GAUGE, BASE, LEDGERMQ, NODE,
-       "sends held or being handed on to the master right now"),
+       "sends held or being handed on to the master right now (at most sendForwardMaxInFlight)"),
     _s("ledgermq_send_forward_total", COUNTER, BASE + ("outcome",), LEDGERMQ, NODE,
-       "sends this broker could not store itself, by outcome"),
+       "sends this broker could not store itself (a master that stepped down, a leader catching up or "
+       "transferring; see \"Planned operations\"): forwarded to the master, served_here once it was master again, "
+       "forward_failed, refused_budget, refused_hold_timeout (logged, with the leader and whether its broker "
+       "address is known), refused_no_master (a node removed from the group that does not know the master's "
+       "address)"),
 )
 
 # Families whose names and labels come from another owner (the remoting
