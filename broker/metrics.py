@@ -39,6 +39,7 @@
 # nodes: broker/telemetry/catalog.py (the collector builds its families from
 # it through FamilySet; the group's data only on the writable master, so
 # the stock queries add up over a group's members).
+import bisect
 import os
 import shutil
 import socket
@@ -90,6 +91,9 @@ def _size_sum(raw: bytes, n: int) -> int:
     total = sum(sizes)
     return total if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
 READ_UNITS = 8192  # CQ units read per queue per pass
+# Commitlog reads per scrape for the age of the oldest unconsumed message
+# (one per lagging queue); past it a (topic, group) keeps its last age.
+MAX_AGE_READS = 4096
 
 
 @attrs.define(eq=False)
@@ -121,7 +125,9 @@ class PutCounter:
                 if not raw:
                     break
                 n = len(raw) // CQ_UNIT.size
-                sizes = sorted(s for s in _sizes(raw, n) if s > 0)
+                sizes = sorted(_sizes(raw, n))
+                if sizes and sizes[0] <= 0:  # (a unit being written reads as zeros)
+                    sizes = sizes[bisect.bisect_right(sizes, 0):]
                 self.bytes[topic] = self.bytes.get(topic, 0) + sum(sizes)
                 bc = self.sizes.get(topic)
                 if bc is None:
@@ -371,6 +377,7 @@ class BrokerCollector:
 
     m: BrokerMetrics
     host: str = attrs.Factory(socket.gethostname)
+    ages: dict = attrs.Factory(dict)  # (topic, group) -> the last age read (ms), for scrapes past MAX_AGE_READS
 
     def describe(self):
         return []  # unchecked collector: the families depend on the topics
@@ -460,10 +467,12 @@ class BrokerCollector:
         cqs, engine = bs.cq.engine.cqs, bs.cq.engine
         now_ms = int(time.time() * 1000)
         online = {g: len(self.m.clients.consumer_ids(g)) for g in list(self.m.clients.consumers)}
+        reads = 0
         for key, table in sorted(bs.metadata.state.offsets.offsets.items()):
             topic, group = split_offset_key(key)
             total = lag_sum = 0
             oldest = None  # store time (ms) of the oldest unconsumed message
+            complete = True
             for qid, committed in sorted(table.items()):
                 cq = cqs.get(topic, qid)
                 max_offset = cq.max_offset if cq is not None else 0
@@ -473,10 +482,17 @@ class BrokerCollector:
                 total += committed
                 lag_sum += lag
                 if lag and cq is not None:
+                    if reads >= MAX_AGE_READS:
+                        complete = False
+                        continue
+                    reads += 1
                     ts = _store_time_at(engine, cq, max(committed, cq.min_offset))
                     if ts is not None and (oldest is None or ts < oldest):
                         oldest = ts
-            age = max(0, now_ms - oldest) if oldest is not None else 0
+            if complete:
+                age = self.ages[topic, group] = max(0, now_ms - oldest) if oldest is not None else 0
+            else:
+                age = self.ages.get((topic, group), 0)
             is_retry, is_system = _is_retry(topic), _topic_kind(topic)[1]
             out.add("rocketmq_consumer_lag_messages", lag_sum, topic=topic, consumer_group=group,
                     is_retry=is_retry, is_system=is_system)
