@@ -11,6 +11,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker import metrics
 from broker.config import BrokerConfig
 from broker.metrics import FamilySet, _first_store_time
 from broker.remoting.client import open_remoting_client
@@ -47,7 +48,7 @@ def samples(fams: dict, name: str, suffix: str = "", **labels) -> list[float]:
             and all(s.labels.get(k) == str(v) for k, v in labels.items())]
 
 
-async def test_served_families_are_the_catalogue_and_carry_the_requests(tmp_path):
+async def test_served_families_are_the_catalogue_and_carry_the_requests(tmp_path, monkeypatch):
     async with trio.open_nursery() as nursery:
         broker = await nursery.start(lambda task_status: serve_broker(
             solo_config(tmp_path), bind_host="127.0.0.1", task_status=task_status))
@@ -106,6 +107,14 @@ async def test_served_families_are_the_catalogue_and_carry_the_requests(tmp_path
         assert pmdt == N
         assert samples(fams, "rocketmq_storage_size")[0] > N * 2000
         assert samples(fams, "rocketmq_broker_permission") == [6]
+
+        # past MAX_AGE_READS records per scrape the age is not read again: the last one is kept
+        monkeypatch.setattr(metrics, "MAX_AGE_READS", 0)
+        again = await scrape_families(url)
+        assert samples(again, "rocketmq_group_get_latency_by_storetime", **g) == age
+        monkeypatch.setattr(metrics, "MAX_AGE_READS", 4096)
+        again = await scrape_families(url)
+        assert samples(again, "rocketmq_group_get_latency_by_storetime", **g)[0] >= age[0]
         nursery.cancel_scope.cancel()
 
 
