@@ -172,7 +172,7 @@ class MeteredPulls:
     inner: object  # PullProcessor
     latency: BucketCounter = attrs.Factory(BucketCounter)
     gets: dict = attrs.Factory(dict)  # (topic, group) -> [messages, bytes, pulls that found some]
-    rpc: dict = attrs.Factory(dict)  # (response code name, "true"/"false" held) -> BucketCounter
+    rpc: dict = attrs.Factory(dict)  # (response code, "true"/"false" held) -> BucketCounter
     store_lag: dict = attrs.Factory(dict)  # (topic, group) -> BucketCounter: store time -> answer
     clock: object = time.perf_counter
     wall_ms: object = lambda: time.time() * 1000
@@ -193,13 +193,9 @@ class MeteredPulls:
 
     def _count(self, key: tuple[str, str], offset, response, t0: float, held: str) -> None:
         elapsed = self.clock() - t0
-        try:
-            code = ResponseCode(response.code).name.lower()
-        except ValueError:
-            code = str(response.code)
-        bc = self.rpc.get((code, held))
+        bc = self.rpc.get((response.code, held))
         if bc is None:
-            bc = self.rpc[code, held] = BucketCounter()
+            bc = self.rpc[response.code, held] = BucketCounter()
         bc.observe(elapsed)
         if response.code != ResponseCode.SUCCESS:
             return
@@ -595,7 +591,7 @@ class BrokerCollector:
                       request_code="send_message", response_code="all", is_long_polling="false", result="success")
         for (code, held), bc in sorted(m.pulls.rpc.items()):
             out.histogram("rocketmq_rpc_latency", bc.coarsened(ms, 1000), bc.total * 1000,
-                          request_code="pull_message", response_code=code, is_long_polling=held,
+                          request_code="pull_message", response_code=_code_name(code), is_long_polling=held,
                           result="success")
 
     # --- DLedger (NODE)
@@ -627,6 +623,14 @@ class BrokerCollector:
                                   ("failed", ts.failed_connections)):
                 out.add("ledgermq_dledger_peer_connections_refused_total", value, reason=reason)
             out.add("ledgermq_dledger_peer_unfinished_frame_bytes", ts.unfinished_bytes)
+
+
+def _code_name(code: int) -> str:
+    """RocketMQ 5's response_code label: the ResponseCode's name, lower case."""
+    try:
+        return ResponseCode(code).name.lower()
+    except ValueError:
+        return str(code)
 
 
 def _store_time_at(engine, cq, offset: int) -> int | None:
