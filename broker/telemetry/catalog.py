@@ -128,7 +128,8 @@ SERVED: tuple[Spec, ...] = (
        "BrokerGetNums: messages this node served per second over the last minute"),
     # --- RocketMQ 5 (master: the group's data)
     _s("rocketmq_messages_in_total", COUNTER, RMQ5 + ("topic", "message_type", "is_system"), ROCKETMQ5, MASTER,
-       "messages put since the broker started"),
+       "messages put since the broker started (message_type from the topic: transaction for the half topic, "
+       "delay for the schedule and timer topics, else normal)"),
     _s("rocketmq_throughput_in_total", COUNTER, RMQ5 + ("topic", "message_type", "is_system"), ROCKETMQ5, MASTER,
        "bytes put (stored size) since the broker started"),
     _s("rocketmq_message_size", HISTOGRAM, RMQ5 + ("topic", "message_type"), ROCKETMQ5, MASTER,
@@ -270,7 +271,8 @@ EXPORTER_NOT_SERVED: dict[str, str] = {
 }
 
 # RocketMQ 5's names (BrokerMetricsConstant, RemotingMetricsConstant,
-# DefaultStoreMetricsConstant; RocksDB's left out) that are not served.
+# DefaultStoreMetricsConstant, the SDKs' ClientMetricsConstant; RocksDB's
+# left out) that are not served.
 ROCKETMQ5_NOT_SERVED: dict[str, str] = {
     "rocketmq_processor_watermark": _POOL,
     "rocketmq_consumer_inflight_messages": "the broker does not keep each group's pull offset apart from its "
@@ -293,6 +295,12 @@ ROCKETMQ5_NOT_SERVED: dict[str, str] = {
     "rocketmq_timer_dequeue_total": "the timer service exports nothing yet",
     "rocketmq_timer_message_snapshot": "the timer service exports nothing yet",
     "rocketmq_delay_message_latency": "delay-level messages are not timed yet",
+    # The RocketMQ 5 SDKs' own metrics (ClientMeterManager; labels topic, consumer_group, client_id,
+    # invocation_status): a client measures and exports them, not a broker.
+    "rocketmq_send_cost_time": "measured by the producer SDK (invocation_status success/failure), not a broker",
+    "rocketmq_delivery_latency": "measured by the consumer SDK, not a broker",
+    "rocketmq_await_time": "measured by the consumer SDK, not a broker",
+    "rocketmq_process_time": "measured by the consumer SDK (invocation_status), not a broker",
 }
 
 
