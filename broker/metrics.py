@@ -374,6 +374,7 @@ class BrokerCollector:
     m: BrokerMetrics
     host: str = attrs.Factory(socket.gethostname)
     ages: dict = attrs.Factory(dict)  # (topic, group) -> the last age read (ms), for scrapes past MAX_AGE_READS
+    storage: tuple = (float("-inf"), 0)  # (monotonic time, bytes): the store's size, walked at most every SAMPLE_S
 
     def describe(self):
         return []  # unchecked collector: the families depend on the topics
@@ -568,7 +569,10 @@ class BrokerCollector:
             upto = lat.count if high is None else lat.le(high)
             out.add(f"rocketmq_brokeruntime_pmdt_{band}", upto - (lat.le(low) if low else 0))
         out.add("rocketmq_broker_permission", cfg.broker_permission)
-        out.add("rocketmq_storage_size", _dir_bytes(cfg.store_path_root_dir))
+        now = time.monotonic()
+        if now - self.storage[0] >= S.SAMPLE_S:
+            self.storage = (now, _dir_bytes(cfg.store_path_root_dir))
+        out.add("rocketmq_storage_size", self.storage[1])
         out.add("rocketmq_storage_dispatch_behind_bytes", behind)
         out.add("ledgermq_dispatch_lag_bytes", behind)
         out.add("ledgermq_remoting_connections", len(m.server.connections))
