@@ -23,13 +23,13 @@
 #                       (connection failures, connections shed, unfinished
 #                       frame bytes, rounds deferred: remoting_families) and
 #                       the long polls held and refused
-#
 #   message sizes       PutCounter: the same CQ units, bucketed per read
 #                       (sorted once, one bisect per bucket bound)
 #   store-time lag      MeteredPulls: the first record of each answered
 #                       pull, its store timestamp (one unpack per pull)
 #   lag age             at scrape time, on the master: the store time of the
 #                       message at each lagging queue's committed offset
+#                       (at most MAX_AGE_READS reads per scrape)
 #   rpc latency         the send and pull BucketCounters, read through
 #                       RocketMQ 5's bucket bounds (BucketCounter.coarsened)
 #
@@ -340,13 +340,14 @@ class FamilySet:
         return fam
 
     def _labels(self, spec: C.Spec, labels: dict) -> list[str] | None:
-        fam = self._family(spec)
-        if spec.scope == C.MASTER and not self.master:
-            return None
+        """The label values of one sample, None when this node does not
+        export it (the family is made either way)."""
+        self._family(spec)
         extra = set(labels) - set(spec.labels)
         if extra:
             raise KeyError(f"{spec.name} has no label {sorted(extra)}")
-        del fam
+        if spec.scope == C.MASTER and not self.master:
+            return None
         return [str(labels[k]) if k in labels else str(self.common[k]) for k in spec.labels]
 
     def add(self, name: str, value, **labels) -> None:
