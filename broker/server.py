@@ -400,7 +400,8 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     # then the in-flight cap (SYSTEM_BUSY past serverMaxInFlightRequests).
     acl = AclService.load(cfg.acl_path, broker_policy(cfg.broker_name)) if cfg.acl_enable else None
     guard = GuardedDispatcher(dispatcher, checks=[acl.check] if acl is not None else [],
-                              limiter=InFlightLimiter(cfg.limits.max_in_flight))
+                              limiter=InFlightLimiter(cfg.limits.max_in_flight),
+                              run_checks=acl.check_run if acl is not None else None)
     # One registry of connected clients: heartbeats fill it, pulls read
     # their subscriptions from it, and a closed connection's clients leave
     # their groups at once (the rest of the group is notified).

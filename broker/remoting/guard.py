@@ -77,10 +77,17 @@ class InFlightLimiter:
 
 
 class GuardedDispatcher:
-    def __init__(self, inner, checks: Sequence[Check] = (), limiter: InFlightLimiter | None = None) -> None:
+    """`run_checks`, when given, says of a whole SendRun what `checks` say
+    of each of its sends -- [(frame index, refusal)], asked once per run
+    (the ACL's check_run: one array test for the usual run) -- and must
+    cover every check."""
+
+    def __init__(self, inner, checks: Sequence[Check] = (), limiter: InFlightLimiter | None = None,
+                 run_checks: Callable | None = None) -> None:
         self.inner = inner
         self.checks = tuple(checks)
         self.limiter = limiter
+        self.run_checks = run_checks
 
     def _refusal(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         """None when admitted (and counted), else the answer."""
@@ -145,10 +152,21 @@ class GuardedDispatcher:
         return singles, out
 
     def _admit_run(self, conn, run: SendRun, admitted: list, refused: list) -> None:
-        """A run of plain sends: with checks, each checked on its own and
-        the admitted ones kept together as runs (so signed sends still take
-        the native path); else what the limiter admits of it at once, the
-        rest refused one by one."""
+        """A run of plain sends: with checks, the refused ones answered
+        alone and the admitted ones kept together as runs (so signed sends
+        still take the native path) -- asked once per run when run_checks
+        is given, else send by send; then what the limiter admits of each
+        run at once, the rest refused one by one."""
+        if self.checks and self.run_checks is not None:
+            start = run.lo
+            for i, refusal in self.run_checks(conn, run):
+                if i > start:
+                    self._admit_whole(SendRun(run.scan, start, i), admitted, refused)
+                refused.append((run.send(i), refusal))
+                start = i + 1
+            if start < run.hi:
+                self._admit_whole(run if start == run.lo else SendRun(run.scan, start, run.hi), admitted, refused)
+            return
         if self.checks:
             start = run.lo
             for i in range(run.lo, run.hi):
@@ -162,6 +180,11 @@ class GuardedDispatcher:
             if start < run.hi:
                 admitted.append(run if start == run.lo else SendRun(run.scan, start, run.hi))
             return
+        self._admit_whole(run, admitted, refused)
+
+    def _admit_whole(self, run: SendRun, admitted: list, refused: list) -> None:
+        """What the limiter admits of a run whose checks passed, as a run;
+        the rest refused one by one."""
         k = len(run) if self.limiter is None else self.limiter.try_acquire_many(len(run))
         if k == len(run):
             admitted.append(run)

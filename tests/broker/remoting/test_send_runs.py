@@ -119,3 +119,32 @@ async def test_runs_through_a_capped_connection_and_a_limiter(nursery):
     busy = sorted(o for o, r in got.items() if r.code == ResponseCode.SYSTEM_BUSY)
     assert len(busy) >= 25 - 5 and all("[OVERLOAD]" in got[o].remark for o in busy)
     assert limiter.in_flight == 0 and limiter.rejected >= len(busy)
+
+
+def test_run_checks_keep_admitted_sends_as_runs_around_the_refused():
+    """GuardedDispatcher(run_checks=...): asked once per run, the refused
+    sends answered alone, the others admitted as runs (the native path's),
+    the limiter counting each run once; without run_checks each send is
+    checked on its own and the outcome is the same."""
+    [run] = items_of([v2(i) for i in range(8)])
+    asked: list = []
+
+    def deny_3_and_4(conn, one):  # the per-send check
+        return one.command().make_response(ResponseCode.NO_PERMISSION, "no") if one.opaque in (3, 4) else None
+
+    def run_checks(conn, r):
+        asked.append((r.lo, r.hi))
+        return [(i, r.send(i).command().make_response(ResponseCode.NO_PERMISSION, "no"))
+                for i in range(r.lo, r.hi) if r.send(i).opaque in (3, 4)]
+
+    for rc in (run_checks, None):
+        lim = InFlightLimiter(100)
+        guard = GuardedDispatcher(RequestDispatcher(), checks=[deny_3_and_4], limiter=lim, run_checks=rc)
+        admitted, refused = [], []
+        guard._admit_run(None, run, admitted, refused)
+        assert [[s.opaque for s in a.sends()] for a in admitted] == [[0, 1, 2], [5, 6, 7]]
+        assert all(type(a) is SendRun for a in admitted)
+        assert [(one.opaque, answer.code) for one, answer in refused] == [(3, ResponseCode.NO_PERMISSION),
+                                                                         (4, ResponseCode.NO_PERMISSION)]
+        assert lim.in_flight == 6
+    assert asked == [(run.lo, run.hi)]  # once, for the whole run
