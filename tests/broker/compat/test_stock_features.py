@@ -26,8 +26,10 @@ from broker.client import (
     open_pull_consumer,
     open_push_consumer,
 )
+from broker.client.errors import NoRouteError
 from tests.broker.client.feature_helpers import order_problems
 from tests.broker.compat.stock_client import run_script
+from tests.helpers.waiting import wait_until
 from tools.brokercluster import open_broker_cluster
 
 pytestmark = pytest.mark.slow
@@ -118,7 +120,13 @@ async def test_stock_broadcasting_consumers_each_get_everything(tmp_path, stock_
         async with open_producer("stock_bc_p", namesrv_addr=ns) as p, \
                 open_pull_consumer("stock_bc_route", namesrv_addr=ns) as pc:
             await p.send(Message(topic, b"probe-create"))  # the topic exists before anyone subscribes
-            queue_ids = {mq.queue_id for mq in await pc.fetch_queues(topic)}
+
+            async def route_queues():  # (auto-created on the master; the name server learns it a moment later)
+                try:
+                    return {mq.queue_id for mq in await pc.fetch_queues(topic)}
+                except NoRouteError:
+                    return None
+            queue_ids = await wait_until(route_queues, 20, f"the name server's route of {topic}")
 
             async def stock(name):
                 runs[name] = await run_stock("push.py", [ns, topic, n, "--group", group, "--broadcast",

@@ -36,10 +36,15 @@ class PopBed:
 
     async def send(self, topic: str, n: int, *, queue_id: int | None = None, tag: str | None = None,
                    prefix: str = "m") -> list:
-        """n messages (to one queue when queue_id is given); their SendResults."""
+        """n messages (to one queue when queue_id is given); their SendResults,
+        once the consume queues hold them (SEND_OK means committed; dispatch
+        follows a moment later, and a pop without a poll time would miss it)."""
         sel = None if queue_id is None else (lambda mqs, _m: next(q for q in mqs if q.queue_id == queue_id))
-        return [await self.producer.send(Message(topic, f"{prefix}{i}".encode(), tags=tag), selector=sel)
-                for i in range(n)]
+        results = [await self.producer.send(Message(topic, f"{prefix}{i}".encode(), tags=tag), selector=sel)
+                   for i in range(n)]
+        store = self.broker.store
+        await store.cq.dispatcher.dispatched.wait_for(store.replica.committed.value, timeout=10)
+        return results
 
     async def create_topic(self, topic: str, queues: int = 4) -> None:
         await self.broker.metadata.update_topic(TopicConfig(topic, queues, queues, 6))
