@@ -96,6 +96,7 @@ from commitlog.watermark import Watermark
 log = logging.getLogger("ledgermq.broker")
 
 UNREGISTER_TIMEOUT = 3.0
+TOPIC_ANNOUNCE_TIMEOUT = 2.0  # a send that auto-created its topic waits at most this for the name servers
 REGISTER_RETRY_FIRST = 0.5  # seconds before retrying a failed registration round, doubling ...
 REGISTER_RETRY_MAX = 4.0    # ... up to this (or the period, if shorter)
 
@@ -194,6 +195,7 @@ class Broker:
     last_results: dict = attrs.Factory(dict)
     _kick: trio.Event = attrs.Factory(trio.Event)
     _accepted_rounds: Watermark = attrs.Factory(Watermark)  # rounds every name server accepted
+    _registered_topics: Watermark = attrs.Factory(Watermark)  # topics data version of the last round sent
     registered: "trio.Event" = attrs.Factory(trio.Event)  # set after the first round
     metrics: BrokerMetrics | None = None
     metrics_server: object = None  # MetricsServer while metricsExporterType=PROM
@@ -263,9 +265,25 @@ class Broker:
         """Re-register now (role or topics changed)."""
         self._kick.set()
 
+    async def topics_announced(self, timeout: float = TOPIC_ANNOUNCE_TIMEOUT) -> None:
+        """Until a registration round carrying the topics as they are now
+        went to every name server (at most `timeout`).  A send that
+        auto-created its topic answers after this, as RocketMQ's
+        createTopicInSendMessageMethod registers before it answers: a
+        client routing to the topic right after SEND_OK finds it."""
+        if self.namesrv is None:
+            return
+        want = self.metadata.state.topics.data_version.counter
+        if self._registered_topics.value >= want:
+            return
+        self.kick()
+        with trio.move_on_after(timeout):
+            await self._registered_topics.wait_for(want)
+
     async def register_once(self) -> dict:
         reg = self.registration()
         results = await self.namesrv.register_broker(reg)
+        self._registered_topics.advance(reg.data_version.counter)
         self.last_results, self.last_registered_id = results, reg.broker_id
         self.registrations += 1
         for addr, result in results.items():
@@ -437,6 +455,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         processors.forwarder.client = RemotingClient(nursery, tls=cfg.client_tls)
         broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
                         NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
+        processors.send.topics_announced = broker.topics_announced
         processors.register(dispatcher)
         forget.append(processors.pull.forget)
         processors.pull.holds.pacer = server.pacer  # held pulls' answers share the requests' rounds

@@ -35,6 +35,8 @@ ALLOWED = {
         "the drain is time itself: the stock C++ client asks for routes every 30 s, no event says it did",
     ("tests/broker/compat/test_stock_features.py", "test_stock_orderly_consumer_across_a_master_kill"):
         "puts the kill at an arbitrary point of the stock client's lock-renewal and commit timers",
+    ("tests/broker/test_server.py", "slow_register"):
+        "a stand-in name server registration that is slow on purpose: the send must wait for it",
     ("tests/broker/remoting/test_server.py", "slow_commit"):
         "a stand-in processor that is slow on purpose (the lead's send-path files)",
     ("tests/broker/remoting/test_send_runs.py", "finish"):

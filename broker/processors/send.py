@@ -252,6 +252,9 @@ class SendProcessor:
     native_sends: send_native.NativeSends = attrs.Factory(lambda: send_native.NativeSends(_topic_ok))
     # Hands on or holds what this node cannot store (forward.py); None: refuse at once.
     forwarder: WriteForwarder | None = None
+    # Waits until the name servers were told of a topic just auto-created (the broker's
+    # registration, wired by the composition root); None: nobody to tell.
+    topics_announced: typing.Callable[[], typing.Awaitable[None]] | None = None
 
     @property
     def cfg(self) -> BrokerConfig:
@@ -337,6 +340,8 @@ class SendProcessor:
             log.info("auto-creating topic %s with %d queues for producer group %s", header.topic, n,
                      header.producer_group)
             await self.metadata.update_topic(TopicConfig(header.topic, n, n))
+            if self.topics_announced is not None:  # routable before the first SEND_OK, as in RocketMQ
+                await self.topics_announced()
             cfg = self.metadata.topic_config(header.topic)
             if cfg is None:  # deleted again meanwhile
                 raise SendError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{header.topic}] not exist, apply first please!")

@@ -350,3 +350,34 @@ async def test_registration_dropped_on_connection_close_is_renewed_before_the_ne
                     await trio.sleep(0.05)
             assert broker.registrations == rounds + 1  # one renewal, no spinning
         nursery.cancel_scope.cancel()
+
+
+async def test_a_send_that_creates_its_topic_answers_once_the_name_server_routes_it(tmp_path):
+    """RocketMQ registers an auto-created topic with the name servers before
+    the send that created it is answered (createTopicInSendMessageMethod), so
+    a client may route to it right after SEND_OK: a route asked at once is
+    there (registerNameServerPeriod is 30 s: nothing else would have told
+    the name server in time)."""
+    ns_port, cfg = solo_broker_config(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_namesrv, NamesrvConfig(listen_port=ns_port, bind_address="127.0.0.1"))
+        broker = await nursery.start(lambda task_status: serve_broker(
+            cfg, bind_host="127.0.0.1", task_status=task_status))
+        await broker.gate.wait_writable(timeout=10)
+        async with open_remoting_client() as rc:
+            ns = NamesrvClient(rc, f"127.0.0.1:{ns_port}")
+            await wait_until(lambda: broker.registered.is_set(), 10, "the first registration")
+            register = broker.namesrv.register_broker
+
+            async def slow_register(reg):  # a name server a moment away: the send must wait for it
+                await trio.sleep(0.3)
+                return await register(reg)
+            broker.namesrv.register_broker = slow_register
+            for topic in ("FreshA", "FreshB"):
+                request = send_request(1)
+                request.ext_fields["b"] = topic
+                resp = await rc.invoke(broker.broker_addr, request, 5)
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+                route = await ns.get_route(topic)
+                assert route is not None and route.queue_datas, topic
+        nursery.cancel_scope.cancel()
