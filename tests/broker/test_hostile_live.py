@@ -26,6 +26,7 @@ from broker.remoting.codec import NEED_DATA, CommandDecoder, encode_command
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from tests.broker.remoting.test_containment import deep_json_frame
+from tests.helpers.waiting import wait_until
 from tools.brokercluster import open_broker_cluster
 from tools.chaos.soak import proc_stats
 from tools.localcluster import free_ports
@@ -242,9 +243,13 @@ async def test_long_poll_flood_causes_no_election_and_others_are_served(tmp_path
         admin = MQAdmin(cluster.remoting, cluster.namesrv_addr)
         await admin.create_topic(addr, TOPIC, 4, 4, 6, False)
         await admin.create_topic(addr, FLOOD_TOPIC, 4, 4, 6, False)
-        before = {n: await admin.dledger_status(cluster.addr(n)) for n in cluster.brokers}
+
+        async def agreed():  # every member knows the leader (a follower learns it from its first push)
+            st = {n: await admin.dledger_status(cluster.addr(n)) for n in cluster.brokers}
+            views = {(s["term"], s["leader"]) for s in st.values()}
+            return st if len(views) == 1 and st[master]["leader"] is not None else None
+        before = await wait_until(agreed, 20, "every member agreeing on the term and the leader")
         term, leader = before[master]["term"], before[master]["leader"]
-        assert all((st["term"], st["leader"]) == (term, leader) for st in before.values()), before
 
         answers: dict[int, int] = {}
         answered = Count()
