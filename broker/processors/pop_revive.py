@@ -81,17 +81,10 @@ class PopReviveService:
             try:
                 async with trio.open_nursery() as nursery:
                     self.active = True
-                    nursery.start_soon(self._watch_role, nursery.cancel_scope, term)
+                    nursery.start_soon(gate.cancel_when_deposed, nursery.cancel_scope, term)
                     nursery.start_soon(self._serve)
             finally:
                 self.active = False
-
-    async def _watch_role(self, scope: trio.CancelScope, term: int) -> None:
-        gate = self.bs.gate
-        seen = gate.generation.value
-        while gate.writable and gate.term == term:
-            seen = await gate.generation.wait_changed(seen)
-        scope.cancel()
 
     async def _serve(self) -> None:
         while True:

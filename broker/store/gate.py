@@ -162,6 +162,16 @@ class RoleGate:
             while not self._writable:
                 await self._opened.wait()
 
+    async def cancel_when_deposed(self, scope: trio.CancelScope, term: int) -> None:
+        """Cancel `scope` the moment this node stops being the writable
+        leader of `term` (the generation moves): how a leader-only service
+        (delay levels, timers, transaction checks, POP revive) stops its
+        term's work."""
+        seen = self.generation.value
+        while self.writable and self.term == term:
+            seen = await self.generation.wait_changed(seen)
+        scope.cancel()
+
     # --- role changes (called synchronously by the replica's driver) -----------
 
     def on_role_change(self, ss: SoftState) -> None:

@@ -142,19 +142,12 @@ class ScheduleService:
             try:
                 async with trio.open_nursery() as nursery:
                     self.active = True
-                    nursery.start_soon(self._watch_role, nursery.cancel_scope, term)
+                    nursery.start_soon(gate.cancel_when_deposed, nursery.cancel_scope, term)
                     for level in range(1, len(self.levels_ms) + 1):
                         nursery.start_soon(self._serve_level, level)
             finally:
                 self.active = False
             log.info("%s: stopped delivering delayed messages (term %d over)", self.cfg.self_id, term)
-
-    async def _watch_role(self, scope: trio.CancelScope, term: int) -> None:
-        gate = self.bs.gate
-        seen = gate.generation.value
-        while gate.writable and gate.term == term:
-            seen = await gate.generation.wait_changed(seen)
-        scope.cancel()
 
     # --- one level --------------------------------------------------------------
 

@@ -337,7 +337,7 @@ class TimerService:
             try:
                 async with trio.open_nursery() as nursery:
                     self.active = True
-                    nursery.start_soon(self._watch_role, nursery.cancel_scope, term)
+                    nursery.start_soon(gate.cancel_when_deposed, nursery.cancel_scope, term)
                     nursery.start_soon(self._serve)
             finally:
                 self.active = False
@@ -345,13 +345,6 @@ class TimerService:
                 self.index.clear()
                 self.scanned = Watermark(-1)
             log.info("%s: stopped delivering timer messages (term %d over)", self.cfg.self_id, term)
-
-    async def _watch_role(self, scope: trio.CancelScope, term: int) -> None:
-        gate = self.bs.gate
-        seen = gate.generation.value
-        while gate.writable and gate.term == term:
-            seen = await gate.generation.wait_changed(seen)
-        scope.cancel()
 
     def _queue(self):
         return self.bs.cq.engine.cqs.get(TIMER_TOPIC, TIMER_QUEUE)
