@@ -13,9 +13,17 @@
 #   serve_remoting(..., on_close=manager.on_connection_closed)
 # Without run() the registry still works (reads skip expired clients and
 # closed connections) but notifications wait in the queue until it runs.
+#
+# Notifications have a budget.  At most notify_budget (connection, group)
+# notifications wait, a pair already waiting is not queued twice (one push
+# says "look again"), and at most notify_in_flight are being sent.  Past the
+# budget a notification is dropped: counted (notifications_dropped), logged
+# at most once per DROP_LOG_INTERVAL_MS, never waited for -- a heartbeat
+# must not stall behind a flood of clients joining a group.  Dropping is
+# safe: a RocketMQ client rebalances every 20 s whether told or not (and
+# RocketMQ itself drops a oneway it has no permit for).
 import enum
 import logging
-import math
 import time
 import typing
 
@@ -34,6 +42,9 @@ log = logging.getLogger("ledgermq.clients")
 CHANNEL_EXPIRED_MS = 120_000  # ConsumerManager/ProducerManager channelExpiredTimeout
 SCAN_INTERVAL_S = 10.0  # ClientHousekeepingService period
 NOTIFY_TIMEOUT_S = 3.0
+NOTIFY_QUEUE_MAX = 10_000  # notifications waiting to be sent
+NOTIFY_IN_FLIGHT = 64  # notifications being sent at once
+DROP_LOG_INTERVAL_MS = 10_000  # at most one "dropped" log line per interval
 
 
 E = typing.TypeVar("E", bound=enum.Enum)
@@ -129,12 +140,18 @@ class ClientManager:
     # client's id (no secret) adds a channel and never replaces that
     # client's own (its transaction check-backs).
     producers: dict[str, dict[object, ClientChannel]] = attrs.Factory(dict)
+    notify_budget: int = NOTIFY_QUEUE_MAX
+    notify_in_flight: int = NOTIFY_IN_FLIGHT
     notifications_sent: int = 0
+    notifications_dropped: int = 0
+    _dropped_logged_ms: float = attrs.field(default=-DROP_LOG_INTERVAL_MS, init=False)
+    _dropped_since_log: int = attrs.field(default=0, init=False)
+    _pending: set = attrs.field(factory=set, init=False)  # (connection, group) queued, not yet being sent
     _send: trio.MemorySendChannel = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel = attrs.field(init=False)
 
     def __attrs_post_init__(self):
-        self._send, self._recv = trio.open_memory_channel(math.inf)
+        self._send, self._recv = trio.open_memory_channel(self.notify_budget)
 
     # --- reads -------------------------------------------------------------------
 
@@ -277,8 +294,23 @@ class ClientManager:
             return
         now = self.clock_ms()
         for cid, ch in info.channels.items():
-            if cid != exclude and self._alive(ch, now):
-                self._send.send_nowait((ch.conn, group))
+            key = (ch.conn, group)
+            if cid == exclude or not self._alive(ch, now) or key in self._pending:
+                continue
+            try:
+                self._send.send_nowait(key)
+            except trio.WouldBlock:
+                self._drop(group, now)
+            else:
+                self._pending.add(key)
+
+    def _drop(self, group: str, now: int) -> None:
+        self.notifications_dropped += 1
+        self._dropped_since_log += 1
+        if now - self._dropped_logged_ms >= DROP_LOG_INTERVAL_MS:
+            log.warning("NOTIFY_CONSUMER_IDS_CHANGED queue full (%d waiting): dropped %d notification(s), "
+                        "latest for group %s", self.notify_budget, self._dropped_since_log, group)
+            self._dropped_logged_ms, self._dropped_since_log = now, 0
 
     async def _deliver(self, conn, group: str) -> None:
         cmd = RemotingCommand.create_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
@@ -289,15 +321,26 @@ class ClientManager:
             log.debug("NOTIFY_CONSUMER_IDS_CHANGED to %r failed: %s", conn, e)
 
     async def run(self, *, scan_interval: float = SCAN_INTERVAL_S, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Deliver notifications (each in its own task: a slow client delays
-        nobody) and run the expiry scan every scan_interval seconds."""
+        """Deliver notifications (each in its own task, at most
+        notify_in_flight at once: a slow client delays nobody else) and run
+        the expiry scan every scan_interval seconds."""
         async def scanner():
             while True:
                 await trio.sleep(scan_interval)  # a timer, not a poll
                 self.scan_expired()
 
+        slots = trio.Semaphore(self.notify_in_flight)
+
+        async def deliver(conn, group):
+            try:
+                await self._deliver(conn, group)
+            finally:
+                slots.release()
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scanner)
             task_status.started(self)
             async for conn, group in self._recv:
-                nursery.start_soon(self._deliver, conn, group)
+                await slots.acquire()  # while every slot is busy the queue fills up to its budget
+                self._pending.discard((conn, group))
+                nursery.start_soon(deliver, conn, group)

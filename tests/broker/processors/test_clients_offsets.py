@@ -225,6 +225,7 @@ async def test_heartbeat_consumer_list_unregister_and_notify():
         # Another connection naming its client id unregisters nothing
         # (client ids are no secret; RocketMQ keys clients by channel).
         await p(c3, heartbeat("ip@3"))
+        await trio.testing.wait_all_tasks_blocked()  # (else its join and leave are one waiting push)
         for group in ({"consumerGroup": "cg"}, {"producerGroup": "pg"}):
             await p(c2, req(RequestCode.UNREGISTER_CLIENT, {"clientID": "ip@3", **group}))
             await p(c3, req(RequestCode.UNREGISTER_CLIENT, {"clientID": "ip@1", **group}))
@@ -364,3 +365,54 @@ async def test_check_client_config_without_a_subscription_and_with_bad_json():
         == ResponseCode.SUCCESS
     bad = await p(None, req(RequestCode.CHECK_CLIENT_CONFIG, {}, b"{not json"))
     assert bad.code == ResponseCode.SYSTEM_ERROR and "CheckClientRequestBody" in bad.remark
+
+
+async def test_a_flood_of_joining_clients_stays_within_the_notify_budget(caplog):
+    """NOTIFY_CONSUMER_IDS_CHANGED has a budget: while every send slot is
+    busy (the clients do not read), at most notify_budget notifications
+    wait, a (connection, group) already waiting is not queued twice, the
+    rest are dropped, counted and logged once; heartbeats never wait.  Once
+    the clients read again, what waited is delivered and new changes flow."""
+    budget, in_flight, n = 4, 2, 30
+    mgr = ClientManager(notify_budget=budget, notify_in_flight=in_flight)
+    release = trio.Event()
+    sending = [0, 0]  # now, most at once
+
+    class StuckConn(FakeConn):
+        async def send_request_oneway(self, cmd, timeout=None):
+            sending[0] += 1
+            sending[1] = max(sending)
+            try:
+                await release.wait()
+                await super().send_request_oneway(cmd, timeout)
+            finally:
+                sending[0] -= 1
+
+    conns = [StuckConn(f"c{i}") for i in range(n)]
+    with trio.fail_after(10), caplog.at_level("WARNING", logger="ledgermq.clients"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mgr.run)
+            for i, c in enumerate(conns):  # each join notifies every earlier member
+                mgr.heartbeat(c, heartbeat(f"ip@{i}"), json.loads(heartbeat(f"ip@{i}").body))
+                await trio.testing.wait_all_tasks_blocked()
+            assert sending == [in_flight, in_flight]
+            # in flight, taken by the reader (waiting for a slot), waiting in the queue
+            assert len(mgr._pending) <= budget + 1
+            # n*(n-1)/2 joins were told about; everything past the budget was dropped
+            assert mgr.notifications_dropped > 0
+            assert [r.levelname for r in caplog.records].count("WARNING") == 1
+            assert "dropped" in caplog.records[0].getMessage()
+            assert sorted(mgr.consumer_ids("cg")) == sorted(f"ip@{i}" for i in range(n))
+            release.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert sending[1] == in_flight and not mgr._pending
+            delivered = mgr.notifications_sent
+            assert 0 < delivered <= in_flight + 1 + budget
+            # drained: the next change is told
+            x, y = FakeConn("x"), FakeConn("y")
+            for c in (x, y):
+                hb = heartbeat(c.remote_address, group="other")
+                mgr.heartbeat(c, hb, json.loads(hb.body))
+            await trio.testing.wait_all_tasks_blocked()
+            assert mgr.notifications_sent == delivered + 1 and len(x.sent) == 1
+            nursery.cancel_scope.cancel()
