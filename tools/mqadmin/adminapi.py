@@ -457,6 +457,10 @@ class MQAdmin:
 
     async def find_at_queue_offset(self, topic: str, broker_name: str, queue_id: int, offset: int) -> dict:
         """The message at a queue offset, read from any member of the group."""
+        return message_json(await self.record_at(topic, broker_name, queue_id, offset))
+
+    async def record_at(self, topic: str, broker_name: str, queue_id: int, offset: int) -> M.MessageRecord:
+        """The stored record at a queue offset, read from any member of the group."""
         await self.route(topic)
         addrs = await self.group_addrs(broker_name)
         records = []
@@ -468,4 +472,33 @@ class MQAdmin:
                 continue
         if not records or records[0].queue_offset != offset:
             raise NotFoundError(f"no message at {topic}/{broker_name}/{queue_id} offset {offset}")
-        return message_json(records[0])
+        return records[0]
+
+    async def messages_in_range(self, topic: str, begin: int | None = None, end: int | None = None,
+                                limit: int = 256, batch: int = 32) -> tuple[list[dict], bool]:
+        """(message_json of each message of `topic` stored in [begin, end)
+        (epoch ms; None: open), each with its brokerName, queue by queue;
+        whether `limit` cut the list short).  SEARCH_OFFSET_BY_TIMESTAMP
+        bounds each queue, pulls (as TOOLS_CONSUMER, nothing committed) read it."""
+        route = await self.route(topic)
+        readers = await self.topic_masters(topic)
+        out: list[dict] = []
+        for q in sorted(route.queue_datas, key=lambda q: q.broker_name):
+            addr = readers.get(q.broker_name)
+            for qid in range(q.read_queue_nums if addr else 0):
+                lo = await self.offset_by_time(addr, topic, qid, begin) if begin is not None else 0
+                hi = await self.offset_by_time(addr, topic, qid, end) if end is not None else None
+                offset = max(lo, 0)
+                while True:
+                    nxt, _qmin, qmax, records = await self.pull(addr, TOOLS_GROUP, topic, qid, offset, batch)
+                    stop = qmax if hi is None else min(hi, qmax)
+                    for r in records:
+                        if r.queue_offset >= stop:
+                            break
+                        if len(out) >= limit:
+                            return out, True
+                        out.append({**message_json(r), "brokerName": q.broker_name})
+                    if not records or nxt >= stop or nxt <= offset:
+                        break
+                    offset = nxt
+        return out, False
