@@ -147,10 +147,15 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
     # client registry; the processor asks the service which halves are resolved.
     # With ACL, a check-back goes only to a producer whose account may see
     # the half (any account can name any producer group in a heartbeat).
-    transactions = TransactionService(bs, config.current, check_back=None)
+    # The two name each other: the service is given check_back at
+    # construction, which calls the processor built on the next line (it
+    # runs only once the services are started).
+    async def check_back(group: str, half) -> bool:
+        return await end_transaction.check_back(group, half)
+
+    transactions = TransactionService(bs, config.current, check_back=check_back)
     end_transaction = EndTransactionProcessor(send, transactions, clients,
                                               acl.may_check_back if acl is not None else None)
-    transactions.check_back = end_transaction.check_back
     timer = TimerService(bs, config.current)
     # POP: the revive service hooks itself to the processor (new checkpoints wake it).
     pop = PopProcessor(config, bs)
@@ -419,7 +424,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     acl = AclService.load(cfg.acl_path, broker_policy(cfg.broker_name)) if cfg.acl_enable else None
     guard = GuardedDispatcher(dispatcher, checks=[acl.check] if acl is not None else [],
                               limiter=InFlightLimiter(cfg.limits.max_in_flight),
-                              run_checks=acl.check_run if acl is not None else None)
+                              item_checks=acl.check_item if acl is not None else None)
     # One registry of connected clients: heartbeats fill it, pulls read
     # their subscriptions from it, and a closed connection's clients leave
     # their groups at once (the rest of the group is notified).
