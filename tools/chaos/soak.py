@@ -8,14 +8,15 @@
 # descriptors of every broker and name server process (from /proc).  It
 # writes DIR/soak.json (samples, faults, verdict) and DIR/soak.png
 # (matplotlib: throughput, latency and RSS over time with every fault
-# marked), prints the checker's summary with peak RSS and descriptors per
-# node, and exits 0 only when the verdict is clean and the heap (anonymous
+# marked; optional: without it one line says the chart was skipped, and
+# neither the verdict nor the exit status depends on it), prints the
+# checker's summary with peak RSS and descriptors per node, and exits 0
+# only when the verdict is clean and the heap (anonymous
 # RSS) and the descriptors other than store files stayed bounded (the last
 # fifth of the run may not exceed the first fifth's peak by more than
 # GROWTH_LIMIT).  Total RSS also counts mapped store pages, and the store
 # keeps a descriptor per segment and index file: both grow with the data
 # kept (until retention deletes it) and are reported, not judged.
-import argparse
 import json
 import os
 import random
@@ -23,9 +24,11 @@ import sys
 import tempfile
 
 import attrs
+import click
 import trio
 
 from tools.chaos.run import RunOptions, default_kinds, run_chaos
+from tools.cli import CONTEXT, run
 
 GROWTH_LIMIT = 1.5   # RSS/fds at the end vs the early peak (after warm-up)
 
@@ -153,39 +156,54 @@ def chart(path: str, samples: list[Sample], faults, t0: float) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.chaos.soak", description="ledgermq soak under the nemesis")
-    ap.add_argument("--minutes", type=float, required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--nodes", type=int, default=3, choices=(3, 5))
-    ap.add_argument("--interval", type=float, default=5.0)
-    ap.add_argument("--stock-python", default=os.environ.get("LEDGERMQ_COMPAT_PYTHON"))
-    ap.add_argument("--out", default=None, help="where soak.json, soak.png and the stores go")
-    args = ap.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
-    out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="ledgermq-soak-"))
+@click.command(context_settings=CONTEXT)
+@click.option("--minutes", type=float, required=True, help="how long the nemesis runs")
+@click.option("--seed", type=int, default=None, help="the nemesis's seed (default: a random one, printed)")
+@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="members of the group")
+@click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between samples")
+@click.option("--stock-python", envvar="LEDGERMQ_COMPAT_PYTHON", show_envvar=True,
+              help="the compat venv's python: the stock C++ client sends too")
+@click.option("--out", default=None, help="where soak.json, soak.png and the stores go")
+def command(minutes: float, seed: int | None, nodes: str, interval: float, stock_python: str | None,
+            out: str | None) -> int:
+    """ledgermq soak under the nemesis."""
+    seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 32)
+    out = os.path.abspath(out or tempfile.mkdtemp(prefix="ledgermq-soak-"))
     os.makedirs(out, exist_ok=True)
     kinds = default_kinds()
-    print(f"soak: seed {seed}, {args.minutes} min, {args.nodes} nodes, kinds {','.join(kinds)}, out {out}",
-          flush=True)
+    print(f"soak: seed {seed}, {minutes} min, {nodes} nodes, kinds {','.join(kinds)}, out {out}", flush=True)
     samples: list[Sample] = []
-    opts = RunOptions(os.path.join(out, "cluster"), seed, None, args.minutes * 60, args.nodes, kinds,
-                      args.stock_python)
+    opts = RunOptions(os.path.join(out, "cluster"), seed, None, minutes * 60, int(nodes), kinds, stock_python)
     verdict, history, nemesis = trio.run(lambda: run_chaos(
-        opts, sampler=make_sampler(samples, args.interval),
+        opts, sampler=make_sampler(samples, interval),
         on_cycle=lambda n, f: print(f"  cycle {n}: {f.what}", flush=True)))
+    return report(out, seed, minutes, verdict, samples, nemesis.faults, history.t0)
+
+
+def report(out: str, seed: int, minutes: float, verdict, samples: list[Sample], faults, t0: float) -> int:
+    """Write soak.json and soak.png, print the summary, and return the exit
+    status: 0 only when the verdict is clean and nothing grew unbounded.
+    The chart is optional: without matplotlib (or if drawing fails) one
+    line says it was skipped and the verdict stands."""
     growth = bounded(samples, "anon") + bounded(samples, "other_fds")
     peak_rss = {n: max(s.rss.get(n, 0) for s in samples) for s in samples for n in s.rss}
     peak_fds = {n: max(s.fds.get(n, 0) for s in samples) for s in samples for n in s.fds}
     peak_anon = {n: max(s.anon.get(n, 0) for s in samples) for s in samples for n in s.anon}
     peak_other = {n: max(s.other_fds.get(n, 0) for s in samples) for s in samples for n in s.fds}
     with open(os.path.join(out, "soak.json"), "w") as f:
-        json.dump({"seed": seed, "minutes": args.minutes, "verdict": verdict.as_dict(),
+        json.dump({"seed": seed, "minutes": minutes, "verdict": verdict.as_dict(),
                    "peak_rss": peak_rss, "peak_anon": peak_anon, "peak_fds": peak_fds,
                    "peak_fds_not_store": peak_other, "growth": growth,
-                   "faults": [attrs.asdict(x) for x in nemesis.faults],
+                   "faults": [attrs.asdict(x) for x in faults],
                    "samples": [attrs.asdict(s) for s in samples]}, f, default=str)
-    chart(os.path.join(out, "soak.png"), samples, nemesis.faults, history.t0)
+    written = [f"{out}/soak.json"]
+    try:
+        chart(os.path.join(out, "soak.png"), samples, faults, t0)
+        written.append(f"{out}/soak.png")
+    except ImportError:
+        print("chart skipped: matplotlib is not installed (pip install 'ledgermq[bench]')")
+    except Exception as exc:  # noqa: BLE001 - a drawing bug must not cost the run its verdict
+        print(f"chart skipped: drawing it failed: {type(exc).__name__}: {exc}")
     print(verdict.summary())
     print("peak RSS MiB: " + ", ".join(f"{n} {v / 2 ** 20:.0f}" for n, v in sorted(peak_rss.items())))
     print("peak anonymous RSS (heap) MiB: " + ", ".join(f"{n} {v / 2 ** 20:.0f}" for n, v in sorted(peak_anon.items())))
@@ -193,8 +211,13 @@ def main(argv=None) -> int:
     print("peak open fds other than store files: " + ", ".join(f"{n} {v}" for n, v in sorted(peak_other.items())))
     for g in growth:
         print(f"PROBLEM: unbounded: {g}")
-    print(f"wrote {out}/soak.json and {out}/soak.png")
+    print(f"wrote {' and '.join(written)}")
     return 0 if verdict.ok and not growth else 1
+
+
+def main(argv=None) -> int:
+    return run(command, argv, "python -m tools.chaos.soak")
+
 
 if __name__ == "__main__":
     sys.exit(main())
