@@ -31,12 +31,13 @@
 # The store-recovery fuzzer (random corruption of segment, index,
 # checkpoint and consume queue files) lives in tests/commitlog, beside the
 # store it builds; live ports are fuzzed by tests/tools/chaos.
-import argparse
 import random
 import sys
 import time
+import types
 
 import attrs
+import click
 
 from broker.remoting.codec import CommandDecoder, encode_command
 from broker.remoting.codes import RequestCode
@@ -49,6 +50,7 @@ from commitlog.transport.errors import FrameError, HandshakeError
 from commitlog.transport.framing import CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello, decode_hello, encode_frame
 from consumequeue import record as M
 from tools.chaos.hostile import mutate, peer_seeds, remoting_seeds
+from tools.cli import CONTEXT, run
 
 
 class FuzzFailure(AssertionError):
@@ -243,26 +245,36 @@ def run_atheris(target: str, seconds: float, seed: int) -> None:
     atheris.Fuzz()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.chaos.fuzz", description="fuzz ledgermq's decoders")
-    ap.add_argument("--target", default=",".join(TARGETS))
-    ap.add_argument("--seconds", type=float, default=None, help="per target (default 30 unless --inputs)")
-    ap.add_argument("--inputs", type=int, default=None, help="per target")
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--atheris", metavar="TARGET", default=None, help="coverage-guided run of one target")
-    live = ap.add_argument_group("live group (tools/chaos/livefuzz.py)")
-    live.add_argument("--minutes", type=float, default=None, help="fuzz a live group for this long")
-    live.add_argument("--live", action="store_true", help="fuzz a live group (--seconds / --frames bound it)")
-    live.add_argument("--frames", type=int, default=None, help="live: frames per port")
-    live.add_argument("--attach", metavar="NAMESRV", default=None, help="live: a running group, found here")
-    live.add_argument("--broker-name", default=None, help="live, --attach: which group (default: the first)")
-    live.add_argument("--dir", default=None, help="live: where the started group lives (default: a temp dir)")
-    live.add_argument("--rss-limit-mib", type=int, default=256, help="live: RSS bound per process")
-    live.add_argument("--insecure-peers", action="store_true",
-                      help="live: no peer secret, Raft messages reach the core (forged traffic is possible "
-                           "by design there)")
-    live.add_argument("--json", action="store_true", help="live: the report as JSON")
-    args = ap.parse_args(argv)
+def _targets(ctx, param, value: str) -> str:
+    unknown = [t for t in value.split(",") if t not in TARGETS]
+    if unknown:
+        raise click.BadParameter(f"unknown target {','.join(unknown)} (known: {','.join(TARGETS)})")
+    return value
+
+
+# The live run's options (tools/chaos/livefuzz.py reads them by these names).
+@click.command(context_settings=CONTEXT)
+@click.option("--target", default=",".join(TARGETS), show_default=True, callback=_targets,
+              help="comma-separated decoders to fuzz")
+@click.option("--seconds", type=float, default=None, help="per target (default 30 unless --inputs)")
+@click.option("--inputs", type=int, default=None, help="per target")
+@click.option("--seed", type=int, default=None, help="the inputs' seed (default: a random one, printed)")
+@click.option("--atheris", metavar="TARGET", type=click.Choice(list(TARGETS)), default=None,
+              help="coverage-guided run of one target")
+@click.option("--minutes", type=float, default=None, help="fuzz a live group for this long")
+@click.option("--live", is_flag=True, help="fuzz a live group (--seconds / --frames bound it)")
+@click.option("--frames", type=int, default=None, help="live: frames per port")
+@click.option("--attach", metavar="NAMESRV", default=None, help="live: a running group, found here")
+@click.option("--broker-name", default=None, help="live, --attach: which group (default: the first)")
+@click.option("--dir", default=None, help="live: where the started group lives (default: a temp dir)")
+@click.option("--rss-limit-mib", type=int, default=256, show_default=True, help="live: RSS bound per process")
+@click.option("--insecure-peers", is_flag=True,
+              help="live: no peer secret, Raft messages reach the core (forged traffic is possible by design there)")
+@click.option("--json", is_flag=True, help="live: the report as JSON")
+def command(**kw) -> int:
+    """Fuzz ledgermq's decoders (--minutes, --live, --attach or --frames: a
+    live group, tools/chaos/livefuzz.py)."""
+    args = types.SimpleNamespace(**kw)
     if args.live or args.minutes is not None or args.attach or args.frames is not None:
         from tools.chaos.livefuzz import run_live
         return run_live(args)
@@ -283,6 +295,10 @@ def main(argv=None) -> int:
         print(f"{target}: {r.inputs:,} inputs in {r.seconds} s ({r.accepted:,} decoded, {r.rejected:,} refused "
               f"with the decoder's error), no crash")
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    return run(command, argv, "python -m tools.chaos.fuzz")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@
 # offline.  It prints one summary and exits 0 only on a clean verdict; the
 # seed is printed first and with every failure, and replays the run's
 # choices.
-import argparse
 import json
 import os
 import random
@@ -18,6 +17,7 @@ import sys
 import tempfile
 
 import attrs
+import click
 import trio
 
 from broker.remoting.client import open_remoting_client
@@ -26,6 +26,7 @@ from tools.chaos.cluster import ChaosCluster, faketime_library
 from tools.chaos.nemesis import KINDS, Nemesis
 from tools.chaos.relay import RelayMesh
 from tools.chaos.workload import QUEUES, TOPIC, History, Workload, new_admin
+from tools.cli import CONTEXT, run
 from tools.mqadmin.adminapi import AdminError
 
 # Small segments so a run crosses several files; 1 s election timeouts stay the defaults.
@@ -158,34 +159,47 @@ async def wait_consumers(workload: Workload, history: History, timeout: float) -
             stop.set()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.chaos.run", description="ledgermq nemesis run")
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--cycles", type=int, default=10)
-    ap.add_argument("--seconds", type=float, default=None, help="run the nemesis this long instead of --cycles")
-    ap.add_argument("--nodes", type=int, default=3, choices=(3, 5))
-    ap.add_argument("--kinds", default=None, help=f"comma-separated subset of {','.join(KINDS)}")
-    ap.add_argument("--stock-python", default=os.environ.get("LEDGERMQ_COMPAT_PYTHON"),
-                    help="python of a venv with rocketmq==0.4.4: adds the stock C++ producer")
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
-    kinds = tuple(args.kinds.split(",")) if args.kinds else default_kinds()
-    root = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="ledgermq-chaos-"))
-    print(f"seed {seed}  nodes {args.nodes}  kinds {','.join(kinds)}  dir {root}", flush=True)
-    opts = RunOptions(root, seed, None if args.seconds else args.cycles, args.seconds, args.nodes, kinds,
-                      args.stock_python)
+def _kinds(ctx, param, value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    kinds = tuple(k for k in value.split(",") if k)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise click.BadParameter(f"unknown kind {','.join(unknown) or repr(value)} (known: {','.join(KINDS)})")
+    return kinds
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--seed", type=int, default=None, help="the nemesis's seed (default: a random one, printed)")
+@click.option("--cycles", type=int, default=10, show_default=True, help="fault cycles to run")
+@click.option("--seconds", type=float, default=None, help="run the nemesis this long instead of --cycles")
+@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True, help="members of the group")
+@click.option("--kinds", default=None, callback=_kinds, help=f"comma-separated subset of {','.join(KINDS)}")
+@click.option("--stock-python", envvar="LEDGERMQ_COMPAT_PYTHON", show_envvar=True,
+              help="python of a venv with rocketmq==0.4.4: adds the stock C++ producer")
+@click.option("--dir", "root", default=None, help="where the group's stores go (default: a temporary directory)")
+@click.option("--json", "as_json", is_flag=True, help="also print the verdict as one JSON object")
+def command(seed: int | None, cycles: int, seconds: float | None, nodes: str, kinds: tuple[str, ...] | None,
+            stock_python: str | None, root: str | None, as_json: bool) -> int:
+    """ledgermq nemesis run."""
+    seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 32)
+    kinds = kinds or default_kinds()
+    root = os.path.abspath(root or tempfile.mkdtemp(prefix="ledgermq-chaos-"))
+    print(f"seed {seed}  nodes {nodes}  kinds {','.join(kinds)}  dir {root}", flush=True)
+    opts = RunOptions(root, seed, None if seconds else cycles, seconds, int(nodes), kinds, stock_python)
     verdict, _history, nemesis = trio.run(
         lambda: run_chaos(opts, on_cycle=lambda n, f: print(f"  cycle {n}: {f.what}", flush=True)))
-    if args.json:
+    if as_json:
         print(json.dumps(verdict.as_dict(), default=str))
     print(verdict.summary())
     if not verdict.ok:
-        print(f"replay with: python -m tools.chaos.run --seed {seed} --nodes {args.nodes} "
-              f"--kinds {','.join(kinds)} " + (f"--seconds {args.seconds}" if args.seconds
-                                               else f"--cycles {args.cycles}"))
+        print(f"replay with: python -m tools.chaos.run --seed {seed} --nodes {nodes} "
+              f"--kinds {','.join(kinds)} " + (f"--seconds {seconds}" if seconds else f"--cycles {cycles}"))
     return 0 if verdict.ok else 1
+
+
+def main(argv=None) -> int:
+    return run(command, argv, "python -m tools.chaos.run")
 
 
 if __name__ == "__main__":
