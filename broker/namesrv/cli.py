@@ -12,6 +12,7 @@ import trio
 
 from broker.acl.plain import AclConfigError
 from broker.namesrv.service import NamesrvConfig, load_namesrv_config, serve_namesrv
+from broker.telemetry.commands import CauseFirstCommand
 from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.config import ConfigError
 
@@ -39,7 +40,7 @@ async def _run(cfg: NamesrvConfig) -> None:
                 break
 
 
-@click.command(name="mqnamesrv", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="mqnamesrv", cls=CauseFirstCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-c", "--config-file", type=click.Path(dir_okay=False),
               help="namesrv.conf (Java properties: listenPort, bindAddress, ...)")
 @click.option("-p", "--listen-port", type=click.IntRange(0, 65535),

@@ -92,14 +92,16 @@ def main(argv=None) -> None:
 
     from broker.acl.plain import AclConfigError
     from broker.proxy.config import load_proxy_config
-    from broker.telemetry.logs import cli_logging, log_options
+    from broker.telemetry.commands import CauseFirstCommand
+    from broker.telemetry.logs import cli_logging, log_options, version_text
     from commitlog.config import ConfigError
 
-    @click.command(name="mqproxy", context_settings={"help_option_names": ["-h", "--help"]})
+    @click.command(name="mqproxy", cls=CauseFirstCommand, context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("-c", "--config-file", required=True, type=click.Path(exists=True, dir_okay=False),
                   help="proxy.conf (Java properties: namesrvAddr, grpcServerPort, aclEnable, ...)")
     @click.option("-n", "--namesrv-addr", default=None, help="name servers, a:9876;b:9876 (overrides namesrvAddr)")
     @log_options()
+    @click.version_option(version_text(), "--version", prog_name="mqproxy", message="%(prog)s (ledgermq) %(version)s")
     def command(config_file: str, namesrv_addr: str | None, log_level: str, log_file: str | None,
                 log_format: str) -> None:
         """Run the RocketMQ 5 gRPC proxy in front of a ledgermq cluster."""

@@ -22,7 +22,8 @@ from contextlib import asynccontextmanager
 import click
 import trio
 
-from broker.telemetry.logs import cli_logging, version_text
+from broker.telemetry.commands import CauseFirstGroup
+from broker.telemetry.logs import cli_logging, log_options, version_text
 
 REPORT_EVERY_S = 1.0
 
@@ -53,10 +54,13 @@ async def _cluster(namesrv: str | None, topic: str, queues: int):
         shutil.rmtree(root, ignore_errors=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CauseFirstGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version_text(), "--version", prog_name="mqbench", message="%(prog)s (ledgermq) %(version)s")
-def main():
+@log_options(default_level="ERROR")
+@click.pass_context
+def main(ctx, log_level, log_file, log_format):
     """Benchmark a ledgermq (or RocketMQ) cluster with the Python client."""
+    ctx.obj = (log_level, log_file, log_format)
 
 
 def _common(fn):
@@ -72,7 +76,7 @@ def _common(fn):
 
 def _run(coro_fn, *args) -> dict:
     from broker.client import ClientError
-    cli_logging("ERROR", None, "text")
+    cli_logging(*(click.get_current_context().obj or ("ERROR", None, "text")))
     try:
         return trio.run(coro_fn, *args)
     except ClientError as e:

@@ -10,13 +10,15 @@ import trio
 
 from broker.acl.signing import credentials_or_none, load_tools_credentials
 from broker.remoting.tls import ClientTls
+from broker.telemetry.commands import CauseFirstCommand
 from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.config import ConfigError
 from tools.mqadmin import EXIT_ERROR
 from tools.mqadmin.online import _single_leaf
 
 
-@click.command("mqdashboard", context_settings={"help_option_names": ["-h", "--help"]}, epilog="""\b
+@click.command("mqdashboard", cls=CauseFirstCommand, context_settings={"help_option_names": ["-h", "--help"]},
+               epilog="""\b
 Open the printed URL in a browser.  Admin writes (topics, offset resets)
 ask for a confirm step; with ACL on, give --accessKey/--secretKey (or enter
 them on the page): every request is signed, the secret is never shown.

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from broker.telemetry.logs import cli_logging, log_options
+from broker.telemetry.commands import CauseFirstGroup
+from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.errors import CommitLogError
 
 # Each area of the tree adds its commands in its own module, so parallel work
@@ -32,7 +33,7 @@ EXIT_USAGE = 2  # click's own code for usage errors; kept for our own too
 EXIT_ERROR = 3  # the command could not run (unreadable store, unreachable server)
 
 
-class MQAdminGroup(click.Group):
+class MQAdminGroup(CauseFirstGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -52,7 +53,7 @@ def describe(exc: BaseException) -> str:
 
 
 @click.group(cls=MQAdminGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ledgermq")
+@click.version_option(version_text(), "--version", prog_name="mqadmin", message="%(prog)s (ledgermq) %(version)s")
 @log_options(default_level="ERROR")
 def cli(log_level: str, log_file: str | None, log_format: str):
     """Administer ledgermq stores and clusters (RocketMQ's mqadmin commands).
