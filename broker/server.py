@@ -542,13 +542,14 @@ def main(argv=None) -> None:
     import click
 
     from broker.acl.plain import AclConfigError
+    from broker.telemetry.commands import CauseFirstCommand
     from broker.telemetry.logs import cli_logging, log_options, version_text
     from commitlog.config import ConfigError
     from commitlog.errors import CommitLogError
     from commitlog.profiling import profiled
     from commitlog.stallwatch import instruments_from_env
 
-    @click.command(name="mqbroker", context_settings={"help_option_names": ["-h", "--help"]})
+    @click.command(name="mqbroker", cls=CauseFirstCommand, context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("-c", "--config-file", required=True, type=click.Path(dir_okay=False),
                   help="broker.conf (Java properties: brokerName, listenPort, namesrvAddr, dLeger*, ...)")
     @click.option("-n", "--namesrv-addr", default=None, help="name servers, a:9876;b:9876 (overrides namesrvAddr)")
