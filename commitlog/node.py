@@ -14,7 +14,6 @@
 # dLegerSelfId, storePathRootDir, flushDiskType, ...; see commitlog/config.py).
 # Once the node is serving it prints one JSON line to stdout with its id and
 # admin port, so scripts and tests know where to connect.
-import argparse
 import json
 import logging
 import math
@@ -23,6 +22,7 @@ import signal
 import sys
 
 import attrs
+import click
 import trio
 
 from commitlog import metafiles
@@ -175,27 +175,34 @@ class _AdminView:
         return getattr(self.replica, name)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m commitlog.node", description=__doc__)
-    parser.add_argument("--conf", required=True, help="broker.conf-style file with the dLeger* keys")
-    parser.add_argument("--admin-port", type=int, default=None, help="admin port (0 = any free port)")
-    parser.add_argument("--repair", action="store_true",
-                        help="truncate at a corrupt entry in the middle of the log instead of refusing to start")
-    parser.add_argument("--log-level", default="WARNING")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@click.command(name="python -m commitlog.node", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--conf", required=True, type=click.Path(dir_okay=False),
+              help="broker.conf-style file with the dLeger* keys")
+@click.option("--admin-port", type=click.IntRange(0, 65535), default=None, help="admin port (0 = any free port)")
+@click.option("--repair", is_flag=True,
+              help="truncate at a corrupt entry in the middle of the log instead of refusing to start")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="WARNING",
+              show_default=True, help="log level (stderr)")
+def command(conf: str, admin_port: int | None, repair: bool, log_level: str) -> None:
+    """Run one replicated-log node (its JSON line on stdout once serving;
+    SIGTERM stops it cleanly)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     try:
-        cfg, warnings = load_replication_config(args.conf)
+        cfg, warnings = load_replication_config(conf)
     except (ConfigError, OSError) as exc:
-        sys.exit(f"commitlog.node: {exc}")
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+        raise click.ClickException(why if conf in why else f"{conf}: {why}") from None
     for w in warnings:
         log.warning("%s", w)
 
     async def run():
         async with trio.open_nursery() as nursery:
             running = await nursery.start(lambda task_status: serve_node(
-                cfg, admin_port=args.admin_port, repair=args.repair, task_status=task_status))
+                cfg, admin_port=admin_port, repair=repair, task_status=task_status))
             print(json.dumps({"node": cfg.self_id, "adminPort": running.admin_port,
                               "peerPort": cfg.self_peer.port}), flush=True)
             with trio.open_signal_receiver(signal.SIGTERM) as signals:
@@ -210,7 +217,11 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:
         pass
     except CommitLogError as exc:
-        sys.exit(f"commitlog.node: {exc}")
+        raise click.ClickException(str(exc)) from None
+
+
+def main(argv=None) -> None:
+    command.main(args=argv, prog_name="python -m commitlog.node")
 
 
 if __name__ == "__main__":
