@@ -34,7 +34,7 @@ from broker.acl import fastpath
 from broker.acl.plain import Account, AclConfigError, AclRules, parse_plain_acl_text
 from broker.acl.table import PROPERTY_REAL_TOPIC, Lookup, StoredMessage, check_back_resources
 from broker.acl.validator import AclDenied, Policy, permits, validate
-from broker.remoting.codec import RawSend
+from broker.remoting.codec import RawSend, SendRun
 from broker.remoting.codes import ResponseCode, code_name
 from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
@@ -150,6 +150,19 @@ class AclService:
         if access_key is not None:
             self._authenticated(conn, access_key)
         return None
+
+    def check_item(self, conn, item) -> list[tuple[int, RemotingCommand]]:
+        """What check() says of each request of an item of a read (one
+        request, or a SendRun of sends): (position in the item, answer) of
+        the refused ones, in order.  A run is asked about once (check_run)."""
+        if type(item) is SendRun:
+            refusals = self.check_run(conn, item)
+            if refusals:
+                lo = item.lo
+                return [(i - lo, answer) for i, answer in refusals]
+            return refusals
+        refusal = self.check(conn, item)
+        return [] if refusal is None else [(0, refusal)]
 
     def check_run(self, conn, run) -> list[tuple[int, RemotingCommand]]:
         """The refusals of a SendRun's sends, (frame index, answer) in

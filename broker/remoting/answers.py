@@ -11,10 +11,10 @@
 #                        handed on to the master, a topic to auto-create):
 #                        the connection starts one task for it.
 #
-# replies: one per request of the burst, in order (None: no answer; for a
-# codec.SendRun, its answers as one bytes object or a list).  The connection
-# binds its writer with bind(); answers given before that are kept until it
-# binds.  then(fn) runs fn once the answers are known, before they are
+# replies: one per item of the burst, in order (None: no answer; for an
+# item of many requests, codec.SendRun, its answers as one bytes object or
+# a list).  The connection binds its writer with bind(); answers given
+# before that are kept until it binds.  then(fn) runs fn once the answers are known, before they are
 # written (the admission guard releases its slots there, the metrics time
 # the burst), or when the connection abandons an async half it cannot run
 # any more (it closed); a failing fn is logged and does not stop the others.

@@ -56,7 +56,7 @@ from broker.remoting.codes import (
     RequestCode,
     SerializeType,
 )
-from broker.remoting.command import RemotingCommand, coerce_fields, java_text
+from broker.remoting.command import OneRequest, RemotingCommand, coerce_fields, java_text
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
 from broker.remoting.jsonbound import nests_deeper_than
 from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, _Event
@@ -404,7 +404,7 @@ def decode_header(serialize_type: int, raw: bytes, body: bytes = b"") -> Remotin
 
 # --- raw sends ------------------------------------------------------------------
 
-class RawSend:
+class RawSend(OneRequest):
     """One plain SEND_MESSAGE_V2 the native scanner parsed: frame `index`
     of `scan` (a native.sendpath.SendScan).  The send processor reads its
     fields from the scan; everything else -- the connection's bookkeeping,
@@ -485,16 +485,48 @@ class SendRun:
         """The first k requests and the rest (0 < k < len)."""
         return SendRun(self.scan, self.lo, self.lo + k), SendRun(self.scan, self.lo + k, self.hi)
 
+    # The members every item of a read has (command.OneRequest for one request).
+
+    @property
+    def count(self) -> int:
+        return self.hi - self.lo
+
+    def one_by_one(self) -> list[RawSend]:
+        return self.sends()
+
+    def answer_all(self, code: int, remark: str | None) -> list[RemotingCommand]:
+        return [one.make_response(code, remark) for one in self.sends()]
+
+    def each_answer(self, answer) -> list | tuple:
+        """A whole-run answer (bytes) is one pair with no request."""
+        if type(answer) is bytes:
+            return ((None, answer),)
+        return list(zip(self.sends(), answer))
+
+    def cut(self, refusals: list) -> list:
+        """Positions count from the run's first request; the kept pieces
+        stay runs (so they keep the native path)."""
+        out: list = []
+        start = self.lo
+        for pos, refusal in refusals:
+            i = self.lo + pos
+            if i > start:
+                out.append((SendRun(self.scan, start, i), None))
+            out.append((self.send(i), refusal))
+            start = i + 1
+        if start < self.hi:
+            out.append((self if start == self.lo else SendRun(self.scan, start, self.hi), None))
+        return out
+
     def __repr__(self) -> str:
         return f"SendRun({self.lo}..{self.hi})"
 
 
 def request_count(items) -> int:
-    """Requests in a list of commands and SendRuns."""
-    n = len(items)
+    """Requests in a list of a read's items."""
+    n = 0
     for item in items:
-        if type(item) is SendRun:
-            n += item.hi - item.lo - 1
+        n += item.count
     return n
 
 

@@ -65,8 +65,35 @@ _new = object.__new__
 _FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields", "body", "serialize_type")
 
 
+class OneRequest:
+    """An item of a read that is one request (a RemotingCommand, or a
+    codec.RawSend the native scanner parsed).  codec.SendRun, the other kind
+    of item, holds many; the connection, the guard and the pacer take items
+    through these members alone, whatever their kind."""
+
+    __slots__ = ()
+    count = 1  # requests in the item
+
+    def one_by_one(self) -> tuple:
+        """The item's requests, each served on its own."""
+        return (self,)
+
+    def answer_all(self, code: int, remark: str | None) -> "RemotingCommand":
+        """The item's answer when every request in it is refused alike."""
+        return self.make_response(code, remark)
+
+    def each_answer(self, answer) -> tuple:
+        """(request, its answer) pairs of the item's answer."""
+        return ((self, answer),)
+
+    def cut(self, refusals: list) -> list:
+        """The item cut where `refusals` [(position, answer)] say: pieces
+        (piece, None) kept and (request, answer) refused, in order."""
+        return [(self, refusals[0][1])] if refusals else [(self, None)]
+
+
 @attrs.frozen
-class RemotingCommand:
+class RemotingCommand(OneRequest):
     code: int
     language: LanguageCode = attrs.field(default=LanguageCode.JAVA, converter=_language)
     version: int = CURRENT_VERSION

@@ -55,7 +55,6 @@ from broker.remoting.codec import (
     CLOSED,
     DEFAULT_MAX_FRAME_SIZE,
     NEED_DATA,
-    SendRun,
     encode_command,
     encode_request,
     request_count,
@@ -416,7 +415,7 @@ class Connection:
 
     async def _read_loop(self, tasks: trio.Nursery) -> RemoteProtocolError | str | None:
         """Returns None on a clean EOF, else why reading stopped."""
-        requests: list = []  # those of the bytes read so far: commands and SendRuns
+        requests: list = []  # the items (command.OneRequest or codec.SendRun) of the bytes read so far
         count = 0  # the requests in them
         # A stream enforcing a frame-read timeout learns from our decoder
         # whether a frame is open (instead of following the framing again).
@@ -485,17 +484,13 @@ class Connection:
                 self.close_reason = self.close_reason or "closed by peer"
                 return None
             decoded = True
-            if type(cmd) is SendRun:
-                n = cmd.hi - cmd.lo
-                count += n
-                credit -= run_credits(n)
-            elif cmd.is_response:
+            if cmd.is_response:
                 credit -= 1
                 self._deliver(cmd)
                 continue
-            else:
-                count += 1
-                credit -= 1
+            n = cmd.count
+            count += n
+            credit -= 1 if n == 1 else run_credits(n)
             if _rt.TRACER is not None:
                 _rt.TRACER.decoded(cmd)
             requests.append(cmd)
@@ -513,12 +508,9 @@ class Connection:
                 singles, bursts = [], [(requests, _failed(requests, e))]
             for cmds, answers in bursts:
                 answers.bind(functools.partial(self._burst_answered, cmds, bill))
-        for cmd in singles:
-            if type(cmd) is SendRun:  # (no burst handler took it) one by one
-                for one in cmd.sends():
-                    tasks.start_soon(self._serve, one, bill)
-                continue
-            tasks.start_soon(self._serve, cmd, bill)
+        for item in singles:
+            for cmd in item.one_by_one():  # (a run no burst handler took: one by one)
+                tasks.start_soon(self._serve, cmd, bill)
 
     def _deliver(self, response: RemotingCommand) -> None:
         waiter = self._pending.get(response.opaque)
@@ -630,21 +622,16 @@ class Connection:
 
     def _burst_frames(self, cmds: list, responses: list) -> list:
         frames: list = []
-        for cmd, response in zip(cmds, responses):
+        for item, response in zip(cmds, responses):
             if response is None:
                 continue
-            if type(cmd) is SendRun:
-                if type(response) is bytes:  # the whole run's answers
-                    frames.append(response)
-                    continue
-                for one, answer in zip(cmd.sends(), response):
-                    self._frame_answer(frames, one, answer)
-                continue
-            self._frame_answer(frames, cmd, response)
+            for cmd, answer in item.each_answer(response):
+                self._frame_answer(frames, cmd, answer)
         return frames
 
     def _frame_answer(self, frames: list, cmd, response) -> None:
-        if response is None or cmd.is_oneway:
+        """cmd is None for an answer framed for a whole item already."""
+        if response is None or (cmd is not None and cmd.is_oneway):
             return
         if isinstance(response, bytes):
             frames.append(response)
@@ -670,8 +657,7 @@ class Connection:
 
 def _system_errors(cmds: list, remark: str) -> list:
     """A burst's answers when it failed: SYSTEM_ERROR for each request."""
-    return [[one.make_response(ResponseCode.SYSTEM_ERROR, remark) for one in cmd.sends()]
-            if type(cmd) is SendRun else cmd.make_response(ResponseCode.SYSTEM_ERROR, remark) for cmd in cmds]
+    return [item.answer_all(ResponseCode.SYSTEM_ERROR, remark) for item in cmds]
 
 
 def _failed(cmds: list, error: Exception) -> BurstAnswers:

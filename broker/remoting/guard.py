@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from broker.remoting.answers import BurstAnswers
-from broker.remoting.codec import SendRun, request_count
+from broker.remoting.codec import request_count
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand
 from commitlog import roundtrace as _rt
@@ -77,17 +77,18 @@ class InFlightLimiter:
 
 
 class GuardedDispatcher:
-    """`run_checks`, when given, says of a whole SendRun what `checks` say
-    of each of its sends -- [(frame index, refusal)], asked once per run
-    (the ACL's check_run: one array test for the usual run) -- and must
-    cover every check."""
+    """`item_checks`, when given, says of a whole item of a read (one
+    request, or a codec.SendRun of many) what `checks` say of each of its
+    requests -- [(position in the item, refusal)], asked once per item (the
+    ACL's check_item: one array test for the usual run of sends) -- and
+    must cover every check."""
 
     def __init__(self, inner, checks: Sequence[Check] = (), limiter: InFlightLimiter | None = None,
-                 run_checks: Callable | None = None) -> None:
+                 item_checks: Callable | None = None) -> None:
         self.inner = inner
         self.checks = tuple(checks)
         self.limiter = limiter
-        self.run_checks = run_checks
+        self.item_checks = item_checks
 
     def _refusal(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         """None when admitted (and counted), else the answer."""
@@ -120,25 +121,26 @@ class GuardedDispatcher:
         finally:
             self._release(1)
 
-    def split_burst(self, conn, cmds: list[RemotingCommand]) -> tuple[list, list]:
+    def split_burst(self, conn, cmds: list) -> tuple[list, list]:
         admitted: list = []
-        refused: list[tuple[RemotingCommand, RemotingCommand]] = []
-        for cmd in cmds:
-            if type(cmd) is SendRun:
-                self._admit_run(conn, cmd, admitted, refused)
+        refused: list = []  # (request, its refusal)
+        for item in cmds:
+            refusals = self._item_refusals(conn, item) if self.checks else None
+            if not refusals:
+                self._admit_whole(item, admitted, refused)
                 continue
-            refusal = self._refusal(conn, cmd)
-            if refusal is None:
-                admitted.append(cmd)
-            else:
-                refused.append((cmd, refusal))
+            for piece, refusal in item.cut(refusals):  # (the admitted pieces of a run stay runs)
+                if refusal is None:
+                    self._admit_whole(piece, admitted, refused)
+                else:
+                    refused.append((piece, refusal))
         if _rt.TRACER is not None:  # tools/bench/round.py
             _rt.TRACER.mark("admitted")
         split = getattr(self.inner, "split_burst", None)
         try:
             singles, bursts = split(conn, admitted) if split is not None else (admitted, [])
         except BaseException:
-            self._release(len(admitted))
+            self._release(request_count(admitted))
             raise
         if singles:
             noted = conn.attributes.setdefault(_ADMITTED, {})
@@ -151,48 +153,31 @@ class GuardedDispatcher:
             out.append(([cmd for cmd, _ in refused], BurstAnswers.now([refusal for _cmd, refusal in refused])))
         return singles, out
 
-    def _admit_run(self, conn, run: SendRun, admitted: list, refused: list) -> None:
-        """A run of plain sends: with checks, the refused ones answered
-        alone and the admitted ones kept together as runs (so signed sends
-        still take the native path) -- asked once per run when run_checks
-        is given, else send by send; then what the limiter admits of each
-        run at once, the rest refused one by one."""
-        if self.checks and self.run_checks is not None:
-            start = run.lo
-            for i, refusal in self.run_checks(conn, run):
-                if i > start:
-                    self._admit_whole(SendRun(run.scan, start, i), admitted, refused)
-                refused.append((run.send(i), refusal))
-                start = i + 1
-            if start < run.hi:
-                self._admit_whole(run if start == run.lo else SendRun(run.scan, start, run.hi), admitted, refused)
-            return
-        if self.checks:
-            start = run.lo
-            for i in range(run.lo, run.hi):
-                one = run.send(i)
-                refusal = self._refusal(conn, one)
+    def _item_refusals(self, conn, item) -> list:
+        """[(position, refusal)] of the checks for an item's requests."""
+        if self.item_checks is not None:
+            return self.item_checks(conn, item)
+        out = []
+        for pos, one in enumerate(item.one_by_one()):
+            for check in self.checks:
+                refusal = check(conn, one)
                 if refusal is not None:
-                    if i > start:
-                        admitted.append(SendRun(run.scan, start, i))
-                    refused.append((one, refusal))
-                    start = i + 1
-            if start < run.hi:
-                admitted.append(run if start == run.lo else SendRun(run.scan, start, run.hi))
-            return
-        self._admit_whole(run, admitted, refused)
+                    out.append((pos, refusal))
+                    break
+        return out
 
-    def _admit_whole(self, run: SendRun, admitted: list, refused: list) -> None:
-        """What the limiter admits of a run whose checks passed, as a run;
-        the rest refused one by one."""
-        k = len(run) if self.limiter is None else self.limiter.try_acquire_many(len(run))
-        if k == len(run):
-            admitted.append(run)
+    def _admit_whole(self, item, admitted: list, refused: list) -> None:
+        """What the limiter admits of an item whose checks passed, kept
+        whole; the rest refused one by one."""
+        n = item.count
+        k = n if self.limiter is None else self.limiter.try_acquire_many(n)
+        if k == n:
+            admitted.append(item)
             return
         if k:
-            head, run = run.split(k)
+            head, item = item.split(k)
             admitted.append(head)
-        for one in run.sends():
+        for one in item.one_by_one():
             refused.append((one, self._overload(one)))
 
     def forget(self, conn) -> None:

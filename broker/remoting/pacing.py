@@ -6,14 +6,14 @@
 #     spread over many short rounds and the tasks that keep time (the Raft
 #     driver) run between them.  A reader takes credits a chunk at a time
 #     (credits) and gives back what it did not use before it reads again
-#     (refund); a request costs one credit, a run of plain sends
-#     (codec.SendRun, checked in C) one plus one per SENDS_PER_CREDIT of
-#     its sends (run_credits);
+#     (refund); a request costs one credit, an item holding many plain
+#     sends (checked in C) one plus one per SENDS_PER_CREDIT of them
+#     (run_credits);
 #   * per connection, the InFlightWindow: requests handed over and not yet
 #     answered, in number (serverMaxInFlightPerConnection) and, on servers,
 #     in bytes (serverMaxInFlightBytesPerConnection).  A read is handed over
-#     whole when it fits, else in pieces as room comes (a SendRun is cut
-#     where the room ends); while the connection is full its reader waits,
+#     whole when it fits, else in pieces as room comes (an item of many
+#     requests is cut where the room ends); while the connection is full its reader waits,
 #     and TCP pushes back on the client.  The bytes read are billed to the
 #     requests handed over from them and held until the last of those is
 #     answered.
@@ -22,14 +22,13 @@ from collections.abc import Callable
 
 import trio
 
-from broker.remoting.codec import SendRun
 
 PACER_CHUNK = 32  # credits a reader takes from the Pacer at a time
-SENDS_PER_CREDIT = 16  # plain sends in a SendRun (checked in C) cost this little
+SENDS_PER_CREDIT = 16  # plain sends in one item (checked in C) cost this little
 
 
 def run_credits(sends: int) -> int:
-    """The credits a SendRun of `sends` plain sends costs."""
+    """The credits an item of `sends` plain sends costs."""
     return 1 + sends // SENDS_PER_CREDIT
 
 
@@ -152,17 +151,17 @@ class InFlightWindow:
 
 
 def _admit(requests: list, start: int, room: int) -> tuple[list, int, int]:
-    """Up to `room` requests from requests[start:] (a SendRun is cut where
-    the room ends, its rest left at requests[start]): (the part, its
+    """Up to `room` requests from requests[start:] (an item of many is cut
+    where the room ends, its rest left at requests[start]): (the part, its
     request count, where the next part starts)."""
     part, n, i = [], 0, start
     while i < len(requests) and n < room:
         item = requests[i]
-        size = len(item) if type(item) is SendRun else 1
+        size = item.count
         if n + size > room:
             item, requests[i] = item.split(room - n)
             part.append(item)
-            n += len(item)
+            n += item.count
             break
         part.append(item)
         n += size

@@ -31,7 +31,7 @@ from typing import Protocol
 import trio
 
 from broker.remoting.answers import BurstAnswers, BurstFinish, as_answers
-from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, SendRun
+from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -84,10 +84,7 @@ class RequestDispatcher:
         for cmd in cmds:
             processor = bursts.get(cmd.code)
             if processor is None:
-                if type(cmd) is SendRun:  # served one by one
-                    singles.extend(cmd.sends())
-                else:
-                    singles.append(cmd)
+                singles.extend(cmd.one_by_one())  # (a run of sends: one by one)
             else:
                 groups.setdefault(id(processor), (processor, []))[1].append(cmd)
         return singles, [(group, as_answers(processor.accept_burst(conn, group)))

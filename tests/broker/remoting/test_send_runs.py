@@ -121,30 +121,51 @@ async def test_runs_through_a_capped_connection_and_a_limiter(nursery):
     assert limiter.in_flight == 0 and limiter.rejected >= len(busy)
 
 
-def test_run_checks_keep_admitted_sends_as_runs_around_the_refused():
-    """GuardedDispatcher(run_checks=...): asked once per run, the refused
+def test_item_checks_keep_admitted_sends_as_runs_around_the_refused():
+    """GuardedDispatcher(item_checks=...): asked once per run, the refused
     sends answered alone, the others admitted as runs (the native path's),
-    the limiter counting each run once; without run_checks each send is
-    checked on its own and the outcome is the same."""
+    the limiter counting each run once; without item_checks each send is
+    checked on its own and the outcome is the same.  A plain command beside
+    the run goes through the same admission."""
     [run] = items_of([v2(i) for i in range(8)])
+    other = RemotingCommand(RequestCode.HEART_BEAT, opaque=99)
     asked: list = []
 
-    def deny_3_and_4(conn, one):  # the per-send check
-        return one.command().make_response(ResponseCode.NO_PERMISSION, "no") if one.opaque in (3, 4) else None
+    def deny_3_and_4(conn, one):  # the per-request check
+        return one.make_response(ResponseCode.NO_PERMISSION, "no") if one.opaque in (3, 4) else None
 
-    def run_checks(conn, r):
-        asked.append((r.lo, r.hi))
-        return [(i, r.send(i).command().make_response(ResponseCode.NO_PERMISSION, "no"))
-                for i in range(r.lo, r.hi) if r.send(i).opaque in (3, 4)]
+    def item_checks(conn, item):
+        asked.append(item.count)
+        return [(pos, one.make_response(ResponseCode.NO_PERMISSION, "no"))
+                for pos, one in enumerate(item.one_by_one()) if one.opaque in (3, 4)]
 
-    for rc in (run_checks, None):
+    class Conn:
+        attributes: dict = {}
+
+    for ic in (item_checks, None):
         lim = InFlightLimiter(100)
-        guard = GuardedDispatcher(RequestDispatcher(), checks=[deny_3_and_4], limiter=lim, run_checks=rc)
-        admitted, refused = [], []
-        guard._admit_run(None, run, admitted, refused)
-        assert [[s.opaque for s in a.sends()] for a in admitted] == [[0, 1, 2], [5, 6, 7]]
-        assert all(type(a) is SendRun for a in admitted)
-        assert [(one.opaque, answer.code) for one, answer in refused] == [(3, ResponseCode.NO_PERMISSION),
-                                                                         (4, ResponseCode.NO_PERMISSION)]
-        assert lim.in_flight == 6
-    assert asked == [(run.lo, run.hi)]  # once, for the whole run
+        guard = GuardedDispatcher(RequestDispatcher(), checks=[deny_3_and_4], limiter=lim, item_checks=ic)
+        singles, bursts = guard.split_burst(Conn(), [run, other])
+        runs = [a for a in singles if type(a) is SendRun]
+        assert [[s.opaque for s in a.sends()] for a in runs] == [[0, 1, 2], [5, 6, 7]]
+        assert [a for a in singles if type(a) is not SendRun] == [other]
+        [(cmds, answers)] = bursts
+        assert [one.opaque for one in cmds] == [3, 4]
+        assert [answer.code for answer in answers.replies] == [ResponseCode.NO_PERMISSION] * 2
+        assert lim.in_flight == 7
+    assert asked == [8, 1]  # once per item: the whole run, the command
+
+
+def test_a_run_past_the_limiter_is_cut_and_the_rest_refused_busy():
+    [run] = items_of([v2(i) for i in range(8)])
+
+    class Conn:
+        attributes: dict = {}
+
+    lim = InFlightLimiter(5)
+    guard = GuardedDispatcher(RequestDispatcher(), limiter=lim)
+    singles, [(cmds, answers)] = guard.split_burst(Conn(), [run])
+    assert [[s.opaque for s in a.sends()] for a in singles] == [[0, 1, 2, 3, 4]]
+    assert [one.opaque for one in cmds] == [5, 6, 7]
+    assert all(a.code == ResponseCode.SYSTEM_BUSY and "[OVERLOAD]" in a.remark for a in answers.replies)
+    assert lim.in_flight == 5 and lim.rejected == 3
