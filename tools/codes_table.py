@@ -16,18 +16,19 @@
 #                                          their begin / end markers
 # tests/tools/test_deploy.py and tests/tools/test_codes_table.py fail when
 # README.md is not up to date.
-import argparse
 import os
 import sys
 import types
 
 import attrs
+import click
 import trio
 
 from broker.acl.table import NS_ADMIN, NS_OPEN, RULES, Kind, rule_for
 from broker.namesrv.service import NameServer, NamesrvConfig
 from broker.remoting.codes import RequestCode
 from broker.server import Processors
+from tools.cli import CONTEXT, run
 
 BEGIN, END = "<!-- codes:begin (python -m tools.codes_table --write) -->", "<!-- codes:end -->"
 ACL_BEGIN, ACL_END = "<!-- acl:begin (python -m tools.codes_table --write) -->", "<!-- acl:end -->"
@@ -131,11 +132,12 @@ def rewrite(text: str) -> str:
     return _between(_between(text, BEGIN, END, table()), ACL_BEGIN, ACL_END, acl_table())
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.codes_table", description=__doc__)
-    p.add_argument("--write", action="store_true", help="update README.md in place")
-    args = p.parse_args(argv)
-    if not args.write:
+@click.command(context_settings=CONTEXT)
+@click.option("--write", is_flag=True, help="update README.md in place")
+def command(write: bool) -> int:
+    """Print the README's tables of request codes and ACL rules (markdown),
+    or rewrite them in README.md between their begin/end markers."""
+    if not write:
         sys.stdout.write(table() + "\n" + acl_table())
         return 0
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
@@ -144,6 +146,10 @@ def main(argv=None) -> int:
     with open(path, "w", encoding="utf-8") as f:
         f.write(rewrite(text))
     return 0
+
+
+def main(argv=None) -> int:
+    return run(command, argv, "python -m tools.codes_table")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@
 #                                            its begin / end markers
 # tests/broker/telemetry/test_metrics_table.py fails when README.md is not up
 # to date.
-import argparse
 import os
 import sys
 
+import click
+
 from broker.telemetry import catalog as C
+from tools.cli import CONTEXT, run
 
 BEGIN, END = "<!-- metrics:begin (python -m tools.metrics_table --write) -->", "<!-- metrics:end -->"
 
@@ -73,11 +75,12 @@ def rewrite(readme: str) -> str:
     return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.metrics_table", description=__doc__)
-    p.add_argument("--write", action="store_true", help="update README.md in place")
-    args = p.parse_args(argv)
-    if not args.write:
+@click.command(context_settings=CONTEXT)
+@click.option("--write", is_flag=True, help="update README.md in place")
+def command(write: bool) -> int:
+    """Print the README's table of metric names (markdown), or rewrite it in
+    README.md between its begin/end markers."""
+    if not write:
         print(table())
         return 0
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
@@ -88,6 +91,10 @@ def main(argv=None) -> int:
         with open(path, "w", encoding="utf-8") as f:
             f.write(new)
     return 0
+
+
+def main(argv=None) -> int:
+    return run(command, argv, "python -m tools.metrics_table")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,17 @@
 # DLedger-format store on real files: leader appends
 # with an append hook, replication to a follower with byte-identical files,
 # a torn tail after a simulated crash and its recovery, and verifyStore.
-import argparse
 import os
 import shutil
 import struct
 import sys
 import tempfile
 
+import click
+
 from commitlog.scan import verify_store
 from commitlog.store import SegmentedStore, StoreConfig
+from tools.cli import CONTEXT, run
 
 
 def _files(store_dir: str) -> dict[str, bytes]:
@@ -22,13 +24,13 @@ def _files(store_dir: str) -> dict[str, bytes]:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.store_tour", description="ledgermq store tour")
-    ap.add_argument("--dir", help="storePathRootDir to use (default: a temporary directory)")
-    ap.add_argument("--entries", type=int, default=2000)
-    ap.add_argument("--keep", action="store_true", help="keep the files afterwards")
-    args = ap.parse_args(argv)
-    root = args.dir or tempfile.mkdtemp(prefix="ledgermq-quickstart-")
+@click.command(context_settings=CONTEXT)
+@click.option("--dir", "store_dir", help="storePathRootDir to use (default: a temporary directory)")
+@click.option("--entries", type=click.IntRange(1), default=2000, show_default=True, help="entries the leader appends")
+@click.option("--keep", is_flag=True, help="keep the files afterwards")
+def command(store_dir: str | None, entries: int, keep: bool) -> int:
+    """ledgermq store tour: appends, replication, a torn tail and its recovery, verifyStore."""
+    root = store_dir or tempfile.mkdtemp(prefix="ledgermq-quickstart-")
     sizes = dict(data_segment_size=64 * 1024, index_segment_size=32 * 1024)
     try:
         leader = SegmentedStore.open(StoreConfig(root=root, self_id="n0", **sizes))
@@ -39,8 +41,8 @@ def main(argv=None) -> int:
             for h, body in batch.entries():
                 struct.pack_into(">q", body, 0, h.pos + 48)
         leader.add_append_hook(stamp)
-        for first in range(0, args.entries, 50):
-            n = min(50, args.entries - first)
+        for first in range(0, entries, 50):
+            n = min(50, entries - first)
             leader.append_leader([b"\0" * 8 + f"message {i}".encode() * 20 for i in range(first, first + n)],
                                  term=1)
         leader.set_committed(leader.end_index)
@@ -71,12 +73,16 @@ def main(argv=None) -> int:
             s = verify_store(os.path.join(root, f"dledger-{node}"))
             print(f"verifyStore {node}: {s.entries} entries, index {s.first_index}..{s.last_index}, "
                   f"committed {s.committed_index}, {len(s.problems)} problems")
-        if args.keep or args.dir:
+        if keep or store_dir:
             print(f"files kept in {root}; try: mqadmin dumpStore --store {root} --self-id n0 --count 5")
         return 0 if same else 1
     finally:
-        if not (args.keep or args.dir):
+        if not (keep or store_dir):
             shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    return run(command, argv, "python -m tools.store_tour")
 
 
 if __name__ == "__main__":
