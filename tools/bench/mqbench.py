@@ -118,6 +118,7 @@ async def _produce(namesrv, topic, count, seconds, size, concurrency, queues) ->
     body = b"x" * size
     latencies: list[float] = []
     state = {"sent": 0, "failed": 0, "issued": 0, "error": None}
+    first_sent = trio.Event()  # progress lines only once sends get through: a dead cluster's error is the first line
     async with _cluster(namesrv, topic, queues) as ns:
         async with open_producer("mqbench_producer", namesrv_addr=ns) as p:
             start = time.perf_counter()
@@ -137,8 +138,10 @@ async def _produce(namesrv, topic, count, seconds, size, concurrency, queues) ->
                         continue
                     latencies.append(time.perf_counter() - t0)
                     state["sent"] += 1
+                    first_sent.set()
 
             async def reporter():
+                await first_sent.wait()
                 last = 0
                 while True:
                     await trio.sleep(REPORT_EVERY_S)
