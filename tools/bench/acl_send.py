@@ -8,10 +8,6 @@
 #   general   the same broker and frames with that C check switched off, so
 #             every send is decoded and judged by validator.validate (the
 #             path before it)
-#   run       as `on`, with admission asking the ACL once per run of sends
-#             (AclService.check_run) instead of once per send: a change
-#             proposed for broker/remoting/guard.py, measured here first
-#             (run_admission)
 #
 # Both brokers run side by side in one trio loop (each on its own port and
 # data directory); rounds alternate between the modes so that a noisy
@@ -25,7 +21,7 @@
 # run).  Client and broker share this process and its core, as the
 # README's figures say.  Not a test; nothing is asserted.
 #
-#   python -m tools.bench.acl_send [--count N] [--window W] [--body B] [--rounds R] [--modes off,on,general,run]
+#   python -m tools.bench.acl_send [--count N] [--window W] [--body B] [--rounds R] [--modes off,on,general]
 #   py-spy record -- python -m tools.bench.acl_send --modes on   (one mode, to profile it)
 import argparse
 import json
@@ -76,37 +72,7 @@ MODES = {  # what each mode measures: (the broker, with ACL's C check of scanned
     "off": "ACL off, unsigned sends",
     "on": "aclEnable=true, signed sends (the C check of a scan's sends)",
     "general": "aclEnable=true, signed sends, every one through validate() (the path before the C check)",
-    "run": "as on, with admission asking the ACL once per run (AclService.check_run; a proposed guard change)",
 }
-
-
-def run_admission(guard, acl):
-    """GuardedDispatcher._admit_run as proposed to the guard's owner: the
-    ACL asked once per SendRun (acl.check_run), the run split only around
-    its refusals, each admitted piece counted at once by the limiter (the
-    rest of a piece refused as overload, as without checks).  Measured
-    here, in mode `run`, before it is made there."""
-    from broker.remoting.codec import SendRun
-
-    def admit_run(conn, run, admitted, refused) -> None:
-        pieces, start = [], run.lo
-        for i, answer in acl.check_run(conn, run):
-            if i > start:
-                pieces.append(SendRun(run.scan, start, i))
-            refused.append((run.send(i), answer))
-            start = i + 1
-        if start < run.hi:
-            pieces.append(run if start == run.lo else SendRun(run.scan, start, run.hi))
-        for piece in pieces:
-            k = len(piece) if guard.limiter is None else guard.limiter.try_acquire_many(len(piece))
-            if k < len(piece):
-                if k:
-                    head, piece = piece.split(k)
-                    admitted.append(head)
-                refused.extend((one, guard._overload(one)) for one in piece.sends())
-                continue
-            admitted.append(piece)
-    return admit_run
 
 
 def _median(xs: list[float]) -> float:
@@ -136,15 +102,9 @@ async def measure(args) -> dict:
             acl_broker = brokers[True]
             fast = acl_broker.acl.sends
 
-            by_run = run_admission(acl_broker.guard, acl_broker.acl)
-
             async def round_of(mode: str, count: int) -> dict:
                 broker = brokers[mode != "off"]
                 acl_broker.acl.sends = None if mode == "general" else fast
-                if mode == "run":
-                    acl_broker.guard._admit_run = by_run
-                else:
-                    acl_broker.guard.__dict__.pop("_admit_run", None)
                 return await run_window(f"127.0.0.1:{broker.server.port}", plain if mode == "off" else signed,
                                         count=count, window=args.window, seconds=args.seconds)
 
@@ -161,7 +121,6 @@ async def measure(args) -> dict:
                     for code, n in res["errors"].items():
                         errors[mode][code] = errors[mode].get(code, 0) + n
             acl_broker.acl.sends = fast
-            acl_broker.guard.__dict__.pop("_admit_run", None)
             nursery.cancel_scope.cancel()
     out = {"window": args.window, "body": args.body, "count": args.count, "rounds": args.rounds, "errors": errors,
            "sha_extensions": native_acl.uses_sha_extensions()}
@@ -183,7 +142,7 @@ def main(argv=None) -> None:
     p.add_argument("--body", type=int, default=1024, help="body bytes")
     p.add_argument("--rounds", type=int, default=5, help="rounds per mode, alternating")
     p.add_argument("--seconds", type=float, default=30.0, help="time cap of one round")
-    p.add_argument("--modes", type=lambda t: t.split(","), default=["off", "on", "run", "general"],
+    p.add_argument("--modes", type=lambda t: t.split(","), default=["off", "on", "general"],
                    help="comma-separated, of " + ", ".join(MODES) + " (one mode alone: to profile it)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
