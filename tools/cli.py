@@ -12,7 +12,7 @@ import click
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-def run(command: click.Command, argv: list[str] | None = None, prog_name: str | None = None) -> int:
+def run_command(command: click.Command, argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Run `command` on argv (default sys.argv[1:]) and return its exit
     status instead of exiting."""
     try:

@@ -28,7 +28,7 @@ from broker.acl.table import NS_ADMIN, NS_OPEN, RULES, Kind, rule_for
 from broker.namesrv.service import NameServer, NamesrvConfig
 from broker.remoting.codes import RequestCode
 from broker.server import Processors
-from tools.cli import CONTEXT, run
+from tools.cli import CONTEXT, run_command
 
 BEGIN, END = "<!-- codes:begin (python -m tools.codes_table --write) -->", "<!-- codes:end -->"
 ACL_BEGIN, ACL_END = "<!-- acl:begin (python -m tools.codes_table --write) -->", "<!-- acl:end -->"
@@ -149,7 +149,7 @@ def command(write: bool) -> int:
 
 
 def main(argv=None) -> int:
-    return run(command, argv, "python -m tools.codes_table")
+    return run_command(command, argv, "python -m tools.codes_table")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 import click
 
 from broker.telemetry import catalog as C
-from tools.cli import CONTEXT, run
+from tools.cli import CONTEXT, run_command
 
 BEGIN, END = "<!-- metrics:begin (python -m tools.metrics_table --write) -->", "<!-- metrics:end -->"
 
@@ -94,7 +94,7 @@ def command(write: bool) -> int:
 
 
 def main(argv=None) -> int:
-    return run(command, argv, "python -m tools.metrics_table")
+    return run_command(command, argv, "python -m tools.metrics_table")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import click
 
 from commitlog.scan import verify_store
 from commitlog.store import SegmentedStore, StoreConfig
-from tools.cli import CONTEXT, run
+from tools.cli import CONTEXT, run_command
 
 
 def _files(store_dir: str) -> dict[str, bytes]:
@@ -82,7 +82,7 @@ def command(store_dir: str | None, entries: int, keep: bool) -> int:
 
 
 def main(argv=None) -> int:
-    return run(command, argv, "python -m tools.store_tour")
+    return run_command(command, argv, "python -m tools.store_tour")
 
 
 if __name__ == "__main__":

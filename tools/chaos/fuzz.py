@@ -50,7 +50,7 @@ from commitlog.transport.errors import FrameError, HandshakeError
 from commitlog.transport.framing import CLOSED, NEED_DATA, FrameDecoder, FrameKind, Hello, decode_hello, encode_frame
 from consumequeue import record as M
 from tools.chaos.hostile import mutate, peer_seeds, remoting_seeds
-from tools.cli import CONTEXT, run
+from tools.cli import CONTEXT, run_command
 
 
 class FuzzFailure(AssertionError):
@@ -298,7 +298,7 @@ def command(**kw) -> int:
 
 
 def main(argv=None) -> int:
-    return run(command, argv, "python -m tools.chaos.fuzz")
+    return run_command(command, argv, "python -m tools.chaos.fuzz")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from tools.chaos.cluster import ChaosCluster, faketime_library
 from tools.chaos.nemesis import KINDS, Nemesis
 from tools.chaos.relay import RelayMesh
 from tools.chaos.workload import QUEUES, TOPIC, History, Workload, new_admin
-from tools.cli import CONTEXT, run
+from tools.cli import CONTEXT, run_command
 from tools.mqadmin.adminapi import AdminError
 
 # Small segments so a run crosses several files; 1 s election timeouts stay the defaults.
@@ -199,7 +199,7 @@ def command(seed: int | None, cycles: int, seconds: float | None, nodes: str, ki
 
 
 def main(argv=None) -> int:
-    return run(command, argv, "python -m tools.chaos.run")
+    return run_command(command, argv, "python -m tools.chaos.run")
 
 
 if __name__ == "__main__":

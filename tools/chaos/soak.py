@@ -28,7 +28,7 @@ import click
 import trio
 
 from tools.chaos.run import RunOptions, default_kinds, run_chaos
-from tools.cli import CONTEXT, run
+from tools.cli import CONTEXT, run_command
 
 GROWTH_LIMIT = 1.5   # RSS/fds at the end vs the early peak (after warm-up)
 
@@ -216,7 +216,7 @@ def report(out: str, seed: int, minutes: float, verdict, samples: list[Sample], 
 
 
 def main(argv=None) -> int:
-    return run(command, argv, "python -m tools.chaos.soak")
+    return run_command(command, argv, "python -m tools.chaos.soak")
 
 
 if __name__ == "__main__":
