@@ -20,14 +20,15 @@
 # result named, and verification found nothing.
 #
 #   python -m tools.quickstart [--dir DIR] [--messages N] [--keep] [--grpc]
-import argparse
 import json
 import os
 import sys
 import tempfile
 import time
+import types
 
 import attrs
+import click
 import trio
 from rich.console import Console
 from rich.table import Table
@@ -40,6 +41,7 @@ from commitlog.scan import resolve_store_dir, verify_store
 from commitlog.watermark import Watermark
 from consumequeue.record import check_entry_body
 from tools.brokercluster import LocalBrokerCluster
+from tools.cli import CONTEXT, run_command
 from tools.mqadmin.cq_cmds import verify_consume_queues
 
 TOPIC = "QuickstartTopic"
@@ -490,18 +492,26 @@ def load_client():
     return client
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.quickstart", description="ledgermq quickstart")
-    ap.add_argument("--dir", help="where the brokers keep their stores (default: a new temporary directory)")
-    ap.add_argument("--messages", type=int, default=10_000, help="messages in the first batch")
-    ap.add_argument("--second", type=int, default=5_000, help="messages in the batch the master dies in")
-    ap.add_argument("--keep", action="store_true", help="leave the group running and print how to reach it")
-    ap.add_argument("--grpc", action="store_true", help="also start mqproxy and send/receive a few messages "
-                                                       "through RocketMQ 5 gRPC")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--dir", "store_dir", help="where the brokers keep their stores (default: a new temporary directory)")
+@click.option("--messages", type=click.IntRange(1), default=10_000, show_default=True,
+              help="messages in the first batch")
+@click.option("--second", type=click.IntRange(1), default=5_000, show_default=True,
+              help="messages in the batch the master dies in")
+@click.option("--keep", is_flag=True, help="leave the group running and print how to reach it")
+@click.option("--grpc", is_flag=True, help="also start mqproxy and send/receive a few messages through RocketMQ 5 gRPC")
+def command(store_dir: str | None, messages: int, second: int, keep: bool, grpc: bool) -> int:
+    """ledgermq quickstart: a name server and a 3-broker group, sends, a
+    killed master, failover, and the stores checked."""
     client = load_client()
-    args.dir = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="ledgermq-quickstart-"))
+    args = types.SimpleNamespace(
+        dir=os.path.abspath(store_dir or tempfile.mkdtemp(prefix="ledgermq-quickstart-")), messages=messages,
+        second=second, keep=keep, grpc=grpc)
     return trio.run(run, args, client)
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.quickstart")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,19 @@
 # same story with the broker, RocketMQ producers and consumers.
 #
 #   python -m tools.quickstart_log [--dir DIR] [--entries N] [--keep]
-import argparse
 import base64
 import os
 import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
 from commitlog.scan import verify_store
 from commitlog.watermark import Watermark
+from tools.cli import CONTEXT, run_command
 from tools.localcluster import LocalCluster
 
 SEGMENTS = {"mappedFileSizeCommitLog": 4 * 1024 * 1024, "mappedFileSizeForEntryIndex": 320 * 1024}
@@ -146,15 +148,20 @@ async def run(args) -> int:
     return 0 if ok else 1
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.quickstart_log",
-                                 description="ledgermq replicated-log demo (no broker)")
-    ap.add_argument("--dir", help="where the nodes keep their stores (default: a new temporary directory)")
-    ap.add_argument("--entries", type=int, default=10_000)
-    ap.add_argument("--keep", action="store_true", help="leave the group running and print how to connect")
-    args = ap.parse_args(argv)
-    args.dir = args.dir or tempfile.mkdtemp(prefix="ledgermq-logdemo-")
+@click.command(context_settings=CONTEXT)
+@click.option("--dir", "store_dir", help="where the nodes keep their stores (default: a new temporary directory)")
+@click.option("--entries", type=click.IntRange(1), default=10_000, show_default=True,
+              help="1 KiB entries the leader replicates in step 2")
+@click.option("--keep", is_flag=True, help="leave the group running and print how to connect")
+def command(store_dir: str | None, entries: int, keep: bool) -> int:
+    """ledgermq replicated-log demo (no broker)."""
+    args = types.SimpleNamespace(dir=store_dir or tempfile.mkdtemp(prefix="ledgermq-logdemo-"), entries=entries,
+                                 keep=keep)
     return trio.run(run, args)
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.quickstart_log")
 
 
 if __name__ == "__main__":
