@@ -299,9 +299,7 @@ def render(result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = J.arg_parser("audit", "Compare the committed prefixes of a group's replicas.")
-    args = ap.parse_args(argv)
-    return J.run_job(run, J.options_from_args(args, {}), render)
+    return J.job_main("audit", "Compare the committed prefixes of a group's replicas.", run, render, argv)
 
 
 if __name__ == "__main__":

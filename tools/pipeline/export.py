@@ -33,6 +33,7 @@ import functools
 import sys
 
 import attrs
+import click
 
 from tools.pipeline import jobcommon as J
 from tools.pipeline import segscan
@@ -187,15 +188,17 @@ def render(result: dict) -> None:
     print(f"{result['rows']} rows written to {result['out']} (partitioned by {', '.join(result['partitionBy'])})")
 
 
+OPTIONS = (  # reach run() as JobOptions.extra, by these names
+    click.Option(["--mode"], type=click.Choice(["errorifexists", "overwrite", "append"]), default="errorifexists",
+                 show_default=True, help="what to do when --out already holds data"),
+    click.Option(["--since-checkpoint"], metavar="DIR",
+                 help="export only entries committed since the last run recorded in DIR (created if new)"),
+)
+
+
 def main(argv=None) -> int:
-    ap = J.arg_parser("export", "Export the committed messages of store roots to Parquet.")
-    ap.add_argument("--mode", choices=["errorifexists", "overwrite", "append"], default="errorifexists",
-                    help="what to do when --out already holds data")
-    ap.add_argument("--since-checkpoint", metavar="DIR",
-                    help="export only entries committed since the last run recorded in DIR (created if new)")
-    args = ap.parse_args(argv)
-    return J.run_job(run, J.options_from_args(args, {"mode": args.mode, "since_checkpoint": args.since_checkpoint}),
-                     render)
+    return J.job_main("export", "Export the committed messages of store roots to Parquet.", run, render, argv,
+                      OPTIONS)
 
 
 if __name__ == "__main__":

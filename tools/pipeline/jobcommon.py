@@ -3,9 +3,9 @@
 # segments of old commitlogs to find where recovery would end them), running
 # a per-split function over the splits in bounded waves while the driver
 # consumes the results in log order, the command line of the spark-submit
-# scripts (`spark-submit tools/pipeline/<job>.py --store ROOT ...`), and the
+# scripts (`spark-submit tools/pipeline/<job>.py --store ROOT ...`, on click:
+# a runtime dependency, so the packed executor env has it too), and the
 # one-line errors and exit codes (the same as mqadmin's).
-import argparse
 import functools
 import json
 import queue
@@ -13,7 +13,9 @@ import sys
 import threading
 
 import attrs
+import click
 
+from tools.cli import CONTEXT, run_command
 from tools.pipeline import segscan
 from tools.pipeline import splits as S
 
@@ -116,20 +118,44 @@ def spark_error_text(exc: BaseException) -> str:
 
 # --- the spark-submit scripts' command line ---------------------------------------
 
-def arg_parser(job: str, description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"spark-submit tools/pipeline/{job}.py", description=description)
-    ap.add_argument("--store", action="append", required=True, metavar="ROOT",
-                    help="a store root (repeat for several)")
-    ap.add_argument("--out", metavar="DIR", help="output directory")
-    ap.add_argument("--master", metavar="URL", help="Spark master (default local[*]; "
-                                                     "ignored under spark-submit, which sets it)")
-    ap.add_argument("--self-id", metavar="ID", help="which dledger-<ID> store under each ROOT")
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
-    ap.add_argument("--no-progress", action="store_true", help="no progress display")
-    ap.add_argument("--allow-python-fallback", action="store_true",
-                    help="executors without the native scanner use the pure-Python twin")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    return ap
+def _conf(ctx, param, value) -> tuple:
+    try:
+        return parse_conf(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--conf ")) from None
+
+
+def job_command(job: str, description: str, run, render, options=()) -> click.Command:
+    """The command of `spark-submit tools/pipeline/<job>.py`: the options
+    every job shares, then the job's own `options` (click.Option), whose
+    values reach the job as JobOptions.extra by parameter name; it runs
+    run_job(run, ..., render) and returns its exit status."""
+    shared = [
+        click.Option(["--store", "stores"], multiple=True, required=True, metavar="ROOT",
+                     help="a store root (repeat for several)"),
+        click.Option(["--out"], metavar="DIR", help="output directory"),
+        click.Option(["--master"], metavar="URL",
+                     help="Spark master (default local[*]; ignored under spark-submit, which sets it)"),
+        click.Option(["--self-id"], metavar="ID", help="which dledger-<ID> store under each ROOT"),
+        click.Option(["--conf"], multiple=True, metavar="KEY=VALUE", callback=_conf, help="a Spark setting"),
+        click.Option(["--no-progress"], is_flag=True, help="no progress display"),
+        click.Option(["--allow-python-fallback"], is_flag=True,
+                     help="executors without the native scanner use the pure-Python twin"),
+        click.Option(["--json", "as_json"], is_flag=True, help="print one JSON object"),
+    ]
+
+    def callback(stores, out, master, self_id, conf, no_progress, allow_python_fallback, as_json, **extra) -> int:
+        return run_job(run, JobOptions(tuple(stores), out, master, self_id, conf, not no_progress,
+                                       allow_python_fallback, as_json, tuple(extra.items())), render)
+
+    return click.Command(f"spark-submit tools/pipeline/{job}.py", params=[*shared, *options], callback=callback,
+                         help=description, context_settings=CONTEXT)
+
+
+def job_main(job: str, description: str, run, render, argv=None, options=()) -> int:
+    """A job script's main(argv): its command run to an exit status."""
+    return run_command(job_command(job, description, run, render, options), argv,
+                       f"spark-submit tools/pipeline/{job}.py")
 
 
 def parse_conf(pairs) -> tuple:
@@ -140,11 +166,6 @@ def parse_conf(pairs) -> tuple:
             raise ValueError(f"--conf {item!r}: expected KEY=VALUE")
         out.append((key.strip(), value))
     return tuple(out)
-
-
-def options_from_args(args, extra: dict) -> JobOptions:
-    return JobOptions(tuple(args.store), args.out, args.master, args.self_id, parse_conf(args.conf),
-                      not args.no_progress, args.allow_python_fallback, args.json, tuple(extra.items()))
 
 
 def run_job(job_fn, opts: JobOptions, render) -> int:

@@ -19,7 +19,6 @@
 # worker's Spark installation, as always.
 #
 #   python -m tools.pipeline.packenv [--tree DIR]   # prints the archive path
-import argparse
 import fcntl
 import glob
 import hashlib
@@ -28,6 +27,10 @@ import platform
 import shutil
 import subprocess
 import sys
+
+import click
+
+from tools.cli import CONTEXT, run_command
 
 PACK_DIR = ".venv-spark-pack"
 ARCHIVE_PREFIX = "ledgermq-env-"
@@ -119,18 +122,21 @@ def submit_conf(archive: str, alias: str = "env") -> dict:
     return {"spark.archives": f"{archive}#{alias}", "spark.pyspark.python": f"./{alias}/bin/python"}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.pipeline.packenv",
-                                 description="Build (or find cached) the packed ledgermq environment for "
-                                             "Spark executors and print its path.")
-    ap.add_argument("--tree", help="the ledgermq source tree (default: this one)")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--tree", type=click.Path(file_okay=False), help="the ledgermq source tree (default: this one)")
+def command(tree: str | None) -> int:
+    """Build (or find cached) the packed ledgermq environment for Spark
+    executors and print its path."""
     try:
-        print(packed_env(args.tree, log=lambda m: print(m, file=sys.stderr)))
+        print(packed_env(tree, log=lambda m: print(m, file=sys.stderr)))
     except (PackError, OSError, ImportError) as exc:
         print(f"packenv: error: {exc}", file=sys.stderr)
         return 3
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.pipeline.packenv")
 
 
 if __name__ == "__main__":

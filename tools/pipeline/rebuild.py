@@ -22,6 +22,7 @@ import sys
 import time
 
 import attrs
+import click
 
 from commitlog.store import LOCK_FILE
 from consumequeue.cq import DEFAULT_FILE_SIZE
@@ -209,20 +210,17 @@ def render(result: dict) -> None:
         print(f"note: {note}")
 
 
-def add_arguments(ap) -> None:
-    ap.add_argument("--cq-file-size", type=int, help="mappedFileSizeConsumeQueue (bytes, default 6000000)")
-    ap.add_argument("--index-slots", type=int, help="maxHashSlotNum (default 5000000)")
-    ap.add_argument("--index-items", type=int, help="maxIndexNum (default 20000000)")
-    ap.add_argument("--wave", type=int, help="segments scanned ahead of the driver (default 2x cores)")
+OPTIONS = (  # reach run() as JobOptions.extra, by these names
+    click.Option(["--cq-file-size"], type=int, help="mappedFileSizeConsumeQueue (bytes, default 6000000)"),
+    click.Option(["--index-slots"], type=int, help="maxHashSlotNum (default 5000000)"),
+    click.Option(["--index-items"], type=int, help="maxIndexNum (default 20000000)"),
+    click.Option(["--wave"], type=int, help="segments scanned ahead of the driver (default 2x cores)"),
+)
 
 
 def main(argv=None) -> int:
-    ap = J.arg_parser("rebuild", "Rebuild consume queues and index files of store roots on Spark.")
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    extra = {"cq_file_size": args.cq_file_size, "index_slots": args.index_slots,
-             "index_items": args.index_items, "wave": args.wave}
-    return J.run_job(run, J.options_from_args(args, extra), render)
+    return J.job_main("rebuild", "Rebuild consume queues and index files of store roots on Spark.", run, render,
+                      argv, OPTIONS)
 
 
 if __name__ == "__main__":

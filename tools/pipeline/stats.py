@@ -141,9 +141,7 @@ def render(result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = J.arg_parser("stats", "Per topic/queue statistics of store roots.")
-    args = ap.parse_args(argv)
-    return J.run_job(run, J.options_from_args(args, {}), render)
+    return J.job_main("stats", "Per topic/queue statistics of store roots.", run, render, argv)
 
 
 if __name__ == "__main__":
