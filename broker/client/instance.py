@@ -36,7 +36,7 @@ from broker.client.running_info import no_route_reason, running_info_response
 from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.namesrv.client import NamesrvClient, parse_namesrv_addrs
 from broker.namesrv.routes import TopicRouteData
-from broker.client.transport import RemotingClient, not_supported, open_remoting_client, parse_addr
+from broker.remoting.client import RemotingClient, not_supported, open_remoting_client, parse_addr
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError
