@@ -1,4 +1,4 @@
-# The client's anyio transport against a real TCP server on 127.0.0.1 (a
+# The one remoting transport (broker/remoting/client.py, anyio) against a real TCP server on 127.0.0.1 (a
 # bare socket server here, so what reaches the wire is seen as it is): many
 # requests issued together go out in few writes, each answered to its own
 # caller; a request whose answer never comes times out alone; a server
@@ -12,8 +12,8 @@ import threading
 import anyio
 import pytest
 
-from broker.client import transport
-from broker.client.transport import open_remoting_client
+from broker.remoting import client as transport
+from broker.remoting.client import open_remoting_client
 from broker.remoting.codec import NEED_DATA, CommandDecoder, encode_command
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand

@@ -15,7 +15,7 @@ import trio
 from broker.client import Message
 from broker.client.model import MessageQueue
 from broker.client.producer import Producer
-from broker.client.wire import ResponseDecoder, SendRequest
+from broker.client.wire import SendRequest
 from broker.remoting.codec import (
     CLOSED,
     NEED_DATA,
@@ -27,6 +27,7 @@ from broker.remoting.codec import (
 from broker.remoting.codes import CURRENT_VERSION, LanguageCode, RequestCode, SerializeType
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
+from broker.remoting.responses import ResponseDecoder
 from consumequeue import record as M
 
 UNICODE = ["plain", "ünïcödé", "汉字", "emoji \U0001F600", 'quote " and \\ backslash', "tab\tnew\nline",
