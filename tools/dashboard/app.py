@@ -7,20 +7,40 @@
 #   GET  /                      the single page (static/index.html)
 #   GET  /api/snapshot          the latest sample (cluster, topics, consumers, history)
 #   GET  /api/events            the same, pushed on every new sample (server-sent events)
-#   GET  /api/messages          search by key, unique key, offset msg id or queue offset
+#   GET  /api/session           whether login is required, and who is logged in
+#   POST /api/login, /api/logout  a session cookie for an admin account / its end
+#   GET  /api/messages          search by key, unique key, offset msg id or queue offset   [body]
+#   GET  /api/messages/range    a topic's messages stored in a time range                  [body]
+#   POST /api/messages/resend   send messages again to their topic (or a DLQ's original)    [write]
+#   GET  /api/dlq               a group's %DLQ% messages; /api/dlq/export as JSON lines     [body]
+#   GET  /api/producers         a producer group's clients (version, language)
+#   GET  /api/routes            a topic's route
+#   GET  /api/brokers/config    a registered broker's effective config, secrets masked
+#   GET  /api/groups/config     a subscription group's config
 #   GET  /api/replication       chain-CRC agreement of one group's replicas
-#   GET/POST /api/credentials   the ACL access key in use (never the secret) / set both
-#   POST /api/topics            create or update a topic on every master of a cluster
-#   POST /api/consumers/reset   reset a group's offsets to a time
+#   GET/POST /api/credentials   the ACL access key in use (never the secret) / set both   [write]
+#   POST /api/topics            create or update a topic on every master of a cluster      [write]
+#   POST /api/topics/delete     delete a topic (masters, then name servers)                [write]
+#   POST /api/groups            create a subscription group or change its config          [write]
+#   POST /api/groups/delete     delete a subscription group                                [write]
+#   POST /api/consumers/reset   reset a group's offsets to a time                          [write]
 #
 # Writes need "confirmed": true in the body (the page's confirm step) and
 # the X-Ledgermq-Console header: a page of another origin cannot send a
 # custom header without a CORS preflight, which this app never grants.
-# AdminError -> JSON {"error"} with 404/502/409 is this boundary's one
-# translation point (error_response).
+# With accounts configured (auth.Auth: --users or the ACL's admin
+# accounts), [write] and [body] routes also need a live session: the
+# cookie is HttpOnly and SameSite=Strict, its token random and checked
+# server-side; without one they answer 401 saying so.  Without accounts the
+# console is open as it was (the CLI warns when that is beyond loopback).
+# AdminError -> JSON {"error"} with 404/502/409, BadRequest/BadInput 400,
+# LoginRequired 401, TooManyAttempts 429: error_response is this
+# boundary's one translation point.  Request bodies are read up to
+# MAX_BODY bytes.
 import os
 
 import orjson
+import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -31,16 +51,30 @@ from starlette.staticfiles import StaticFiles
 from broker.acl.signing import credentials_or_none
 from broker.remoting.client import RemotingClient
 from consumequeue.record import MessageFormatError
+from tools.dashboard import ops
+from tools.dashboard.auth import Auth
 from tools.dashboard.sampler import Hub
 from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError, UnreachableError
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 WRITE_HEADER = "x-ledgermq-console"
 TRACE_MAX = 16  # messages shown per retry/DLQ topic in a trace
+COOKIE = "ledgermq_console_session"
+MAX_BODY = 1 << 20
 
 
 class BadRequest(Exception):
     """The request itself is wrong (a missing field, no confirm step)."""
+
+
+class LoginRequired(Exception):
+    """Accounts are configured and this request has no live session."""
+
+
+class TooManyAttempts(Exception):
+    def __init__(self, retry_after: float):
+        super().__init__(f"too many failed logins from this address: try again in {int(retry_after) + 1} s")
+        self.retry_after = retry_after
 
 
 def json_response(data, status: int = 200) -> Response:
@@ -49,8 +83,14 @@ def json_response(data, status: int = 200) -> Response:
 
 
 def error_response(exc: Exception) -> Response:
-    if isinstance(exc, BadRequest | MessageFormatError):
+    if isinstance(exc, BadRequest | MessageFormatError | ops.BadInput):
         return json_response({"error": str(exc)}, 400)
+    if isinstance(exc, LoginRequired):
+        return json_response({"error": str(exc), "loginRequired": True}, 401)
+    if isinstance(exc, TooManyAttempts):
+        r = json_response({"error": str(exc)}, 429)
+        r.headers["Retry-After"] = str(int(exc.retry_after) + 1)
+        return r
     if isinstance(exc, NotFoundError):
         return json_response({"error": str(exc)}, 404)
     if isinstance(exc, UnreachableError):
@@ -70,21 +110,88 @@ def _field(body: dict, name: str, kind=str, default=None):
         raise BadRequest(f"{name}: {value!r} is not a valid {kind.__name__}") from None
 
 
-async def _write_body(request: Request) -> dict:
+async def _json_body(request: Request) -> dict:
     if request.headers.get(WRITE_HEADER) != "write":
         raise BadRequest(f"admin writes need the {WRITE_HEADER} header (sent by the console's own page)")
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY:
+            raise BadRequest(f"the body is larger than {MAX_BODY} bytes")
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise BadRequest("the body is not JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("the body is not a JSON object")
-    if body.get("confirmed") is not True:
-        raise BadRequest("not confirmed: an admin write needs \"confirmed\": true (the page's confirm step)")
     return body
 
 
-def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient) -> Starlette:
+def _int_param(q, name: str, default: int | None = None) -> int | None:
+    value = q.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"{name}: {value!r} is not a whole number") from None
+
+
+def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient, auth: Auth | None = None) -> Starlette:
+    auth = auth or Auth()
+    checks = trio.CapacityLimiter(2)  # scrypt runs at most twice at once (CPU and memory bound)
+
+    def user_of(request: Request) -> str | None:
+        s = auth.session(request.cookies.get(COOKIE))
+        return s.user if s else None
+
+    def need_login(request: Request, what: str) -> None:
+        if auth.enabled and user_of(request) is None:
+            raise LoginRequired(f"{what} needs a login: log in with a console account (an ACL admin account or "
+                                f"one of the --users file); anonymous visitors only see the live views")
+
+    async def _write_body(request: Request) -> dict:
+        if request.headers.get(WRITE_HEADER) != "write":
+            raise BadRequest(f"admin writes need the {WRITE_HEADER} header (sent by the console's own page)")
+        need_login(request, "an admin write")
+        body = await _json_body(request)
+        if body.get("confirmed") is not True:
+            raise BadRequest("not confirmed: an admin write needs \"confirmed\": true (the page's confirm step)")
+        return body
+
+    def client_of(request: Request) -> str:
+        return request.client.host if request.client else "?"
+
+    async def session(request: Request) -> Response:
+        return json_response({"loginRequired": auth.enabled, "user": user_of(request)})
+
+    async def login(request: Request) -> Response:
+        body = await _json_body(request)
+        user, password = body.get("user"), body.get("password")
+        if not isinstance(user, str) or not isinstance(password, str) or not user:
+            raise BadRequest("user and password are required")
+        if not auth.enabled:
+            raise BadRequest("this console has no accounts (start it with --users or --acl-file to require a login)")
+        client = client_of(request)
+        async with checks:
+            wait = auth.retry_after(client)  # asked again once our turn comes: parallel guesses count too
+            if wait is not None:
+                raise TooManyAttempts(wait)
+            ok = await trio.to_thread.run_sync(auth.check_password, user[:256], password)
+            token = auth.login_result(client, user, ok)
+        if token is None:
+            raise LoginRequired("wrong user or password")
+        r = json_response({"loginRequired": True, "user": user})
+        r.set_cookie(COOKIE, token, max_age=int(auth.absolute_s), path="/", httponly=True, samesite="strict")
+        return r
+
+    async def logout(request: Request) -> Response:
+        await _json_body(request)
+        auth.logout(request.cookies.get(COOKIE))
+        r = json_response({"loginRequired": auth.enabled, "user": None})
+        r.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return r
+
     async def index(request: Request) -> Response:
         return FileResponse(os.path.join(STATIC, "index.html"), headers={"Cache-Control": "no-store"})
 
@@ -102,6 +209,7 @@ def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient) -> Starlette:
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def messages(request: Request) -> Response:
+        need_login(request, "reading message bodies")
         q = request.query_params
         mode = q.get("by", "key")
         if mode == "msgId":
@@ -196,6 +304,54 @@ def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient) -> Starlette:
             results[name] = [{"queueId": qid, "offset": off} for (_, _, qid), off in sorted(table.items())]
         return json_response({"group": group, "topic": topic, "timestamp": ts, "reset": results})
 
+    async def messages_range(request: Request) -> Response:
+        need_login(request, "reading message bodies")
+        q = request.query_params
+        return json_response(await ops.browse(admin, _field(q, "topic"), _int_param(q, "begin"), _int_param(q, "end"),
+                                              _int_param(q, "limit", 100)))
+
+    async def resend(request: Request) -> Response:
+        body = await _write_body(request)
+        return json_response(await ops.resend(admin, body.get("messages"), bool(body.get("toOriginal", False))))
+
+    async def dlq(request: Request) -> Response:
+        need_login(request, "reading message bodies")
+        q = request.query_params
+        return json_response(await ops.dlq(admin, _field(q, "group"), _int_param(q, "limit", 100)))
+
+    async def dlq_export(request: Request) -> Response:
+        need_login(request, "reading message bodies")
+        group = ops.check_name("group", _field(request.query_params, "group"))
+        topic = ops.DLQ_PREFIX + group
+        await admin.route(topic)  # a 404 before the stream starts
+        return StreamingResponse(ops.export_lines(admin, topic), media_type="application/x-ndjson", headers={
+            "Cache-Control": "no-store", "Content-Disposition": f'attachment; filename="dlq-{group}.jsonl"'})
+
+    async def producers(request: Request) -> Response:
+        return json_response(await ops.producers(admin, _field(request.query_params, "group")))
+
+    async def routes_(request: Request) -> Response:
+        return json_response(await ops.topic_route(admin, _field(request.query_params, "topic")))
+
+    async def broker_config(request: Request) -> Response:
+        return json_response(await ops.broker_config(admin, _field(request.query_params, "addr")))
+
+    async def group_config(request: Request) -> Response:
+        return json_response(await ops.group_config(admin, _field(request.query_params, "group")))
+
+    async def save_group(request: Request) -> Response:
+        body = await _write_body(request)
+        return json_response(await ops.save_group(admin, _field(body, "cluster"), body))
+
+    async def delete_group(request: Request) -> Response:
+        body = await _write_body(request)
+        return json_response(await ops.delete_group(admin, _field(body, "cluster"), _field(body, "group"),
+                                                    body.get("removeOffset") is True))
+
+    async def delete_topic(request: Request) -> Response:
+        body = await _write_body(request)
+        return json_response(await ops.delete_topic(admin, _field(body, "cluster"), _field(body, "topic")))
+
     async def handle_error(request: Request, exc: Exception) -> Response:
         return error_response(exc)
 
@@ -206,7 +362,21 @@ def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient) -> Starlette:
         Route("/", index),
         Route("/api/snapshot", snapshot),
         Route("/api/events", events),
+        Route("/api/session", session),
+        Route("/api/login", login, methods=["POST"]),
+        Route("/api/logout", logout, methods=["POST"]),
         Route("/api/messages", messages),
+        Route("/api/messages/range", messages_range),
+        Route("/api/messages/resend", resend, methods=["POST"]),
+        Route("/api/dlq", dlq),
+        Route("/api/dlq/export", dlq_export),
+        Route("/api/producers", producers),
+        Route("/api/routes", routes_),
+        Route("/api/brokers/config", broker_config),
+        Route("/api/groups/config", group_config),
+        Route("/api/groups", save_group, methods=["POST"]),
+        Route("/api/groups/delete", delete_group, methods=["POST"]),
+        Route("/api/topics/delete", delete_topic, methods=["POST"]),
         Route("/api/replication", replication),
         Route("/api/credentials", credentials, methods=["GET", "POST"]),
         Route("/api/topics", create_topic, methods=["POST"]),
@@ -215,4 +385,5 @@ def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient) -> Starlette:
     ]
     return Starlette(routes=routes, exception_handlers={
         AdminError: handle_error, BadRequest: handle_error, MessageFormatError: handle_error,
+        ops.BadInput: handle_error, LoginRequired: handle_error, TooManyAttempts: handle_error,
         HTTPException: http_error})

@@ -7,6 +7,9 @@
 #
 # A broker that does not answer is a row with its error, not a failure of
 # the sample: the console is what an operator opens when something is wrong.
+# A member the name server no longer lists (its registration expired) is
+# still shown, with the broker address it last had (or, when this console
+# never saw it registered, its DLedger address from the leader's dLegerPeers).
 import json
 import time
 
@@ -16,6 +19,7 @@ import trio
 from broker.remoting.codes import RequestCode
 from tools.dashboard import prom
 from tools.dashboard.history import RateTracker, TermLog, Window
+from tools.dashboard.ops import connection_row
 from tools.mqadmin.adminapi import AdminError, MQAdmin, gather
 
 # Topics the console lists apart from the operators' own (RocketMQ's system topics).
@@ -68,6 +72,8 @@ class Sampler:
     lag_window: Window = attrs.Factory(Window)
     endpoints: dict = attrs.Factory(dict)  # broker addr -> its /metrics (host, port), or None: exports none
     latency: dict = attrs.Factory(dict)  # broker addr -> the send latency buckets of its last scrape
+    last_addr: dict = attrs.Factory(dict)  # (brokerName, selfId) -> the broker address it last registered
+    raft_addrs: dict = attrs.Factory(dict)  # brokerName -> {selfId: DLedger address} (the leader's dLegerPeers)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         started = False
@@ -122,6 +128,8 @@ class Sampler:
             g = groups.setdefault(b.broker_name, {"brokerName": b.broker_name, "cluster": b.cluster,
                                                   "nodes": [], "peers": [], "missing": []})
             g["nodes"].append(node)
+            if node["selfId"]:
+                self.last_addr[(b.broker_name, node["selfId"])] = b.addr
             if st.get("role") == "leader":
                 g["peers"] = [{"leader": st.get("selfId"), "peer": p, "matchIndex": v.get("matchIndex"),
                                "lag": v.get("lag"), "lastAckMsAgo": v.get("lastAckMsAgo"), "state": v.get("state")}
@@ -131,7 +139,11 @@ class Sampler:
         point = {"t": now_ms, "groups": {}}
         for name, g in groups.items():
             # DLedger peers the leader knows that the name server does not list (down, or expired there).
-            g["missing"] = sorted(g.pop("members", set()) - {n["selfId"] for n in g["nodes"]})
+            missing = sorted(g.pop("members", set()) - {n["selfId"] for n in g["nodes"]})
+            if missing and name not in self.raft_addrs:
+                await self._learn_raft_addrs(name, g)
+            g["missing"] = [{"selfId": m, "addr": self.last_addr.get((name, m)),
+                             "raftAddr": self.raft_addrs.get(name, {}).get(m)} for m in missing]
             live = [n for n in g["nodes"] if n["error"] is None]
             leaders = [n for n in live if n["raftRole"] == "LEADER"]
             g["master"] = leaders[0]["selfId"] if len(leaders) == 1 else None
@@ -143,6 +155,22 @@ class Sampler:
             point["groups"][name] = {"put": put, "get": get, "term": g["term"]}
         self.window.add(point)
         return {"groups": sorted(groups.values(), key=lambda g: g["brokerName"])}
+
+    async def _learn_raft_addrs(self, name: str, g: dict) -> None:
+        """The DLedger addresses of a group's peers, from a live member's dLegerPeers."""
+        for n in g["nodes"]:
+            if n["error"] is None:
+                try:
+                    peers = (await self.admin.broker_config(n["addr"])).get("dLegerPeers", "")
+                except AdminError:
+                    continue
+                table = {}
+                for part in peers.split(";"):
+                    pid, sep, where = part.strip().partition("-")
+                    if sep:
+                        table[pid] = where
+                self.raft_addrs[name] = table
+                return
 
     async def _metrics(self, addr: str) -> dict | None:
         """What the console shows from a broker's Prometheus endpoint (None
@@ -227,18 +255,19 @@ class Sampler:
                                    "brokerOffset": w["brokerOffset"], "consumerOffset": c,
                                    "lag": max(0, w["brokerOffset"] - max(c, 0)),
                                    "lastTimestamp": w.get("lastTimestamp", 0)})
-            members = await self._members(masters, group)
-            if not queues and not members:
+            clients = await self._members(masters, group)
+            if not queues and not clients:
                 continue
             out.append({"group": group, "queues": queues, "lag": sum(q["lag"] for q in queues),
-                        "members": members})
+                        "members": [c["clientId"] for c in clients], "clients": clients})
         return out
 
-    async def _members(self, masters: dict[str, str], group: str) -> list[str]:
+    async def _members(self, masters: dict[str, str], group: str) -> list[dict]:
+        """The group's online clients (id, address, language, version)."""
         for addr in masters.values():
             try:
                 conn = await self.admin.consumer_connection(addr, group)
             except AdminError:
                 continue
-            return sorted(c.get("clientId", "?") for c in conn.get("connectionSet") or [])
+            return sorted((connection_row(c) for c in conn.get("connectionSet") or []), key=lambda c: c["clientId"])
         return []

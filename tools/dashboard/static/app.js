@@ -1,5 +1,8 @@
 // The console's page logic: one EventSource on /api/events feeds every live
-// view (cluster, topics, consumers); searches and admin writes are fetches.
+// view (cluster, topics, consumers); searches, the daily pages (producers,
+// messages by time, DLQ, broker config, routes, groups) and admin writes are
+// fetches.  With accounts configured, writes and message bodies need a login
+// (the session cookie is HttpOnly: this script never sees it).
 // Text from the cluster (topic names, message bodies) only ever goes into
 // textContent, never into HTML.
 "use strict";
@@ -50,6 +53,13 @@ function render() {
   renderTopics();
   renderConsumers();
   renderReplicationGroups();
+  renderBrokerChoices();
+}
+async function getJson(url) {
+  const r = await fetch(url);
+  const body = await r.json();
+  if (r.status === 401) refreshSession();
+  return body;
 }
 
 function nodeRole(n) {
@@ -66,7 +76,10 @@ function renderCluster() {
       el("td", {}, n.error ? "unreachable" : n.raftRole), el("td", {class: "term"}, n.term), el("td", {}, n.committedIndex),
       el("td", {}, n.diskRatio === null ? null : (n.diskRatio * 100).toFixed(1) + "%"),
       el("td", {}, fmtRate(n.putRate)), el("td", {}, fmtRate(n.getRate)), metricsCell(n.metrics)));
-    for (const m of g.missing) rows.push(el("tr", {"data-node": m, "data-role": "DOWN"}, el("td", {}, m), el("td", {}, "not registered"),
+    // Gone from the name server: the address it last registered with (or its DLedger address).
+    for (const m of g.missing) rows.push(el("tr", {"data-node": m.selfId, "data-role": "DOWN"}, el("td", {}, m.selfId),
+      el("td", {class: "addr", title: "no longer registered with the name server"},
+         m.addr || (m.raftAddr ? m.raftAddr + " (DLedger)" : "unknown")),
       el("td", {}, el("span", {class: "role DOWN"}, "DOWN")), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
     const peers = g.peers.map(p => el("tr", {"data-peer": p.peer}, el("td", {}, p.peer), el("td", {}, p.matchIndex),
       el("td", {}, p.lag), el("td", {}, p.lastAckMsAgo === null ? null : p.lastAckMsAgo + " ms"), el("td", {}, p.state)));
@@ -97,12 +110,22 @@ function drawChart(id, series, data) {
   if (!charts[id] || charts[id].key !== key) {
     if (charts[id]) charts[id].plot.destroy();
     const colors = ["#2f7ed8", "#e4572e", "#17a589", "#a569bd", "#f1c40f", "#5d6d7e"];
+    // Axis labels never overlap: time ticks at least 90 px apart, the value axis as wide as its widest label.
     const opts = {width: 560, height: 220, series: [{}, ...series.map((s, i) => ({stroke: colors[i % colors.length], width: 2, ...s}))],
-                  axes: [{}, {size: 60}]};
+                  axes: [{space: 90}, {size: fitAxis, space: 30}]};
     charts[id] = {key, plot: new uPlot(opts, data, box)};
   } else {
     charts[id].plot.setData(data);
   }
+}
+
+function fitAxis(self, values, axisIdx, cycleNum) {
+  const axis = self.axes[axisIdx];
+  if (cycleNum > 1) return axis._size;
+  let size = axis.ticks.size + axis.gap;
+  const longest = (values || []).reduce((acc, v) => String(v).length > acc.length ? String(v) : acc, "");
+  if (longest) { self.ctx.font = axis.font[0]; size += self.ctx.measureText(longest).width / devicePixelRatio; }
+  return Math.ceil(size) + 4;
 }
 
 function drawClusterCharts() {
@@ -126,8 +149,30 @@ function renderTopics() {
   const rows = snap.topics.filter(t => showSystem || !t.system).map(t => el("tr", {"data-topic": t.topic},
     el("td", {}, t.topic), el("td", {}, t.queues.length),
     el("td", {}, t.queues.reduce((a, q) => a + q.maxOffset - q.minOffset, 0)), el("td", {}, fmtRate(t.putRate)),
-    el("td", {class: "queues"}, t.queues.map(q => q.brokerName + "/" + q.queueId + ": " + q.minOffset + "–" + q.maxOffset).join("  "))));
+    el("td", {class: "queues"}, t.queues.map(q => q.brokerName + "/" + q.queueId + ": " + q.minOffset + "–" + q.maxOffset).join("  ")),
+    el("td", {}, el("button", {type: "button", "data-route": t.topic}, "Route"), " ",
+       el("button", {type: "button", class: "danger", "data-delete-topic": t.topic}, "Delete…"))));
   document.querySelector("#topics-table tbody").replaceChildren(...rows);
+  for (const b of document.querySelectorAll("[data-route]")) b.onclick = () => showRoute(b.dataset.route);
+  for (const b of document.querySelectorAll("[data-delete-topic]")) b.onclick = () => deleteTopic(b.dataset.deleteTopic);
+}
+const clusterName = () => snap && snap.groups.length ? snap.groups[0].cluster : "";
+async function showRoute(topic) {
+  const r = await getJson("/api/routes?topic=" + encodeURIComponent(topic));
+  showError("route-error", r.error);
+  const box = document.getElementById("route-result");
+  if (r.error) { box.replaceChildren(); return; }
+  box.replaceChildren(el("div", {class: "group route", "data-topic": topic}, el("h2", {}, "Route of " + topic),
+    table(["Cluster", "Broker", "Broker id", "Address"], r.brokers.flatMap(b => b.addrs.map(a => el("tr", {},
+      el("td", {}, b.cluster), el("td", {}, b.brokerName), el("td", {}, a.brokerId), el("td", {class: "addr"}, a.addr)))), {class: "route-brokers"}),
+    table(["Broker", "Read queues", "Write queues", "Perm"], r.queues.map(q => el("tr", {"data-broker": q.brokerName},
+      el("td", {}, q.brokerName), el("td", {class: "read"}, q.readQueueNums), el("td", {class: "write"}, q.writeQueueNums), el("td", {}, q.perm))),
+      {class: "route-queues"})));
+}
+function deleteTopic(topic) {
+  confirmWrite("Delete topic " + topic, [{name: "topic", label: "Topic", value: topic}, {name: "cluster", label: "Cluster", value: clusterName()}],
+    v => "deleteTopic -c " + v.cluster + " -t " + v.topic + "\nfrom every master of " + v.cluster + " and the name servers; its messages and offsets are gone",
+    v => post("/api/topics/delete", v));
 }
 document.getElementById("show-system").addEventListener("change", () => snap && renderTopics());
 
@@ -152,10 +197,12 @@ function confirmWrite(title, fields, summarize, send) {
 }
 async function post(url, body) {
   const r = await fetch(url, {method: "POST", headers: WRITE_HEADERS, body: JSON.stringify(body)});
-  return r.json();
+  const answer = await r.json();
+  if (r.status === 401) refreshSession();
+  return answer;
 }
 document.getElementById("topic-new").addEventListener("click", () => {
-  const cluster = snap && snap.groups.length ? snap.groups[0].cluster : "";
+  const cluster = clusterName();
   confirmWrite("Create or update a topic", [
     {name: "topic", label: "Topic"}, {name: "cluster", label: "Cluster", value: cluster},
     {name: "readQueueNums", label: "Read queues", value: 8, type: "number"},
@@ -170,10 +217,15 @@ document.getElementById("topic-new").addEventListener("click", () => {
 let selectedGroup = null;
 function renderConsumers() {
   const rows = snap.consumers.map(c => el("tr", {"data-group": c.group},
-    el("td", {}, c.group), el("td", {}, c.members.length ? c.members.join(", ") : "none online"),
-    el("td", {class: "lag"}, c.lag), el("td", {}, el("button", {type: "button", "data-reset": c.group}, "Reset offset…"))));
+    el("td", {}, c.group),
+    el("td", {class: "members"}, (c.clients || []).length ? c.clients.map(m => m.clientId + " (" + m.language + ", " + m.versionDesc + ")").join(", ") : "none online"),
+    el("td", {class: "lag"}, c.lag), el("td", {}, el("button", {type: "button", "data-reset": c.group}, "Reset offset…"), " ",
+      el("button", {type: "button", "data-edit-group": c.group}, "Config…"), " ",
+      el("button", {type: "button", class: "danger", "data-delete-group": c.group}, "Delete…"))));
   document.querySelector("#consumers-table tbody").replaceChildren(...rows);
   for (const b of document.querySelectorAll("[data-reset]")) b.onclick = () => resetOffset(b.dataset.reset);
+  for (const b of document.querySelectorAll("[data-edit-group]")) b.onclick = () => editGroup(b.dataset.editGroup);
+  for (const b of document.querySelectorAll("[data-delete-group]")) b.onclick = () => deleteGroup(b.dataset.deleteGroup);
   for (const r of document.querySelectorAll("#consumers-table tbody tr")) r.onclick = ev => {
     if (ev.target.tagName !== "BUTTON") { selectedGroup = r.dataset.group; renderConsumers(); } };
   const g = snap.consumers.find(c => c.group === selectedGroup);
@@ -201,6 +253,130 @@ function resetOffset(group) {
     v => post("/api/consumers/reset", {group: v.group, topic: v.topic, timestamp: v.time ? new Date(v.time).getTime() : null, confirmed: true}));
 }
 
+// --- subscription groups: create, edit, delete ---------------------------------------------------
+const GROUP_FIELDS = [["consumeEnable", "Consume enabled"], ["consumeBroadcastEnable", "Broadcast"], ["consumeFromMinEnable", "From min offset"],
+  ["consumeMessageOrderly", "Orderly"], ["notifyConsumerIdsChangedEnable", "Notify id changes"], ["retryQueueNums", "Retry queues"],
+  ["retryMaxTimes", "Retry max times"], ["brokerId", "Consume from broker id"], ["whichBrokerWhenConsumeSlowly", "Broker id when slow"]];
+function groupDialog(title, group, config) {
+  confirmWrite(title, [{name: "group", label: "Group", value: group}, {name: "cluster", label: "Cluster", value: clusterName()},
+    ...GROUP_FIELDS.map(([k, label]) => ({name: k, label, value: String(config[k])}))],
+    v => "updateSubGroup -c " + v.cluster + " -g " + v.group + "\n" + GROUP_FIELDS.map(([k]) => k + "=" + v[k]).join(" ") + "\non every master of " + v.cluster,
+    v => post("/api/groups", v));
+}
+async function editGroup(group) {
+  const r = await getJson("/api/groups/config?group=" + encodeURIComponent(group));
+  if (r.error) { alert(r.error); return; }
+  groupDialog("Edit the config of " + group, group, r.config);
+}
+document.getElementById("group-new").addEventListener("click", () => groupDialog("Create a subscription group", "",
+  {consumeEnable: true, consumeBroadcastEnable: false, consumeFromMinEnable: false, consumeMessageOrderly: false,
+   notifyConsumerIdsChangedEnable: true, retryQueueNums: 1, retryMaxTimes: 16, brokerId: 0, whichBrokerWhenConsumeSlowly: 1}));
+function deleteGroup(group) {
+  confirmWrite("Delete group " + group, [{name: "group", label: "Group", value: group}, {name: "cluster", label: "Cluster", value: clusterName()},
+    {name: "removeOffset", label: "Also its offsets, %RETRY% and %DLQ% (true/false)", value: "false"}],
+    v => "deleteSubGroup -c " + v.cluster + " -g " + v.group + " -r " + v.removeOffset,
+    v => post("/api/groups/delete", {...v, removeOffset: v.removeOffset === "true"}));
+}
+
+// --- producers ------------------------------------------------------------------------------------
+document.getElementById("prod-form").addEventListener("submit", async ev => {
+  ev.preventDefault();
+  const r = await getJson("/api/producers?group=" + encodeURIComponent(document.getElementById("prod-group").value));
+  showError("prod-error", r.error);
+  const t = document.getElementById("prod-table");
+  t.hidden = !!r.error;
+  if (r.error) return;
+  t.querySelector("tbody").replaceChildren(...r.connections.map(c => el("tr", {"data-client": c.clientId},
+    el("td", {}, c.clientId), el("td", {}, c.clientAddr), el("td", {class: "language"}, c.language),
+    el("td", {class: "version"}, c.versionDesc), el("td", {}, c.brokers.join(", ")))));
+});
+
+// --- selectable message lists (time range, DLQ) with resend ----------------------------------------
+function messageRows(tbody, messages, extra) {
+  tbody.replaceChildren(...messages.map((m, i) => el("tr", {"data-msgid": m.msgId, "data-i": i},
+    el("td", {}, el("input", {type: "checkbox", class: "pick"})), el("td", {}, m.msgId), ...extra(m),
+    el("td", {class: "body", title: m.body ?? m.bodyHex}, m.body !== null ? m.body : "hex " + m.bodyHex))));
+}
+function picked(tbody, messages) {
+  return [...tbody.querySelectorAll("tr")].filter(r => r.querySelector(".pick").checked).map(r => messages[+r.dataset.i])
+    .map(m => ({topic: m.topic, brokerName: m.brokerName, queueId: m.queueId, queueOffset: m.queueOffset}));
+}
+function wirePicks(all, tbody, button) {
+  const sync = () => { button.disabled = !tbody.querySelector(".pick:checked"); };
+  tbody.onchange = sync; sync();
+  all.checked = false;
+  all.onchange = () => { for (const c of tbody.querySelectorAll(".pick")) c.checked = all.checked; sync(); };
+}
+function resendDialog(title, items, toOriginal, where) {
+  confirmWrite(title, [], () => items.length + " message(s) sent again " + where + "\n" +
+      items.map(m => m.topic + " " + m.brokerName + "/" + m.queueId + " @ " + m.queueOffset).join("\n"),
+    () => post("/api/messages/resend", {messages: items, toOriginal, confirmed: true}).then(r => {
+      if (!r.error) document.getElementById("status").dataset.resent = r.resent.length; return r; }));
+}
+
+let rangeMessages = [];
+const localMs = v => v ? new Date(v).getTime() : "";
+document.getElementById("range-form").addEventListener("submit", async ev => {
+  ev.preventDefault();
+  const v = id => document.getElementById(id).value;
+  const p = new URLSearchParams({topic: v("range-topic"), begin: localMs(v("range-begin")), end: localMs(v("range-end")), limit: 200});
+  const r = await getJson("/api/messages/range?" + p);
+  showError("range-error", r.error || (r.truncated ? "only the first " + r.messages.length + " messages are shown" : ""));
+  const t = document.getElementById("range-table");
+  t.hidden = !!r.error;
+  if (r.error) return;
+  rangeMessages = r.messages;
+  messageRows(t.querySelector("tbody"), rangeMessages, m => [el("td", {}, m.brokerName + "/" + m.queueId + " @ " + m.queueOffset),
+    el("td", {}, fmtTime(m.storeTimestamp)), el("td", {}, m.tags), el("td", {}, m.keys.join(" "))]);
+  wirePicks(document.getElementById("range-all"), t.querySelector("tbody"), document.getElementById("range-resend"));
+});
+document.getElementById("range-resend").addEventListener("click", () => {
+  const items = picked(document.querySelector("#range-table tbody"), rangeMessages);
+  resendDialog("Resend messages", items, false, "to their topic");
+});
+
+let dlqMessages = [];
+document.getElementById("dlq-form").addEventListener("submit", async ev => {
+  ev.preventDefault();
+  const group = document.getElementById("dlq-group").value;
+  const r = await getJson("/api/dlq?limit=200&group=" + encodeURIComponent(group));
+  showError("dlq-error", r.error || (r.truncated ? "only the first " + r.messages.length + " messages are shown" : ""));
+  const t = document.getElementById("dlq-table"), exp = document.getElementById("dlq-export");
+  t.hidden = exp.hidden = !!r.error;
+  if (r.error) return;
+  exp.href = "/api/dlq/export?group=" + encodeURIComponent(group);
+  dlqMessages = r.messages;
+  messageRows(t.querySelector("tbody"), dlqMessages, m => [el("td", {class: "original"}, m.originalTopic),
+    el("td", {}, m.brokerName + "/" + m.queueId + " @ " + m.queueOffset), el("td", {}, fmtTime(m.storeTimestamp)), el("td", {}, m.reconsumeTimes)]);
+  wirePicks(document.getElementById("dlq-all"), t.querySelector("tbody"), document.getElementById("dlq-resend"));
+});
+document.getElementById("dlq-resend").addEventListener("click", () => {
+  const items = picked(document.querySelector("#dlq-table tbody"), dlqMessages);
+  resendDialog("Resend dead letters", items, true, "to their original topic");
+});
+
+// --- broker config ----------------------------------------------------------------------------------
+function renderBrokerChoices() {
+  const sel = document.getElementById("cfg-broker");
+  const addrs = snap.groups.flatMap(g => g.nodes.map(n => [n.addr, g.brokerName + " " + (n.selfId || "") + " " + n.addr]));
+  if ([...sel.options].map(o => o.value).join() !== addrs.map(a => a[0]).join())
+    sel.replaceChildren(...addrs.map(([a, label]) => el("option", {value: a}, label)));
+}
+let brokerConfig = null;
+function renderConfig() {
+  const f = document.getElementById("cfg-filter").value.toLowerCase();
+  document.querySelector("#cfg-table tbody").replaceChildren(...Object.entries(brokerConfig || {}).filter(([k]) => k.toLowerCase().includes(f))
+    .map(([k, v]) => el("tr", {"data-key": k}, el("td", {}, k), el("td", {class: "value"}, v))));
+}
+document.getElementById("cfg-show").addEventListener("click", async () => {
+  const r = await getJson("/api/brokers/config?addr=" + encodeURIComponent(document.getElementById("cfg-broker").value));
+  showError("cfg-error", r.error);
+  document.getElementById("cfg-table").hidden = !!r.error;
+  brokerConfig = r.error ? null : r.config;
+  renderConfig();
+});
+document.getElementById("cfg-filter").addEventListener("input", renderConfig);
+
 // --- messages -----------------------------------------------------------------------------------
 const msgBy = document.getElementById("msg-by");
 msgBy.addEventListener("change", () => {
@@ -216,7 +392,7 @@ document.getElementById("msg-form").addEventListener("submit", async ev => {
   if (msgBy.value === "msgId") p.set("msgId", v("msg-key"));
   else if (msgBy.value === "queueOffset") { p.set("topic", v("msg-topic")); p.set("brokerName", v("msg-broker")); p.set("queueId", v("msg-queue")); p.set("offset", v("msg-offset")); }
   else { p.set("topic", v("msg-topic")); p.set("key", v("msg-key")); }
-  const r = await (await fetch("/api/messages?" + p)).json();
+  const r = await getJson("/api/messages?" + p);
   showError("msg-error", r.error);
   const box = document.getElementById("msg-results");
   if (r.error) { box.replaceChildren(); return; }
@@ -258,6 +434,33 @@ document.getElementById("acl-open").addEventListener("click", () => {
 });
 function showAcl(r) { document.getElementById("acl-open").textContent = r.signing ? "ACL: " + r.accessKey : "ACL credentials"; }
 fetch("/api/credentials").then(r => r.json()).then(showAcl);
+
+// --- login: the cookie is set by the server (HttpOnly); the page only shows who is logged in ------------
+function showSession(s) {
+  document.getElementById("whoami").textContent = s.user ? "logged in as " + s.user : (s.loginRequired ? "not logged in" : "");
+  document.getElementById("login-open").hidden = !s.loginRequired || !!s.user;
+  document.getElementById("logout").hidden = !s.user;
+}
+function refreshSession() { fetch("/api/session").then(r => r.json()).then(showSession); }
+document.getElementById("login-open").addEventListener("click", () => {
+  showError("login-error", "");
+  document.getElementById("login").showModal();
+});
+document.getElementById("login-ok").addEventListener("click", async ev => {
+  ev.preventDefault();
+  const body = {user: document.getElementById("login-user").value, password: document.getElementById("login-password").value};
+  const r = await fetch("/api/login", {method: "POST", headers: WRITE_HEADERS, body: JSON.stringify(body)});
+  const answer = await r.json();
+  document.getElementById("login-password").value = "";
+  if (answer.error) { showError("login-error", answer.error); return; }
+  document.getElementById("login").close();
+  showSession(answer);
+});
+document.getElementById("logout").addEventListener("click", async () => {
+  const r = await fetch("/api/logout", {method: "POST", headers: WRITE_HEADERS, body: "{}"});
+  showSession(await r.json());
+});
+refreshSession();
 
 showTab();
 connect();
