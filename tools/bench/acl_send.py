@@ -23,13 +23,15 @@
 #
 #   python -m tools.bench.acl_send [--count N] [--window W] [--body B] [--rounds R] [--modes off,on,general]
 #   py-spy record -- python -m tools.bench.acl_send --modes on   (one mode, to profile it)
-import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
 from broker.acl.signing import Credentials
@@ -40,6 +42,7 @@ from broker.server import serve_broker
 from consumequeue import record as M
 from native import acl as native_acl
 from tools.bench.rawsend import FrameTemplate, run_window
+from tools.cli import CONTEXT, run_command
 from tools.localcluster import free_ports
 
 TOPIC = "AclBenchTopic"
@@ -135,19 +138,25 @@ async def measure(args) -> dict:
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--count", type=int, default=20000, help="messages per round")
-    p.add_argument("--window", type=int, default=64, help="requests in flight (and frames per write)")
-    p.add_argument("--body", type=int, default=1024, help="body bytes")
-    p.add_argument("--rounds", type=int, default=5, help="rounds per mode, alternating")
-    p.add_argument("--seconds", type=float, default=30.0, help="time cap of one round")
-    p.add_argument("--modes", type=lambda t: t.split(","), default=["off", "on", "general"],
-                   help="comma-separated, of " + ", ".join(MODES) + " (one mode alone: to profile it)")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    if not set(args.modes) <= set(MODES):
-        p.error(f"--modes: of {', '.join(MODES)}")
+def _modes(ctx, param, value: str) -> list[str]:
+    modes = value.split(",")
+    if not set(modes) <= set(MODES):
+        raise click.BadParameter(f"{value!r}: each of {', '.join(MODES)}")
+    return modes
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--count", type=int, default=20000, show_default=True, help="messages per round")
+@click.option("--window", type=int, default=64, show_default=True, help="requests in flight (and frames per write)")
+@click.option("--body", type=int, default=1024, show_default=True, help="body bytes")
+@click.option("--rounds", type=int, default=5, show_default=True, help="rounds per mode, alternating")
+@click.option("--seconds", type=float, default=30.0, show_default=True, help="time cap of one round")
+@click.option("--modes", default="off,on,general", show_default=True, callback=_modes,
+              help="comma-separated, of " + ", ".join(MODES) + " (one mode alone: to profile it)")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """Signed sends with the ACL off and on, alternating rounds, in one process."""
+    args = types.SimpleNamespace(**kw)
     t0 = time.perf_counter()
     out = trio.run(measure, args)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -165,5 +174,9 @@ def main(argv=None) -> None:
         print(f"  errors {out['errors']}")
 
 
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.acl_send")
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,7 +18,6 @@
 # client library, and send vs consume.  Not a test; nothing is asserted.
 #
 #   python -m tools.bench.broker [--count N] [--window W] [--seconds S] [--json] [--no-client]
-import argparse
 import json
 import os
 import resource
@@ -26,7 +25,9 @@ import struct
 import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -35,6 +36,7 @@ from consumequeue import batch as batches
 from consumequeue import record as M
 from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import LocalBrokerCluster, open_broker_cluster
+from tools.cli import CONTEXT, run_command
 from tools.localcluster import LocalCluster
 
 TOPIC = "BenchTopic"
@@ -400,20 +402,25 @@ def report(r: dict) -> None:
         print(f"  errors: {r['errors']}")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.broker")
-    p.add_argument("--count", type=int, default=20_000, help="messages per throughput phase")
-    p.add_argument("--window", type=int, default=256, help="sends in flight")
-    p.add_argument("--seconds", type=float, default=30.0, help="time cap of each phase")
-    p.add_argument("--no-client", action="store_true", help="raw remoting only")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--count", type=int, default=20_000, show_default=True, help="messages per throughput phase")
+@click.option("--window", type=int, default=256, show_default=True, help="sends in flight")
+@click.option("--seconds", type=float, default=30.0, show_default=True, help="time cap of each phase")
+@click.option("--no-client", is_flag=True, help="raw remoting only")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The broker benchmark: a name server and a 3-broker group, raw remoting and client sends."""
+    args = types.SimpleNamespace(**kw)
     res = trio.run(run, args)
     if args.json:
         print(json.dumps(res))
     else:
         report(res)
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.broker")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@
 # speed, not dispatch), which is reported separately.  Consume queues and
 # index go to ${dir}/output, not into the store root, so a rebuild there by
 # mqadmin is left alone.
-import argparse
 import json
 import os
 import resource
@@ -25,8 +24,10 @@ import shutil
 import statistics
 import sys
 import time
+import types
 
 import attrs
+import click
 
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import record as M
@@ -35,6 +36,7 @@ from consumequeue.dispatcher import DispatchEngine
 from consumequeue.queue_offsets import QueueOffsetTable
 from consumequeue.rebuild import rebuild_engine
 from native import dispatch as D
+from tools.cli import CONTEXT, run_command
 
 RECORD_SIZE = 1024
 QUEUES = 64
@@ -168,16 +170,17 @@ def prefix_end(store, limit_bytes: int) -> tuple[int, int]:
     return service.entry_end(store, lo), lo
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.dispatch", description=__doc__)
-    ap.add_argument("--size-mb", type=int, default=1024, help="commitlog size to build (MiB)")
-    ap.add_argument("--dir", default="/tmp/ledgermq-bench-dispatch", help="where the store lives (reused)")
-    ap.add_argument("--python-mb", type=int, default=128, help="prefix timed on the Python path (MiB)")
-    ap.add_argument("--rounds", type=int, default=7,
-                    help="alternating raw-read / native-rebuild rounds; medians are reported")
-    ap.add_argument("--runs", type=int, default=3, help="native rebuilds of the Python prefix (median)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--size-mb", type=int, default=1024, show_default=True, help="commitlog size to build (MiB)")
+@click.option("--dir", default="/tmp/ledgermq-bench-dispatch", show_default=True, help="where the store lives (reused)")
+@click.option("--python-mb", type=int, default=128, show_default=True, help="prefix timed on the Python path (MiB)")
+@click.option("--rounds", type=int, default=7, show_default=True,
+              help="alternating raw-read / native-rebuild rounds; medians are reported")
+@click.option("--runs", type=int, default=3, show_default=True, help="native rebuilds of the Python prefix (median)")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The dispatch benchmark: consume queues and the index rebuilt from a commitlog, native vs raw read and Python."""
+    args = types.SimpleNamespace(**kw)
     if D.NATIVE is None:
         print("native dispatch helpers unavailable; run `make native`", file=sys.stderr)
         return 2
@@ -255,6 +258,10 @@ def main(argv=None) -> int:
         print(f"targets            native >= 1 GiB/s per core and >= 0.3x raw: "
               f"{'met' if result['met'] else 'NOT met'}")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.dispatch")
 
 
 if __name__ == "__main__":

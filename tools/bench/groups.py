@@ -27,17 +27,19 @@
 # sends into bursts, not by the layout.)  Not a test; nothing is asserted.
 #
 #   python -m tools.bench.groups [--seconds S] [--window W] [--json]
-import argparse
 import json
 import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
 from broker.client import ConsumeFromWhere, ConsumeStatus, Message, SendStatus, open_producer, open_push_consumer
 from tools.bench.broker import cpu_seconds, cpu_us_per, own_cpu_seconds, rate, ratio
 from tools.brokercluster import MultiGroupCluster, open_multi_group_cluster
+from tools.cli import CONTEXT, run_command
 from tools.mqadmin.adminapi import AdminError, MQAdmin
 
 TOPIC = "ScaleTopic"
@@ -205,13 +207,14 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.groups", description=__doc__)
-    p.add_argument("--seconds", type=float, default=10.0, help="length of the send phase")
-    p.add_argument("--window", type=int, default=64, help="concurrent sends per group")
-    p.add_argument("--groups", default="1,2", help="layouts to measure, e.g. 1,2")
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--seconds", type=float, default=10.0, show_default=True, help="length of the send phase")
+@click.option("--window", type=int, default=64, show_default=True, help="concurrent sends per group")
+@click.option("--groups", default="1,2", show_default=True, help="layouts to measure, e.g. 1,2")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The scale-out benchmark: the same send load on one broker group and on several."""
+    a = types.SimpleNamespace(**kw)
 
     async def run():
         return [await measure(int(n), a.seconds, a.window) for n in a.groups.split(",")]
@@ -224,5 +227,9 @@ def main(argv=None) -> None:
         report(runs)
 
 
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.groups")
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -28,7 +28,6 @@
 # pull for what POP costs.  Not a test; nothing is asserted.
 #
 #   python -m tools.bench.grpc_cost [--count N] [--concurrency C] [--json]
-import argparse
 import asyncio
 import json
 import os
@@ -36,13 +35,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import anyio
 import anyio.from_thread
+import click
 
 from broker.client import Message, open_producer, open_pull_consumer
 from broker.client.model import PullStatus
 from tools.brokercluster import open_broker_cluster
+from tools.cli import CONTEXT, run_command
 
 BODY = b"m" * 1024
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -246,12 +248,13 @@ def run(count: int, conc: int) -> dict:
     return {"count": count, "concurrency": conc, "rows": rows, "idle": meter.idle}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.grpc_cost", description=__doc__)
-    ap.add_argument("--count", type=int, default=5000, help="messages per phase")
-    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--count", type=int, default=5000, show_default=True, help="messages per phase")
+@click.option("--concurrency", type=int, default=16, show_default=True, help="requests in flight")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The gRPC cost benchmark: CPU per message through mqproxy against plain remoting."""
+    args = types.SimpleNamespace(**kw)
     res = run(args.count, args.concurrency)
     if args.json:
         print(json.dumps(res))
@@ -270,5 +273,9 @@ def main(argv=None) -> int:
     return 0
 
 
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.grpc_cost")
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -22,18 +22,21 @@
 # The job runs one task per segment: on a cluster, executors scan segments
 # in parallel and only the compact records (about 15% of the log) reach the
 # driver, which writes the files in log order.
-import argparse
 import json
 import os
 import shutil
 import statistics
 import sys
 import time
+import types
+
+import click
 
 from commitlog.store import SegmentedStore, StoreConfig
 from consumequeue import service
 from native import dispatch as D
 from tools.bench.dispatch import QUEUES, RECORD_SIZE, fill_store, raw_read_rate, timed_rebuild
+from tools.cli import CONTEXT, run_command
 
 MB = 1 << 20
 
@@ -131,16 +134,19 @@ def standalone_seconds(path: str, output: str, rounds: int, log, wave=None, work
         cluster.stop()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.pipeline", description=__doc__)
-    ap.add_argument("--size-mb", type=int, default=2048, help="commitlog size to build (MiB)")
-    ap.add_argument("--segment-mb", type=int, default=256, help="data segment size (MiB): one Spark task each")
-    ap.add_argument("--dir", default="/tmp/ledgermq-bench-pipeline", help="where the store lives (reused)")
-    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per job and contender (medians reported)")
-    ap.add_argument("--wave", type=int, help="segments scanned ahead of the driver (default 2x cores)")
-    ap.add_argument("--no-standalone", action="store_true", help="skip the standalone cluster contender")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--size-mb", type=int, default=2048, show_default=True, help="commitlog size to build (MiB)")
+@click.option("--segment-mb", type=int, default=256, show_default=True,
+              help="data segment size (MiB): one Spark task each")
+@click.option("--dir", default="/tmp/ledgermq-bench-pipeline", show_default=True, help="where the store lives (reused)")
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="timed rounds per job and contender (medians reported)")
+@click.option("--wave", type=int, help="segments scanned ahead of the driver (default 2x cores)")
+@click.option("--no-standalone", is_flag=True, help="skip the standalone cluster contender")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The Spark pipeline benchmark: each job on local[1], local[2] and a standalone cluster vs the native rebuild."""
+    args = types.SimpleNamespace(**kw)
     if D.NATIVE is None:
         print("native dispatch helpers unavailable; run `make native`", file=sys.stderr)
         return 2
@@ -207,6 +213,10 @@ def main(argv=None) -> int:
           + " (>1: faster than one process); the driver replayed "
           + ", ".join(f"{n} {runs[n]['rebuild'][2]['applySeconds']:.2f} s" for n in names))
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.pipeline")
 
 
 if __name__ == "__main__":

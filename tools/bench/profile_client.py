@@ -16,21 +16,23 @@
 #
 #   python -m tools.bench.profile_client [--window 256] [--seconds 10] [--backend trio|asyncio] [--mode tasks|async]
 #   python -m tools.bench.profile_client --compare [--rounds 2] [--count 10000] [--json]
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import anyio
+import click
 import trio
 
 from broker import client
 from tools.bench.broker import TOPIC, cpu_split, create_topic_request, own_cpu_seconds
 from tools.bench.profile_send import top_of_profile
 from tools.brokercluster import open_broker_cluster
+from tools.cli import CONTEXT, run_command
 
 BODY = b"x" * 1024
 
@@ -235,22 +237,24 @@ def compare(args) -> None:
                   f"send() {rec['tasks_mps']:.0f}, nats-py {rec['nats_mps']:.0f}", flush=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.profile_client", description=__doc__)
-    p.add_argument("--window", type=int, default=256)
-    p.add_argument("--seconds", type=float, default=10)
-    p.add_argument("--backend", choices=("trio", "asyncio"), default="trio")
-    p.add_argument("--mode", choices=("tasks", "async"), default="tasks",
-                   help="`window` tasks each awaiting producer.send, or `window` send_async calls in flight "
-                        "(each callback sends the next)")
-    p.add_argument("--out", help="sample this process with py-spy, keep the raw profile here")
-    p.add_argument("--compare", action="store_true",
-                   help="issue 28 part 5's figures against nats-py, alternating rounds (see the module comment)")
-    p.add_argument("--rounds", type=int, default=2, help="--compare: rounds")
-    p.add_argument("--count", type=int, default=10000, help="--compare: sends per windowed phase")
-    p.add_argument("--singles", type=int, default=1000, help="--compare: one-in-flight sends per kind")
-    p.add_argument("--json", action="store_true", help="--compare: one JSON object per round")
-    args = p.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--window", type=int, default=256, show_default=True, help="sends in flight")
+@click.option("--seconds", type=float, default=10, show_default=True, help="length of the profiled send phase")
+@click.option("--backend", type=click.Choice(["trio", "asyncio"]), default="trio", show_default=True,
+              help="the event loop the client runs on")
+@click.option("--mode", type=click.Choice(["tasks", "async"]), default="tasks", show_default=True,
+              help="`window` tasks each awaiting producer.send, or `window` send_async calls in flight "
+                   "(each callback sends the next)")
+@click.option("--out", help="sample this process with py-spy, keep the raw profile here")
+@click.option("--compare", is_flag=True,
+              help="issue 28 part 5's figures against nats-py, alternating rounds (see the module comment)")
+@click.option("--rounds", type=int, default=2, show_default=True, help="--compare: rounds")
+@click.option("--count", type=int, default=10000, show_default=True, help="--compare: sends per windowed phase")
+@click.option("--singles", type=int, default=1000, show_default=True, help="--compare: one-in-flight sends per kind")
+@click.option("--json", is_flag=True, help="--compare: one JSON object per round")
+def command(**kw) -> int:
+    """Profile the client library's send path (or --compare it with nats-py)."""
+    args = types.SimpleNamespace(**kw)
     if args.compare:
         compare(args)
         return 0
@@ -258,6 +262,10 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
     trio.run(cluster_run, args)
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.profile_client")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@
 #
 #   python -m tools.bench.profile_send [--window 256] [--seconds 20] [--out DIR] [--slave] [--sync]
 #                                      [--batch 32]
-import argparse
 import collections
 import json
 import os
@@ -20,12 +19,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 
+import click
 import trio
 
 from tools.bench.broker import QUEUES, batch_request, cpu_split, create_topic_request, own_cpu_seconds, send_request
 from tools.bench.rawsend import FrameTemplate, run_window
 from tools.brokercluster import open_broker_cluster
+from tools.cli import CONTEXT, run_command
 
 
 def top_of_profile(raw_path: str, n: int = 25) -> tuple[list, list]:
@@ -127,19 +129,20 @@ async def run(args) -> dict:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.profile_send", description=__doc__)
-    p.add_argument("--window", type=int, default=256)
-    p.add_argument("--seconds", type=float, default=20)
-    p.add_argument("--out", help="keep the raw profiles (and the cluster's files) here")
-    p.add_argument("--slave", action="store_true", help="profile a slave too")
-    p.add_argument("--sync", action="store_true", help="flushDiskType=SYNC_FLUSH")
-    p.add_argument("--batch", type=int, default=0,
-                   help="send SEND_BATCH_MESSAGEs of this many messages (--window batches in flight)")
-    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
-    p.add_argument("--syscalls", action="store_true", help="count system calls (perf trace -s) instead of py-spy sampling")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--window", type=int, default=256, show_default=True, help="sends in flight")
+@click.option("--seconds", type=float, default=20, show_default=True, help="length of the profiled send phase")
+@click.option("--out", help="keep the raw profiles (and the cluster's files) here")
+@click.option("--slave", is_flag=True, help="profile a slave too")
+@click.option("--sync", is_flag=True, help="flushDiskType=SYNC_FLUSH")
+@click.option("--batch", type=int, default=0, show_default=True,
+              help="send SEND_BATCH_MESSAGEs of this many messages (--window batches in flight)")
+@click.option("--rate", type=int, default=200, show_default=True, help="py-spy samples per second")
+@click.option("--syscalls", is_flag=True, help="count system calls (perf trace -s) instead of py-spy sampling")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """Profile the master's send path with py-spy (or count its system calls)."""
+    args = types.SimpleNamespace(**kw)
     r = trio.run(run, args)
     if args.json:
         print(json.dumps(r, indent=1))
@@ -162,6 +165,10 @@ def main(argv=None) -> int:
         for pct, frame in prof["cumulative"]:
             print(f"  {pct:5.1f}%  {frame}")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.profile_send")
 
 
 if __name__ == "__main__":

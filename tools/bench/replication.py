@@ -12,17 +12,20 @@
 #   python -m tools.bench.replication --profile DIR   (cProfile of the windowed
 #       async load: every node writes DIR/<id>.prof, the top functions of the
 #       leader and of a follower are printed)
-import argparse
 import base64
 import json
 import os
 import pstats
 import statistics
+import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
+from tools.cli import CONTEXT, run_command
 from tools.localcluster import LocalCluster
 
 TARGETS = {"window_eps_async": 50_000, "single_p50_ms": 0.5, "failover_p50_s": 1.0}
@@ -164,17 +167,19 @@ async def run(args) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.replication")
-    p.add_argument("--single-count", type=int, default=3000)
-    p.add_argument("--window-count", type=int, default=100_000)
-    p.add_argument("--window", type=int, default=1024, help="appends in flight")
-    p.add_argument("--kills", type=int, default=10)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--profile", metavar="DIR", help="profile the windowed async load only (see above)")
-    p.add_argument("--batch", type=int, default=1, help="entries per append call (--profile only)")
-    p.add_argument("--top", type=int, default=30, help="functions to print per profile")
-    args = p.parse_args()
+@click.command(context_settings=CONTEXT)
+@click.option("--single-count", type=int, default=3000, show_default=True, help="appends one at a time (latency)")
+@click.option("--window-count", type=int, default=100_000, show_default=True,
+              help="appends of the windowed phase (throughput)")
+@click.option("--window", type=int, default=1024, show_default=True, help="appends in flight")
+@click.option("--kills", type=int, default=10, show_default=True, help="kill -9s of the leader (failover)")
+@click.option("--json", is_flag=True, help="print one JSON object")
+@click.option("--profile", metavar="DIR", help="profile the windowed async load only (see the module comment)")
+@click.option("--batch", type=int, default=1, show_default=True, help="entries per append call (--profile only)")
+@click.option("--top", type=int, default=30, show_default=True, help="functions to print per profile")
+def command(**kw) -> int:
+    """The replication benchmark: 3 node processes, append latency, windowed throughput and failover."""
+    args = types.SimpleNamespace(**kw)
     if args.profile:
         res = trio.run(profile_window, args)
         print(json.dumps(res["window"]))
@@ -201,5 +206,9 @@ def main() -> None:
           f"({res['single_p50_ms']} ms), failover p50 <= 1 s ({res['failover_p50_s']} s)")
 
 
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.replication")
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,7 +21,6 @@
 # push read -> acknowledgement sent).  Not a test; nothing is asserted.
 #
 #   python -m tools.bench.round [--rounds 2000] [--flush async|sync] [--json]
-import argparse
 import contextlib
 import json
 import os
@@ -29,7 +28,9 @@ import re
 import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
 from broker.remoting.codes import RequestCode
@@ -38,6 +39,7 @@ from commitlog.roundtrace import TRACE_ENV
 from tools.bench.broker import create_topic_request, send_request
 from tools.bench.rawsend import FrameTemplate
 from tools.brokercluster import open_broker_cluster
+from tools.cli import CONTEXT, run_command
 from tools.localcluster import LocalCluster
 
 _CODE = re.compile(rb'"code":(-?\d+)')
@@ -396,12 +398,14 @@ def fmt(v) -> str:
     return f"{v:9.1f}" if v is not None else f"{'-':>9}"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.round", description=__doc__)
-    p.add_argument("--rounds", type=int, default=2000, help="measured rounds (one message in flight)")
-    p.add_argument("--flush", choices=sorted(FLUSH), default="async", help="flushDiskType of the group")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--rounds", type=int, default=2000, show_default=True, help="measured rounds (one message in flight)")
+@click.option("--flush", type=click.Choice(sorted(FLUSH)), default="async", show_default=True,
+              help="flushDiskType of the group")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The waterfall of one send round: where the time of one message in flight goes."""
+    args = types.SimpleNamespace(**kw)
     res = trio.run(run, args)
     if args.json:
         print(json.dumps(res))
@@ -410,6 +414,10 @@ def main(argv=None) -> int:
     print_table(f"broker (master {res['broker']['master']})", res["broker"], "read")
     print_table(f"bare log (leader {res['log']['leader']})", res["log"], "submitted")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.round")
 
 
 if __name__ == "__main__":

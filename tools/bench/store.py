@@ -11,17 +11,20 @@
 # Targets: async >= 0.5x raw, sync within 1.2x of raw (ratio >= 0.83).
 # Files go to --dir (default ./bench-data, on the real disk: /tmp may be
 # tmpfs, which would make fsync free) and are deleted afterwards.
-import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import types
+
+import click
 
 import native
 from commitlog.config import FlushDiskType
 from commitlog.store import SegmentedStore, StoreConfig
+from tools.cli import CONTEXT, run_command
 
 ENTRY_OVERHEAD = 48
 UNIT = 32
@@ -119,17 +122,20 @@ def _figures(entries: int, elapsed: float, bodies: list[bytes]) -> dict:
             "mb_per_s": round(entries * per_entry / elapsed / 1e6, 1)}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.store", description=__doc__)
-    ap.add_argument("--seconds", type=float, default=10.0,
-                    help="appending time per mode for the store (the raw baseline gets as much)")
-    ap.add_argument("--batch", type=int, default=32, help="entries per leader append (and per fdatasync in sync mode)")
-    ap.add_argument("--body-size", type=int, default=1024)
-    ap.add_argument("--flush-ms", type=int, default=10, help="async flush interval")
-    ap.add_argument("--dir", default="bench-data", help="where to put the files (deleted afterwards)")
-    ap.add_argument("--mode", choices=["async", "sync", "both"], default="both")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--seconds", type=float, default=10.0, show_default=True,
+              help="appending time per mode for the store (the raw baseline gets as much)")
+@click.option("--batch", type=int, default=32, show_default=True,
+              help="entries per leader append (and per fdatasync in sync mode)")
+@click.option("--body-size", type=int, default=1024, show_default=True, help="entry bytes")
+@click.option("--flush-ms", type=int, default=10, show_default=True, help="async flush interval")
+@click.option("--dir", default="bench-data", show_default=True, help="where to put the files (deleted afterwards)")
+@click.option("--mode", type=click.Choice(["async", "sync", "both"]), default="both", show_default=True,
+              help="flush mode(s) to measure")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The segmented-store append benchmark against a raw os.write baseline."""
+    args = types.SimpleNamespace(**kw)
     if not native.NATIVE_LOADED:
         print(f"warning: {native.LOAD_ERROR}; measuring the pure-Python fallback", file=sys.stderr)
     os.makedirs(args.dir, exist_ok=True)
@@ -159,6 +165,10 @@ def main(argv=None) -> int:
               f"{w['mb_per_s']:>9.1f} {r['ratio']:>6.2f} {'>= ' + format(r['target'], '.2f'):>7}"
               f"{'' if r['meets_target'] else '  (below target)'}")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.store")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@
 # nothing is asserted.
 #
 #   python -m tools.bench.timer [--count N] [--spread S] [--load L] [--json]
-import argparse
 import json
 import sys
 import tempfile
 import time
+import types
 
+import click
 import trio
 
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -26,6 +27,7 @@ from broker.remoting.command import RemotingCommand
 from consumequeue import record as M
 from tools.bench.broker import create_topic_request, percentile
 from tools.brokercluster import open_broker_cluster
+from tools.cli import CONTEXT, run_command
 
 TOPIC, LOAD_TOPIC, QUEUES = "TimerBench", "TimerBenchLoad", 4
 FLAG_SUSPEND, FLAG_SUBSCRIPTION = 0x2, 0x4
@@ -128,13 +130,14 @@ async def run(count: int, spread: float, load: int) -> dict:
             "visible_late_ms": summary(visible), "load_sends_per_s": round(loaded[0] / elapsed, 1)}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--count", type=int, default=5000)
-    ap.add_argument("--spread", type=float, default=5.0, help="seconds over which the timers are due")
-    ap.add_argument("--load", type=int, default=32, help="plain send tasks running meanwhile")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--count", type=int, default=5000, show_default=True, help="timer messages sent")
+@click.option("--spread", type=float, default=5.0, show_default=True, help="seconds over which the timers are due")
+@click.option("--load", type=int, default=32, show_default=True, help="plain send tasks running meanwhile")
+@click.option("--json", is_flag=True, help="print one JSON object")
+def command(**kw) -> int:
+    """The timer-message benchmark: how late timers due over --spread seconds are stored and seen, under send load."""
+    args = types.SimpleNamespace(**kw)
     res = trio.run(run, args.count, args.spread, args.load)
     if args.json:
         json.dump(res, sys.stdout, indent=2)
@@ -148,6 +151,10 @@ def main(argv=None) -> int:
         print(f"  early {res['early']}  duplicates {res['duplicates']}  missing {res['missing']}  "
               f"(sends answered after their time: {res['acked_after_due']})")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.timer")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@
 # machine that warms up or gets busier does not favour one side.  The
 # ledgermq side runs under trio, the NATS side under asyncio (nats-py).
 # Progress goes to stderr, so `--json` leaves one JSON object on stdout.
-import argparse
 import asyncio
 import json
 import os
@@ -17,12 +16,15 @@ import signal
 import sys
 import tempfile
 import time
+import types
 
 import attrs
+import click
 import trio
 
 from tools.bench.compare import ledgermq_side, nats_side, report
 from tools.bench.compare.common import workload
+from tools.cli import CONTEXT, run_command
 
 
 def run_side(side: str, w) -> dict:
@@ -32,20 +34,18 @@ def run_side(side: str, w) -> dict:
         return asyncio.run(nats_side.run_round(root, w))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.compare",
-                                description="ledgermq vs NATS JetStream, 3 replicas each, on 127.0.0.1")
-    p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; 1 with --quick)")
-    p.add_argument("--quick", action="store_true", help="smoke test: 1 round, a few hundred messages per row")
-    p.add_argument("--json", action="store_true", help="print one JSON object with every figure")
-    p.add_argument("--chart", default=None, help="PNG path (default compare.png in --out or the current dir)")
-    p.add_argument("--out", default=None, help="directory for the chart and compare.json")
-    args = p.parse_args(argv)
+@click.command(context_settings=CONTEXT)
+@click.option("--rounds", type=click.IntRange(1), default=None, help="alternating rounds (default 3; 1 with --quick)")
+@click.option("--quick", is_flag=True, help="smoke test: 1 round, a few hundred messages per row")
+@click.option("--json", is_flag=True, help="print one JSON object with every figure")
+@click.option("--chart", default=None, help="PNG path (default compare.png in --out or the current dir)")
+@click.option("--out", default=None, help="directory for the chart and compare.json")
+def command(**kw) -> int:
+    """ledgermq vs NATS JetStream, 3 replicas each, on 127.0.0.1."""
+    args = types.SimpleNamespace(**kw)
     # SIGTERM unwinds like Ctrl-C, so every cluster's finally stops what it started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     rounds_n = args.rounds if args.rounds is not None else (1 if args.quick else 3)
-    if rounds_n < 1:
-        p.error("--rounds must be at least 1")
     w = workload(args.quick)
     out_dir = args.out or "."
     os.makedirs(out_dir, exist_ok=True)
@@ -86,6 +86,10 @@ def main(argv=None) -> int:
     else:
         report.print_report(result)
     return 0
+
+
+def main(argv=None) -> int:
+    return run_command(command, argv, "python -m tools.bench.compare")
 
 
 if __name__ == "__main__":
