@@ -30,8 +30,10 @@
 #   lag age             at scrape time, on the master: the store time of the
 #                       message at each lagging queue's committed offset
 #                       (at most MAX_AGE_READS reads per scrape)
-#   rpc latency         the send and pull BucketCounters, read through
-#                       RocketMQ 5's bucket bounds (BucketCounter.coarsened)
+#   rpc latency         the send and pull BucketCounters, and MeteredRequests'
+#                       (every other code, per request and response code),
+#                       read through RocketMQ 5's bucket bounds
+#                       (BucketCounter.coarsened)
 #
 # serve_broker_metrics samples the StatsBook every SAMPLE_S (a timer: it
 # feeds VIEW_BROKER_STATS_DATA and the TPS gauges) and, with
@@ -61,7 +63,7 @@ from broker.processors.admin import SYSTEM_TOPICS, VERSION_DESC, disk_ratio
 from broker.processors.retry import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from broker.remoting.answers import BurstAnswers, as_answers
 from broker.remoting.codec import request_count
-from broker.remoting.codes import ResponseCode
+from broker.remoting.codes import RequestCode, ResponseCode
 from broker.store.broker_store import BrokerStore
 from broker.store.timer import TIMER_TOPIC
 from broker.store.transaction import HALF_TOPIC
@@ -165,6 +167,49 @@ class MeteredSends:
 
 
 @attrs.define(eq=False)
+class MeteredRequests:
+    """The requests served one by one, timed per (request code, response
+    code) for rocketmq_rpc_latency: it stands between the admission guard
+    and the dispatcher (broker/server.py), handing bursts on untouched.  The
+    codes in `skip` are timed by their own wrappers (pulls: MeteredPulls,
+    with their long-polling label; sends come as bursts).  Bounded: a code
+    no processor serves is counted under -1, a response code outside
+    ResponseCode under -1 (labels "other")."""
+
+    inner: object  # RequestDispatcher
+    skip: frozenset = frozenset()
+    rpc: dict = attrs.Factory(dict)  # (request code, response code, result) -> BucketCounter
+    clock: object = time.perf_counter
+
+    def split_burst(self, conn, cmds):
+        return self.inner.split_burst(conn, cmds)
+
+    async def __call__(self, conn, request):
+        code = request.code
+        if code in self.skip:
+            return await self.inner(conn, request)
+        t0 = self.clock()
+        response, result = None, "process_request_failed"
+        try:
+            response = await self.inner(conn, request)
+            result = "oneway" if request.is_oneway else "success"
+            return response
+        finally:
+            if not self.inner.serves(code):
+                code = -1
+            rcode = -1 if response is None else response.code
+            if rcode not in _RESPONSE_CODES:
+                rcode = -1
+            bc = self.rpc.get((code, rcode, result))
+            if bc is None:
+                bc = self.rpc[code, rcode, result] = BucketCounter()
+            bc.observe(self.clock() - t0)
+
+
+_RESPONSE_CODES = frozenset(int(c) for c in ResponseCode)
+
+
+@attrs.define(eq=False)
 class MeteredPulls:
     """PULL_MESSAGE, timed and counted per topic@group (a held pull when it
     is answered: the processor calls back)."""
@@ -238,6 +283,7 @@ class BrokerMetrics:
     sends: MeteredSends
     pulls: MeteredPulls
     stats: S.StatsBook
+    requests: MeteredRequests | None = None  # the one-by-one requests' rpc latency
     puts: PutCounter = attrs.field(init=False)
     start_term: int = attrs.field(init=False)
     started_ms: int = attrs.field(init=False, factory=lambda: int(time.time() * 1000))
@@ -598,6 +644,12 @@ class BrokerCollector:
             out.histogram("rocketmq_rpc_latency", bc.coarsened(ms, 1000), bc.total * 1000,
                           request_code="pull_message", response_code=_code_name(code), is_long_polling=held,
                           result="success")
+        if m.requests is not None:
+            for (code, rcode, result), bc in sorted(m.requests.rpc.items()):
+                out.histogram("rocketmq_rpc_latency", bc.coarsened(ms, 1000), bc.total * 1000,
+                              request_code=_request_code_name(code),
+                              response_code="other" if rcode == -1 else _code_name(rcode),
+                              is_long_polling="false", result=result)
 
     # --- DLedger (NODE)
     def dledger(self, out: FamilySet) -> None:
@@ -628,6 +680,14 @@ class BrokerCollector:
                                   ("failed", ts.failed_connections)):
                 out.add("ledgermq_dledger_peer_connections_refused_total", value, reason=reason)
             out.add("ledgermq_dledger_peer_unfinished_frame_bytes", ts.unfinished_bytes)
+
+
+def _request_code_name(code: int) -> str:
+    """RocketMQ 5's request_code label: the RequestCode's name, lower case."""
+    try:
+        return RequestCode(code).name.lower()
+    except ValueError:
+        return "other"
 
 
 def _code_name(code: int) -> str:

@@ -59,7 +59,7 @@ from broker.common.permissions import PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.common.values import TopicConfig
 from broker.config import BrokerConfig, LiveConfig, load_broker_config
 from broker.metadata.service import MetadataService
-from broker.metrics import BrokerMetrics, MeteredPulls, MeteredSends, serve_broker_metrics
+from broker.metrics import BrokerMetrics, MeteredPulls, MeteredRequests, MeteredSends, serve_broker_metrics
 from broker.namesrv.client import NamesrvClient
 from broker.namesrv.routes import BrokerRegistration, DataVersion
 from broker.processors.admin import AdminProcessor
@@ -422,7 +422,9 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
     # fails the start: a broker told to enforce ACL must not start open),
     # then the in-flight cap (SYSTEM_BUSY past serverMaxInFlightRequests).
     acl = AclService.load(cfg.acl_path, broker_policy(cfg.broker_name)) if cfg.acl_enable else None
-    guard = GuardedDispatcher(dispatcher, checks=[acl.check] if acl is not None else [],
+    # Every request served one by one is timed (rocketmq_rpc_latency); pulls by their own wrapper.
+    requests = MeteredRequests(dispatcher, skip=frozenset(int(c) for c in PullProcessor.CODES))
+    guard = GuardedDispatcher(requests, checks=[acl.check] if acl is not None else [],
                               limiter=InFlightLimiter(cfg.limits.max_in_flight),
                               item_checks=acl.check_item if acl is not None else None)
     # One registry of connected clients: heartbeats fill it, pulls read
@@ -469,7 +471,7 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         sends, pulls = MeteredSends(processors.send), MeteredPulls(processors.pull)
         sends.register(dispatcher)
         pulls.register(dispatcher)
-        broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats)
+        broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats, requests=requests)
         broker.metrics_server = await nursery.start(serve_broker_metrics, broker.metrics, cfg.metrics, cfg.broker_ip1)
         for service in (clients, *processors.services()):
             await nursery.start(service.run)

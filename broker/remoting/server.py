@@ -75,6 +75,10 @@ class RequestDispatcher:
     def codes(self) -> frozenset[int]:
         return frozenset(self._processors) | frozenset(self._bursts)
 
+    def serves(self, code: int) -> bool:
+        """Whether a processor is registered for `code`."""
+        return code in self._processors or code in self._bursts
+
     def split_burst(self, conn: Connection, cmds: list[RemotingCommand]) -> tuple[list, list]:
         bursts = self._bursts
         if not bursts:

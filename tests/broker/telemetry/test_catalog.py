@@ -3,7 +3,7 @@
 # catalogue with the catalogue's labels, every catalogue name is served, and
 # the new exporter / RocketMQ 5 names carry the values the requests made
 # (puts, sizes, committed offsets and lag, its age, pulls by store time, rpc
-# latency).  FamilySet alone: a follower drops the group's data, a label the
+# latency of every request code).  FamilySet alone: a follower drops the group's data, a label the
 # catalogue does not list is refused.
 import time
 
@@ -69,6 +69,9 @@ async def test_served_families_are_the_catalogue_and_carry_the_requests(tmp_path
             assert sent_at - 1000 <= _first_store_time(resp.body) <= time.time() * 1000
             resp = await rc.invoke(addr, B.pull_request(0, N, 10), 5)  # nothing there: PULL_NOT_FOUND
             assert resp.code != ResponseCode.SUCCESS
+            for _ in range(2):  # a code nothing serves
+                resp = await rc.invoke(addr, RemotingCommand.create_request(54321), 5)
+                assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
 
         fams = await scrape_families(url)
         foreign = tuple(p for p, _ in C.FOREIGN_PREFIXES)
@@ -102,6 +105,13 @@ async def test_served_families_are_the_catalogue_and_carry_the_requests(tmp_path
         assert samples(fams, "rocketmq_rpc_latency", "_count", request_code="pull_message",
                        response_code="success") == [1]
         assert sum(samples(fams, "rocketmq_rpc_latency", "_count", request_code="pull_message")) == 2
+        # every other code, one by one, by request and response code
+        assert samples(fams, "rocketmq_rpc_latency", "_count", request_code="update_and_create_topic",
+                       response_code="success", result="success") == [1]
+        assert samples(fams, "rocketmq_rpc_latency", "_count", request_code="update_consumer_offset",
+                       response_code="success") == [1]
+        assert samples(fams, "rocketmq_rpc_latency", "_count", request_code="other",
+                       response_code="request_code_not_supported") == [2]
         assert samples(fams, "rocketmq_brokeruntime_msg_put_total_today_now") == [N]
         pmdt = sum(sum(samples(fams, f"rocketmq_brokeruntime_pmdt_{band}")) for band, _, _ in C.PMDT_BANDS)
         assert pmdt == N
