@@ -221,7 +221,22 @@ def command(conf: str, admin_port: int | None, repair: bool, log_level: str) -> 
 
 
 def main(argv=None) -> None:
-    command.main(args=argv, prog_name="python -m commitlog.node")
+    """Run the command; a usage error shows its cause on the first line of
+    stderr, then the usage (the console scripts' rule, which
+    broker/telemetry/commands.py keeps a layer above this one)."""
+    try:
+        command.main(args=argv, prog_name="python -m commitlog.node", standalone_mode=False)
+    except click.UsageError as exc:
+        click.echo(f"Error: {exc.format_message()}", err=True)
+        if exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+            click.echo(f"Try '{exc.ctx.command_path} --help' for help.", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
 
 
 if __name__ == "__main__":
