@@ -1,18 +1,21 @@
 # Owns RaftCore, the pure Raft state machine of one replica: term/vote/leader,
 # the commit index, the election timer, the vote rules, the Ready/advance
-# bookkeeping, and the swap of role logic (roles/follower.py, candidate.py,
-# leader.py) on every role change, and the group's membership (the
-# configuration history of its log, membership.py: who votes, who only
-# learns, whom the leader replicates to).  No trio, no clock, no sockets, no
-# module random: time is tick(), randomness an injected random.Random, I/O
-# the Ready.
+# bookkeeping, every role change (the swap of role logic, roles/follower.py,
+# candidate.py, leader.py), and the group's membership (the configuration
+# history of its log, membership.py: who votes, who only learns, whom the
+# leader replicates to).  No trio, no clock, no sockets, no module random:
+# time is tick(), randomness an injected random.Random, I/O the Ready.
+# Roles see the core only as roles/ports.py's RaftNode and ask for a role
+# change by returning a Transition; the core performs it (become_*) once the
+# role's method has returned -- the etcd way (becomeFollower/Candidate/Leader
+# in raft.go, never inside a step function's object).
 import random
 from typing import Sequence
 
 import attrs
 
 from commitlog.entry import HEADER_SIZE, MAGIC_CONFIG_CHANGE, MAGIC_NOOP, EntryBatch
-from commitlog.errors import IndexBelowBeginError, NotLeaderError, RaftContractError, RaftSafetyError
+from commitlog.errors import NotLeaderError, RaftContractError, RaftSafetyError
 from commitlog.raft.logapi import RaftLog
 from commitlog.raft.membership import (
     ConfChange,
@@ -38,6 +41,7 @@ from commitlog.raft.roles.base import RoleLogic
 from commitlog.raft.roles.candidate import CandidateRole
 from commitlog.raft.roles.follower import FollowerRole
 from commitlog.raft.roles.leader import LeaderRole
+from commitlog.raft.roles.ports import BecomeCandidate, BecomeFollower, BecomeLeader, StartElection, Transition
 from commitlog.raft.state import HardState, LeaderAppend, LogReset, RaftConfig, RaftStatus, Ready, Role, SoftState
 
 
@@ -141,7 +145,15 @@ class RaftCore:
     def tick(self) -> None:
         self._check_input()
         self.now += 1
-        self._role.tick()
+        role = self._role
+        if role.role is Role.LEADER:
+            self._perform(role.tick())
+            return
+        # etcd's tickElection: followers and (pre-)candidates campaign when
+        # the randomized timeout passes without a word from a leader.
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.election_timeout:
+            self.start_election(transfer=False)
 
     def step(self, msg: Message) -> None:
         self._check_input()
@@ -193,9 +205,9 @@ class RaftCore:
         elif isinstance(msg, HeartbeatResponse):
             role.on_heartbeat_response(msg)
         elif isinstance(msg, VoteResponse):
-            role.on_vote_response(msg)
+            self._perform(role.on_vote_response(msg))
         elif isinstance(msg, TimeoutNow):
-            role.on_timeout_now(msg)
+            self._perform(role.on_timeout_now(msg))
         else:
             raise TypeError(f"not a raft message: {msg!r}")
 
@@ -318,30 +330,16 @@ class RaftCore:
         return self._role if isinstance(self._role, LeaderRole) else None
 
     # ======================================================================
-    # used by the role logic
+    # the RaftNode protocol (roles/ports.py): what the role logic uses
     # ======================================================================
 
     def send(self, msg: Message) -> None:
         self._msgs.append(msg)
 
-    def term_at(self, index: int) -> int | None:
-        """Term of `index`: -1 for the virtual entry before a fresh log,
-        None when the entry is gone (below begin_index; the boundary entry
-        begin_index - 1 may or may not be remembered by the log)."""
-        if index == -1:
-            return -1
-        try:
-            return self.log.term_at(index)
-        except IndexBelowBeginError:
-            return None
-
-    def chain_crc_at(self, index: int) -> int | None:
-        if index == -1:
-            return 0
-        try:
-            return self.log.chain_crc_at(index)
-        except IndexBelowBeginError:
-            return None
+    def heard_leader(self, leader_id: str) -> None:
+        self.election_elapsed = 0
+        if self.leader_id is None:
+            self.leader_id = leader_id
 
     def write_reset(self, reset: LogReset) -> None:
         assert self._reset is None and self._truncate is None and self._follower_append is None
@@ -455,15 +453,31 @@ class RaftCore:
 
     def become_leader(self) -> None:
         self.leader_id = self.node_id
-        self._swap(LeaderRole(self))
+        leader = LeaderRole(self)
+        self._swap(leader)
         # Raft §5.4.2: entries of earlier terms commit only via an entry of
         # the current term; the NOOP (magic 2) is that entry.
-        self._role.noop_index = self.write_leader_append((b"",), MAGIC_NOOP)
+        leader.noop_index = self.write_leader_append((b"",), MAGIC_NOOP)
 
     def _swap(self, role: RoleLogic) -> None:
         self._role = role
         self.reset_election_timer()
-        role.start()
+        self._perform(role.start())
+
+    def _perform(self, t: Transition | None) -> None:
+        """Carry out the role change a role's method returned."""
+        if t is None:
+            return
+        if isinstance(t, BecomeFollower):
+            self.become_follower(t.term, t.leader_id)
+        elif isinstance(t, StartElection):
+            self.start_election(transfer=t.transfer)
+        elif isinstance(t, BecomeCandidate):
+            self.become_candidate(transfer=False)
+        elif isinstance(t, BecomeLeader):
+            self.become_leader()
+        else:
+            raise TypeError(f"not a role transition: {t!r}")
 
     def _check_input(self) -> None:
         if self._outstanding is not None:

@@ -2,10 +2,13 @@
 # idea).  Implemented by commitlog.store.SegmentedStore (disk) and
 # commitlog.raft.memlog.MemLog (tests).  The core only READS through it; every
 # write is named in a Ready and performed by the shell with the write methods
-# below, before the shell calls RaftCore.advance().
+# below, before the shell calls RaftCore.advance().  known_term/known_chain_crc
+# are the reads that tell a deleted entry (None) from the virtual one before
+# a fresh log.
 from typing import Protocol, Sequence
 
 from commitlog.entry import EntryBatch
+from commitlog.errors import IndexBelowBeginError
 
 
 class RaftLog(Protocol):
@@ -77,3 +80,25 @@ class RaftLog(Protocol):
         begin_index - 1."""
 
     def set_committed(self, index: int) -> None: ...
+
+
+def known_term(log: RaftLog, index: int) -> int | None:
+    """Term of `index`: -1 for the virtual entry before a fresh log, None
+    when the entry is gone (below begin_index; the boundary entry
+    begin_index - 1 may or may not be remembered by the log)."""
+    if index == -1:
+        return -1
+    try:
+        return log.term_at(index)
+    except IndexBelowBeginError:
+        return None
+
+
+def known_chain_crc(log: RaftLog, index: int) -> int | None:
+    """chainCrc of `index`: 0 before a fresh log, None when the entry is gone."""
+    if index == -1:
+        return 0
+    try:
+        return log.chain_crc_at(index)
+    except IndexBelowBeginError:
+        return None

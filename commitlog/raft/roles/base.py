@@ -1,8 +1,11 @@
 # Owns the interface every role object implements.  RaftCore handles what is
-# common to all roles (terms, votes, the Ready bookkeeping) and hands each
-# current-term message to the role object; the defaults here ignore it, so a
-# role only writes the handlers that mean something to it.
-from typing import TYPE_CHECKING, Sequence
+# common to all roles (terms, votes, the election timer, the Ready
+# bookkeeping) and hands each current-term message to the role object; the
+# defaults here ignore it, so a role only writes the handlers that mean
+# something to it.  A role sees its node only as the RaftNode protocol
+# (ports.py); handlers that may change the role return a Transition, which
+# the core carries out once the handler has returned.
+from typing import Sequence
 
 from commitlog.raft.messages import (
     HeartbeatRequest,
@@ -12,26 +15,24 @@ from commitlog.raft.messages import (
     TimeoutNow,
     VoteResponse,
 )
+from commitlog.raft.roles.ports import RaftNode, Transition
 from commitlog.raft.state import Ready, Role
-
-if TYPE_CHECKING:
-    from commitlog.raft.core import RaftCore
 
 
 class RoleLogic:
     role: Role
 
-    def __init__(self, core: "RaftCore") -> None:
-        self.core = core
+    def __init__(self, node: RaftNode) -> None:
+        self.node = node
 
-    def start(self) -> None:
+    def start(self) -> Transition | None:
         """Called once the core has switched to this role."""
+        return None
 
-    def tick(self) -> None:
-        core = self.core
-        core.election_elapsed += 1
-        if core.election_elapsed >= core.election_timeout:
-            core.start_election(transfer=False)
+    def tick(self) -> Transition | None:
+        """One tick of the leader's timers (the core runs the election
+        timer of the other roles)."""
+        return None
 
     def on_push(self, m: PushRequest) -> None:
         pass
@@ -45,11 +46,11 @@ class RoleLogic:
     def on_heartbeat_response(self, m: HeartbeatResponse) -> None:
         pass
 
-    def on_vote_response(self, m: VoteResponse) -> None:
-        pass
+    def on_vote_response(self, m: VoteResponse) -> Transition | None:
+        return None
 
-    def on_timeout_now(self, m: TimeoutNow) -> None:
-        pass
+    def on_timeout_now(self, m: TimeoutNow) -> Transition | None:
+        return None
 
     def after_persist(self, rd: Ready) -> None:
         """The shell persisted the writes of `rd` (called from advance())."""

@@ -1,7 +1,9 @@
-# Owns the follower: the election timer, and the follower side of
-# replication (DLedger's EntryHandler) -- COMPARE/TRUNCATE/APPEND/COMMIT pushes
-# checked against the local log with Raft's log matching (§5.3), answered
-# with the follower's begin/end and a conflict hint.
+# Owns the follower: the follower side of replication (DLedger's
+# EntryHandler) -- COMPARE/TRUNCATE/APPEND/COMMIT pushes checked against the
+# local log with Raft's log matching (§5.3), answered with the follower's
+# begin/end and a conflict hint.  A message of this term's leader restarts
+# the node's election timer (heard_leader); the timer itself, and the
+# election it starts, belong to the core.
 #
 # Hot path (APPEND continuing the log): a couple of term_at() calls, no loop
 # over entries; the batch is handed to the shell as it arrived.  Overlaps and
@@ -23,6 +25,7 @@ from commitlog.raft.messages import (
     TimeoutNow,
 )
 from commitlog.raft.roles.base import RoleLogic
+from commitlog.raft.roles.ports import RaftNode, StartElection, Transition
 from commitlog.raft.state import LogReset, Role
 
 _I32 = struct.Struct(">i")
@@ -53,8 +56,8 @@ def first_pos(batch: EntryBatch) -> int:
 class FollowerRole(RoleLogic):
     role = Role.FOLLOWER
 
-    def __init__(self, core) -> None:
-        super().__init__(core)
+    def __init__(self, node: RaftNode) -> None:
+        super().__init__(node)
         # Highest index known (in this term, in this role) to equal the
         # leader's log; the commit index never passes it, and nothing at or
         # below it is ever truncated.
@@ -62,26 +65,21 @@ class FollowerRole(RoleLogic):
 
     # --- leader contact ---------------------------------------------------
 
-    def _heard_leader(self, m) -> None:
-        core = self.core
-        core.election_elapsed = 0
-        if core.leader_id is None:
-            core.leader_id = m.src
-
     def on_heartbeat(self, m: HeartbeatRequest) -> None:
-        self._heard_leader(m)
+        self.node.heard_leader(m.src)
         self._commit(m.commit_index)
-        core = self.core
-        core.send(HeartbeatResponse(core.node_id, m.src, core.term, ResponseCode.SUCCESS))
+        node = self.node
+        node.send(HeartbeatResponse(node.node_id, m.src, node.term, ResponseCode.SUCCESS))
 
-    def on_timeout_now(self, m: TimeoutNow) -> None:
-        if m.src == self.core.leader_id:
-            self.core.start_election(transfer=True)
+    def on_timeout_now(self, m: TimeoutNow) -> Transition | None:
+        if m.src == self.node.leader_id:
+            return StartElection(transfer=True)
+        return None
 
     # --- pushes -----------------------------------------------------------
 
     def on_push(self, m: PushRequest) -> None:
-        self._heard_leader(m)
+        self.node.heard_leader(m.src)
         t = m.type
         if t is PushType.APPEND:
             self._on_append(m, m.batch)
@@ -100,9 +98,9 @@ class FollowerRole(RoleLogic):
 
     def _reply(self, m: PushRequest, code: ResponseCode, match: int, end: int | None = None,
                conflict_term: int = -1, conflict_index: int = -1) -> None:
-        core = self.core
-        log = core.log
-        core.send(PushResponse(core.node_id, m.src, core.term, m.type, m.seq, code, match,
+        node = self.node
+        log = node.log
+        node.send(PushResponse(node.node_id, m.src, node.term, m.type, m.seq, code, match,
                                log.begin_index, log.end_index if end is None else end,
                                conflict_term, conflict_index))
 
@@ -111,7 +109,7 @@ class FollowerRole(RoleLogic):
         leader itself when it fails.  An index below our ledgerBeginIndex
         passes unchecked: we only ever drop committed entries, and committed
         entries equal the leader's (leader completeness, Raft §5.4)."""
-        log = self.core.log
+        log = self.node.log
         prev = m.prev_index
         if prev > log.end_index:
             self._reply(m, ResponseCode.INCONSISTENT_STATE, -1)      # gap: leader moves to our end
@@ -125,7 +123,7 @@ class FollowerRole(RoleLogic):
             # (committed entries equal the leader's, which retention only
             # deletes once committed).
             self._refresh_matched()
-            if prev <= self.matched or prev <= self.core.commit_index:
+            if prev <= self.matched or prev <= self.node.commit_index:
                 return True
         elif local == m.prev_term:
             return True
@@ -143,27 +141,27 @@ class FollowerRole(RoleLogic):
         # A log ending in an entry of the current term came from this term's
         # only leader and so equals its log up to there (log matching): this
         # restores `matched` after a restart or a pre-vote round.
-        core = self.core
-        log = core.log
-        if log.end_term == core.term and log.end_index > self.matched:
+        node = self.node
+        log = node.log
+        if log.end_term == node.term and log.end_index > self.matched:
             self.matched = log.end_index
 
     def _commit(self, leader_commit: int) -> None:
         # Only what is known to match this leader may be called committed.
         self._refresh_matched()
-        self.core.set_commit(min(leader_commit, self.matched))
+        self.node.set_commit(min(leader_commit, self.matched))
 
     def _guard_cut(self, cut: int) -> None:
-        core = self.core
-        if cut <= core.commit_index or cut <= self.matched:
-            raise RaftSafetyError(f"{core.node_id}: truncating at {cut} would drop committed/acknowledged "
-                                  f"entries (commit {core.commit_index}, matched {self.matched})")
+        node = self.node
+        if cut <= node.commit_index or cut <= self.matched:
+            raise RaftSafetyError(f"{node.node_id}: truncating at {cut} would drop committed/acknowledged "
+                                  f"entries (commit {node.commit_index}, matched {self.matched})")
 
     def _on_append(self, m: PushRequest, batch: EntryBatch) -> None:
         if not self._check_prev(m):
             return
-        core = self.core
-        log = core.log
+        node = self.node
+        log = node.log
         end = log.end_index
         last = batch.last_index
         begin = max(log.begin_index, 0)
@@ -181,12 +179,12 @@ class FollowerRole(RoleLogic):
             if hi >= batch.first_index and log.term_at(hi) != batch.term_at(hi):
                 cut = self._first_conflict(batch, batch.first_index, hi)
                 self._guard_cut(cut)
-                core.write_truncate(cut)
-                core.write_follower_append(batch_tail(batch, cut))
+                node.write_truncate(cut)
+                node.write_follower_append(batch_tail(batch, cut))
             elif hi >= batch.first_index:
-                core.write_follower_append(batch_tail(batch, hi + 1))
+                node.write_follower_append(batch_tail(batch, hi + 1))
             else:
-                core.write_follower_append(batch)
+                node.write_follower_append(batch)
             end = last
         self._matched(last, m.commit_index)
         self._reply(m, ResponseCode.SUCCESS, last, end=end)
@@ -195,7 +193,7 @@ class FollowerRole(RoleLogic):
         """Smallest index in [lo, hi] whose local term differs from the
         batch's; the term at hi is known to differ.  By log matching the
         terms agree on a prefix and disagree after, so bisect."""
-        term_at = self.core.log.term_at
+        term_at = self.node.log.term_at
         while lo < hi:
             mid = (lo + hi) // 2
             if term_at(mid) == batch.term_at(mid):
@@ -209,13 +207,13 @@ class FollowerRole(RoleLogic):
         below what is committed or acknowledged, and not at all when the last
         entry is of the current term: then the whole log came from this
         term's leader and equals its log (a stale/duplicated TRUNCATE)."""
-        core = self.core
-        log = core.log
+        node = self.node
+        log = node.log
         end = log.end_index
-        cut = max(m.prev_index + 1, core.commit_index + 1, self.matched + 1)
-        if end >= cut and log.end_term != core.term:
+        cut = max(m.prev_index + 1, node.commit_index + 1, self.matched + 1)
+        if end >= cut and log.end_term != node.term:
             self._guard_cut(cut)
-            core.write_truncate(cut)
+            node.write_truncate(cut)
             end = cut - 1
         self._matched(m.prev_index, m.commit_index)
         self._reply(m, ResponseCode.SUCCESS, m.prev_index, end=end)
@@ -224,24 +222,24 @@ class FollowerRole(RoleLogic):
         """The leader lacks what we need (its retention deleted it): unless we
         already continue from its ledgerBeginIndex, clear our log and restart
         at it (DLedger: follower reset to the leader's begin)."""
-        core = self.core
-        log = core.log
+        node = self.node
+        log = node.log
         batch = m.batch
         prev = m.prev_index
         if prev <= log.end_index and (prev < max(log.begin_index, 0) or log.term_at(prev) == m.prev_term):
             self._on_append(m, batch)     # our log continues: a plain append
             return
-        if self.matched > prev or core.commit_index > prev:
-            raise RaftSafetyError(f"{core.node_id}: reset to {prev + 1} would drop acknowledged or "
-                                  f"committed entries (commit {core.commit_index}, matched {self.matched})")
-        core.write_reset(LogReset(batch.first_index, first_pos(batch), m.prev_term, m.prev_chain_crc))
+        if self.matched > prev or node.commit_index > prev:
+            raise RaftSafetyError(f"{node.node_id}: reset to {prev + 1} would drop acknowledged or "
+                                  f"committed entries (commit {node.commit_index}, matched {self.matched})")
+        node.write_reset(LogReset(batch.first_index, first_pos(batch), m.prev_term, m.prev_chain_crc))
         if m.config:
             try:
                 membership = Membership.decode(m.config)
             except ValueError as e:
-                raise RaftSafetyError(f"{core.node_id}: reset from {m.src} carries a bad configuration: {e}") from None
-            core.reset_membership(ConfigEntry(m.config_index, m.config_term, membership))
-        core.write_follower_append(batch)
-        core.set_commit(prev)        # everything before the leader's begin is committed
+                raise RaftSafetyError(f"{node.node_id}: reset from {m.src} carries a bad configuration: {e}") from None
+            node.reset_membership(ConfigEntry(m.config_index, m.config_term, membership))
+        node.write_follower_append(batch)
+        node.set_commit(prev)        # everything before the leader's begin is committed
         self._matched(batch.last_index, m.commit_index)
         self._reply(m, ResponseCode.SUCCESS, batch.last_index, end=batch.last_index)

@@ -138,8 +138,9 @@ def test_a_restarted_follower_keeps_matching_entries_it_acknowledged_before():
     a = Solo("a", log=log_with_terms(terms), hard=HardState(2))
     b = Solo("b", log=log_with_terms(terms), hard=HardState(2))
     a.make_leader()                                   # term 3, NOOP at 5
-    r = a.core.leader_role.replicators["b"]
-    r.probe(2)                                        # e.g. after a stale failure response
+    lead = a.core.leader_role
+    for m in lead.progress["b"].probe(lead.view(), 2):  # e.g. after a stale failure response
+        a.core.send(m)
     (compare,) = pushes(a.drain(), "b", PushType.COMPARE)
     (answer,) = [m for m in b.step(compare) if isinstance(m, PushResponse)]
     assert answer.code is ResponseCode.SUCCESS and answer.end_index == 4

@@ -124,7 +124,7 @@ def test_changes_are_refused_until_they_are_safe():
         lead.core.propose_conf_change(promote("n3"))
     assert e.value.code == "FALL_BEHIND" and e.value.retryable
     c.net.heal()
-    c.run_until(lambda: lead.core.leader_role.replicators["n3"].match_index == lead.log.end_index, 600,
+    c.run_until(lambda: lead.core.leader_role.progress["n3"].match_index == lead.log.end_index, 600,
                 "learner caught up")
     lead.core.propose_conf_change(promote("n3"))
     c.drain(lead)
@@ -295,12 +295,12 @@ def test_membership_checks_catch_known_bad_cores(monkeypatch):
 
     with monkeypatch.context() as m:                 # learners counted for commit
         def count_all(self):
-            core = self.core
-            ordered = sorted([r.match_index for r in self.replicators.values()] + [core.log.end_index],
+            node = self.node
+            ordered = sorted([pr.match_index for pr in self.progress.values()] + [node.log.end_index],
                              reverse=True)
-            index = ordered[core.quorum - 1]
-            if index > core.commit_index and core.log.term_at(index) == core.term:
-                core.set_commit(index)
+            index = ordered[node.quorum - 1]
+            if index > node.commit_index and node.log.term_at(index) == node.term:
+                node.set_commit(index)
         m.setattr(LeaderRole, "maybe_commit", count_all)
         assert caught()
     with monkeypatch.context() as m:                 # truncation keeps the dropped configuration
@@ -312,6 +312,6 @@ def test_membership_checks_catch_known_bad_cores(monkeypatch):
         assert caught()
     with monkeypatch.context() as m:                 # two changes in flight
         def overlapping(self, change):
-            return self.core.write_config_entry(self.core.membership.latest.apply(change))
+            return self.node.write_config_entry(self.node.membership.latest.apply(change))
         m.setattr(LeaderRole, "propose_conf_change", overlapping)
         assert caught()

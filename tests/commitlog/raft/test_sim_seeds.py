@@ -63,7 +63,7 @@ def test_checks_catch_votes_that_ignore_the_election_restriction(monkeypatch):
 
 def test_checks_catch_a_follower_committing_beyond_its_match(monkeypatch):
     monkeypatch.setattr(FollowerRole, "_commit",
-                        lambda self, c: self.core.set_commit(min(c, self.core.log.end_index)))
+                        lambda self, c: self.node.set_commit(min(c, self.node.log.end_index)))
     assert first_caught() is not None
 
 
@@ -83,9 +83,9 @@ def test_checks_catch_a_shell_that_sends_before_persisting(monkeypatch):
 
 def test_checks_catch_committing_an_old_term_entry_by_counting(monkeypatch):
     def count_replicas(self):
-        core = self.core
-        index = quorum_match_index([r.match_index for r in self.replicators.values()] + [core.log.end_index])
-        core.set_commit(index)         # no "entry of the current term" check
+        node = self.node
+        index = quorum_match_index([pr.match_index for pr in self.progress.values()] + [node.log.end_index])
+        node.set_commit(index)         # no "entry of the current term" check
     monkeypatch.setattr(LeaderRole, "maybe_commit", count_replicas)
     with pytest.raises(CAUGHT) as caught:
         figure_8(Cluster(IDS5, 8, config=attrs.evolve(SIM_CONFIG, check_quorum=False, max_batch_count=1)),
