@@ -425,8 +425,9 @@ class SegmentedStore(StoreReads, StoreDurability):
         self._end, self._end_term, self._end_pos = end, term, end_pos
         self._end_chain, self._crc_mode = chain, crc_mode
         self._unflushed = True
-        if self.flush_wanted is not None:
-            self.flush_wanted.set()
+        wanted = self.flush_wanted
+        if wanted is not None and not wanted.is_set():  # (set: the flusher flushes this write too)
+            wanted.set()
         if end_pos >= self._released_at + RELEASE_STEP:
             self._release_pages()
         self._note_activity()
