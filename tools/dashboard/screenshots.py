@@ -12,6 +12,7 @@ import click
 import trio
 
 from broker.client import ConsumeFromWhere, ConsumeStatus, Message, open_producer, open_push_consumer
+from broker.telemetry.commands import CauseFirstCommand
 from tools.brokercluster import open_broker_cluster
 from tools.dashboard.browser import BrowserUnavailable, open_browser
 from tools.dashboard.serve import DashboardConfig, serve_dashboard
@@ -97,7 +98,7 @@ async def take(out: str, root: str) -> list[str]:
     return written
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=CauseFirstCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", default="results/dashboard", show_default=True, help="folder for the PNG files")
 def main(out: str) -> None:
     """Screenshots of each page of the web console against a live 3-broker group."""
