@@ -1,5 +1,5 @@
 # The RocketMQ remoting protocol (spec §8): RemotingCommand, its sans-IO
-# codec, and the trio server, connection and client built on it.
+# codec, the trio server and its connections, and the anyio client, built on it.
 from broker.remoting.client import RemotingClient, open_remoting_client, parse_addr
 from broker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, CommandDecoder, encode_command
 from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode, SerializeType
