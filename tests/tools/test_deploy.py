@@ -62,11 +62,11 @@ def _unit(name: str) -> configparser.ConfigParser:
 
 def test_systemd_units_run_the_commands_on_the_sample_configs():
     ns = _unit("ledgermq-namesrv.service")
-    assert ns["Service"]["ExecStart"].split() == ["/usr/local/bin/mqnamesrv", "-c", "/etc/ledgermq/namesrv.conf"]
+    assert ns["Service"]["ExecStart"].split() == ["/opt/ledgermq/bin/mqnamesrv", "-c", "/etc/ledgermq/namesrv.conf"]
     broker = _unit("ledgermq-broker@.service")
     start = broker["Service"]["ExecStart"].split()
-    assert start == ["/usr/local/bin/mqbroker", "-c", "/etc/ledgermq/dledger/broker-%i.conf"]
-    assert broker["Service"]["ExecStartPre"].split()[1] == "--check-config"
+    assert start == ["/opt/ledgermq/bin/mqbroker", "-c", "/etc/ledgermq/dledger/broker-%i.conf"]
+    assert broker["Service"]["ExecStartPre"].split()[1:3] == ["--check-config", "--strict"]
     assert "ledgermq-namesrv.service" in broker["Unit"]["After"]
     for i in range(3):  # each instance name has its sample
         assert (CONF / "dledger" / start[2].rsplit("/", 1)[1].replace("%i", f"n{i}")).exists()
