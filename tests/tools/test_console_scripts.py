@@ -82,11 +82,13 @@ def CAUSES(tmp) -> dict[str, list[tuple[list[str], int, list[str]]]]:
         "mqproxy": [(["-c", missing], 2, ["Error: Invalid value for '-c' / '--config-file'", missing,
                                           "does not exist"])],
         "mqadmin": [(["clusterList", "-n", dead], 3, [f"mqadmin: error: name server {dead}", "Connection refused"]),
-                    (["migrate", "apply", "-c", missing], 2, ["Error: Invalid value for '-c'", missing, "does not exist"]),
+                    (["migrate", "apply", "-c", missing], 2,
+                     ["Error: Invalid value for '-c'", missing, "does not exist"]),
                     (["clusterList", "--timeout", "soon"], 2, ["Error: Invalid value for '--timeout'", "'soon'"])],
         "mqbench": [(["producer", "-n", dead, "--count", "1", "--seconds", "5"], 1,
                      ["Error: no message could be sent", dead, "Connection refused"]),
-                    (["producer", "-s", "0"], 2, ["Error: Invalid value for '-s' / '--size'", "0 is not in the range"])],
+                    (["producer", "-s", "0"], 2,
+                     ["Error: Invalid value for '-s' / '--size'", "0 is not in the range"])],
         "mqdashboard": [(["-n", "127.0.0.1:9876", "--tlsTrustCertPath", missing], 2,
                          ["Error: Invalid value for '--tlsTrustCertPath'", missing, "does not exist"]),
                         (["-n", "127.0.0.1:9876", "--port", "70000"], 2,
@@ -124,8 +126,9 @@ def test_causes_on_the_first_line(name, call, tmp_path):
             assert part in line, (argv, part, err)
 
 
-@pytest.mark.slow  # one interpreter start per console script
+@pytest.mark.slow
 async def test_version_from_each_declared_entry_point():
+    """Slow: one interpreter start per console script (side by side)."""
     results: dict[str, tuple[int, str, str]] = {}
 
     async def version(name: str) -> None:
