@@ -255,9 +255,7 @@ class Sampler:
                                    "brokerOffset": w["brokerOffset"], "consumerOffset": c,
                                    "lag": max(0, w["brokerOffset"] - max(c, 0)),
                                    "lastTimestamp": w.get("lastTimestamp", 0)})
-            clients = await self._members(masters, group)
-            if not queues and not clients:
-                continue
+            clients = await self._members(masters, group)  # every group is listed, as the stock console does
             out.append({"group": group, "queues": queues, "lag": sum(q["lag"] for q in queues),
                         "members": [c["clientId"] for c in clients], "clients": clients})
         return out

@@ -1,18 +1,27 @@
 # The web console in a real headless Chromium against a real 3-broker
-# DLedger group (one mqnamesrv, three mqbroker processes on loopback): the
-# cluster page shows three nodes and one master; a topic is created through
-# the Topics page's confirm dialog (and exists on the name server after);
-# a push consumer's group shows its member and lag 0, its lag rises to what
-# was sent while it is stopped, and a reset by time (confirm dialog) brings
-# it back to 0; the replicas' chain CRCs agree with the leader's own; a
-# message found by key shows its body; and
-# after a kill -9 of the master the same page, never reloaded, shows the
-# new master, the dead node DOWN and a term change.
+# DLedger group (one mqnamesrv, three mqbroker processes on loopback), with
+# a console account: the cluster page shows three nodes and one master; an
+# anonymous write is refused on the page, the login dialog opens writes; a
+# topic is created through the Topics page's confirm dialog (and exists on
+# the name server after); a push consumer's group shows its member with
+# its language and version and lag 0, the producers page its producer's,
+# its lag rises to what was sent while it is stopped, and a reset by time
+# (confirm dialog) brings it back to 0; the replicas' chain CRCs agree with
+# the leader's own; a message found by key shows its body; the daily pages
+# (issue 31 part 4): a group's dead letters are browsed, exported as JSON
+# lines and resent to their original topic; messages listed by time range
+# are the ones stored in it, and one is resent; a group is created, its
+# config edited and it is deleted; a topic is deleted; a topic's route and
+# a broker's effective config (secrets masked) are shown; and after a kill
+# -9 of the master the same page, never reloaded, shows the new master,
+# the dead node DOWN with its address, a term change, and chart axes
+# whose labels do not overlap.
 #
 # LEDGERMQ_SCREENSHOTS=DIR also writes a screenshot of each page there
 # (`python -m tools.dashboard.screenshots` is the documented command).
 # Slow: a real 3-broker group and a headless Chromium.
 import datetime
+import json
 import os
 
 import pytest
@@ -21,9 +30,12 @@ import trio
 from broker.client import ConsumeFromWhere, ConsumeStatus, Message, open_producer, open_push_consumer
 from tests.tools.dashboard.helpers import wait_route
 from tools.brokercluster import open_broker_cluster
+from broker.remoting.codes import CURRENT_VERSION, RequestCode
+from tools.dashboard.auth import hash_password
 from tools.dashboard.browser import BrowserUnavailable, find_chromium, open_browser
+from tools.dashboard.ops import SECRET_NAME, version_desc
 from tools.dashboard.serve import DashboardConfig, serve_dashboard
-from tools.mqadmin.adminapi import MQAdmin
+from tools.mqadmin.adminapi import MQAdmin, NotFoundError
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +47,8 @@ except (BrowserUnavailable, ImportError) as e:
     SKIP = str(e)
 
 TOPIC, GROUP, KEY = "ConsoleTopic", "ConsoleGroup", "order-42"
+DLQ_GROUP, NEW_GROUP, DOOMED = "ConsoleDeadGroup", "ConsoleNewGroup", "ConsoleDoomedTopic"
+USER, PASSWORD = "operator", "console-password-5e1"
 WAIT = 60_000  # ms: generous, the machine is shared
 
 
@@ -48,7 +62,11 @@ async def test_console_pages_in_chromium(tmp_path):
     shots = os.environ.get("LEDGERMQ_SCREENSHOTS")
     async with open_broker_cluster(tmp_path / "c", size=3) as cluster, trio.open_nursery() as nursery:
         master = await cluster.wait_master()
-        url = await nursery.start(serve_dashboard, DashboardConfig(cluster.namesrv_addr, port=0, period_s=0.5))
+        admin = MQAdmin(cluster.remoting, cluster.namesrv_addr)
+        # deleted through the console later: created now, so its route is registered by then
+        await admin.create_topic(cluster.addr(master), DOOMED, 1, 1, 6, False)
+        url = await nursery.start(serve_dashboard, DashboardConfig(cluster.namesrv_addr, port=0, period_s=0.5,
+                                                                   users={USER: hash_password(PASSWORD)}))
         assert url.startswith("http://127.0.0.1:")       # loopback by default
         async with open_browser() as browser:
             # --- cluster: three nodes, one master, the one the name server lists as id 0 ---------
@@ -73,6 +91,35 @@ async def test_console_pages_in_chromium(tmp_path):
             term_before = int(await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .group-term')))
             if shots:
                 await browser.run(lambda p: p.screenshot(path=os.path.join(shots, "cluster.png"), full_page=True))
+
+            # --- login: an anonymous write is refused on the page; the login dialog opens writes ------
+            def anonymous_then_login(p):
+                p.goto(url + "/#topics")
+                p.wait_for_selector("#login-open:not([hidden])", timeout=WAIT)
+                p.click("#topic-new")
+                p.fill("#f-topic", "AnonymousTopic")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm-error:not([hidden])", timeout=WAIT)
+                refused = p.inner_text("#confirm-error")
+                p.click("#confirm-cancel")
+                p.click("#login-open")
+                p.fill("#login-user", USER)
+                p.fill("#login-password", "not-the-password")
+                p.click("#login-ok")
+                p.wait_for_selector("#login-error:not([hidden])", timeout=WAIT)
+                wrong = p.inner_text("#login-error")
+                p.fill("#login-password", PASSWORD)
+                p.click("#login-ok")
+                p.wait_for_selector("#login", state="hidden", timeout=WAIT)
+                p.wait_for_selector("#logout:not([hidden])", timeout=WAIT)
+                cookies = p.context.cookies()
+                return refused, wrong, p.inner_text("#whoami"), cookies, p.evaluate("document.cookie")
+            refused, wrong, who, cookies, script_cookies = await browser.run(anonymous_then_login)
+            assert "needs a login" in refused and "wrong user or password" in wrong and who == f"logged in as {USER}"
+            (session,) = [c for c in cookies if c["name"] == "ledgermq_console_session"]
+            assert session["httpOnly"] and session["sameSite"] == "Strict"
+            assert "ledgermq_console_session" not in script_cookies    # the page's scripts never see it
+            assert "AnonymousTopic" not in await cluster.namesrv_client().get_topic_list()
 
             # --- topics: create through the confirm dialog ---------------------------------------
             def create_topic(p):
@@ -115,6 +162,19 @@ async def test_console_pages_in_chromium(tmp_path):
                         return r && r.querySelector('.lag').textContent === '0'
                             && !r.children[1].textContent.includes('none online');
                     }}""", timeout=WAIT))
+                    members = await browser.run(lambda p: p.inner_text(
+                        f'#consumers-table tr[data-group="{GROUP}"] .members'))
+                    assert f"(PYTHON, {version_desc(CURRENT_VERSION)})" in members, members
+
+                # --- producers: the producer group's client, its language and version ----------------
+                def producers_page(p):
+                    p.goto(url + "/#producers")
+                    p.fill("#prod-group", "console_producer")
+                    p.click("#prod-search")
+                    p.wait_for_selector("#prod-table tbody tr", timeout=WAIT)
+                    return p.eval_on_selector_all("#prod-table tbody tr", """rs => rs.map(r => [
+                        r.querySelector('.language').textContent, r.querySelector('.version').textContent])""")
+                assert await browser.run(producers_page) == [["PYTHON", version_desc(CURRENT_VERSION)]]
                 for i in range(25):
                     await producer.send(Message(TOPIC, f"later-{i}".encode()))
             await browser.run(lambda p: p.wait_for_function(f"""() => {{
@@ -126,6 +186,7 @@ async def test_console_pages_in_chromium(tmp_path):
 
             # --- reset the stopped group's offsets to a time after every message: lag back to 0 -----
             def reset_offsets(p):
+                p.goto(url + "/#consumers")
                 p.click(f'button[data-reset="{GROUP}"]')
                 later = datetime.datetime.now() + datetime.timedelta(minutes=5)
                 p.fill("#f-time", later.strftime("%Y-%m-%dT%H:%M"))
@@ -135,7 +196,6 @@ async def test_console_pages_in_chromium(tmp_path):
                 p.wait_for_function(f"""() => document.querySelector(
                     '#consumers-table tr[data-group="{GROUP}"] .lag').textContent === '0'""", timeout=WAIT)
             await browser.run(reset_offsets)
-            admin = MQAdmin(cluster.remoting, cluster.namesrv_addr)
             stats = await admin.consume_stats(cluster.addr(await cluster.wait_master()), GROUP, TOPIC)
             assert sum(w["brokerOffset"] for w in stats.values()) == 35
             assert all(w["consumerOffset"] == w["brokerOffset"] for w in stats.values()), stats
@@ -167,6 +227,138 @@ async def test_console_pages_in_chromium(tmp_path):
             if shots:
                 await browser.run(lambda p: p.screenshot(path=os.path.join(shots, "messages.png"), full_page=True))
 
+            # --- DLQ: three messages dead-lettered; browsed, exported as JSON lines, resent to the topic ---
+            master_addr = cluster.addr(await cluster.wait_master())
+            dead, _ = await admin.messages_in_range(TOPIC, limit=3)
+            for m in dead:
+                await admin.call(master_addr, RequestCode.CONSUMER_SEND_MSG_BACK, {
+                    "offset": m["commitLogOffset"], "group": DLQ_GROUP, "delayLevel": -1,
+                    "originMsgId": m["msgId"], "originTopic": TOPIC})
+
+            def dlq_page(p):
+                p.goto(url + "/#dlq")
+                p.fill("#dlq-group", DLQ_GROUP)
+                p.click("#dlq-browse")
+                p.wait_for_function("() => document.querySelectorAll('#dlq-table tbody tr').length === 3",
+                                    timeout=WAIT)
+                originals = p.eval_on_selector_all("#dlq-table tbody .original", "cs => cs.map(c => c.textContent)")
+                exported = p.evaluate("() => fetch(document.getElementById('dlq-export').href).then(r => r.text())")
+                p.check("#dlq-all")
+                p.click("#dlq-resend")
+                summary = p.inner_text("#confirm-summary")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                return originals, exported, summary
+            originals, exported, summary = await browser.run(dlq_page)
+            assert originals == [TOPIC] * 3
+            assert "3 message(s) sent again to their original topic" in summary
+            lines = [json.loads(line) for line in exported.splitlines()]
+            assert [x["topic"] for x in lines] == [f"%DLQ%{DLQ_GROUP}"] * 3
+            assert sorted(x["body"] for x in lines) == sorted(m["body"] for m in dead)
+            assert all(x["properties"]["RETRY_TOPIC"] == TOPIC for x in lines)
+            everything, _ = await admin.messages_in_range(TOPIC, limit=500)
+            bodies = [m["body"] for m in everything]
+            assert len(everything) == 35 + 3 and all(bodies.count(m["body"]) == 2 for m in dead)
+
+            # --- messages by time range: exactly those stored from a second on; one is resent --------
+            start = next(m for m in everything if m["body"] == "later-0")["storeTimestamp"] // 1000
+            expected = sorted(m["msgId"] for m in everything if m["storeTimestamp"] >= start * 1000)
+            begin_local = datetime.datetime.fromtimestamp(start).strftime("%Y-%m-%dT%H:%M:%S")
+
+            def range_page(p):
+                p.goto(url + "/#messages")
+                p.fill("#range-topic", TOPIC)
+                p.fill("#range-begin", begin_local)
+                p.click("#range-search")
+                p.wait_for_selector("#range-table:not([hidden]) tbody tr", timeout=WAIT)
+                ids = p.eval_on_selector_all("#range-table tbody tr", "rs => rs.map(r => r.dataset.msgid)")
+                body = p.inner_text("#range-table tbody tr:first-child td.body")
+                p.check("#range-table tbody tr:first-child .pick")
+                p.click("#range-resend")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                return ids, body
+            ids, resent_body = await browser.run(range_page)
+            assert sorted(ids) == expected and len(ids) >= 25
+            copies = [m["body"] for m in everything].count(resent_body)
+            everything, _ = await admin.messages_in_range(TOPIC, limit=500)
+            assert len(everything) == 39 and [m["body"] for m in everything].count(resent_body) == copies + 1
+
+            # --- groups: created, its config edited, deleted --------------------------------------
+            def create_group(p):
+                p.goto(url + "/#consumers")
+                p.click("#group-new")
+                p.fill("#f-group", NEW_GROUP)
+                p.fill("#f-retryMaxTimes", "3")
+                p.fill("#f-consumeBroadcastEnable", "true")
+                summary = p.inner_text("#confirm-summary")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                p.wait_for_selector(f'#consumers-table tr[data-group="{NEW_GROUP}"]', timeout=WAIT)
+                return summary
+            assert f"updateSubGroup -c LedgerCluster -g {NEW_GROUP}" in await browser.run(create_group)
+            master_addr = cluster.addr(await cluster.wait_master())
+            config = (await admin.all_group_configs(master_addr))[NEW_GROUP]
+            assert config["retryMaxTimes"] == 3 and config["consumeBroadcastEnable"] is True
+
+            def edit_group(p):
+                p.click(f'button[data-edit-group="{NEW_GROUP}"]')
+                p.wait_for_selector("#confirm[open]", timeout=WAIT)
+                shown = p.input_value("#f-retryMaxTimes"), p.input_value("#f-consumeBroadcastEnable")
+                p.fill("#f-retryMaxTimes", "7")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                return shown
+            assert await browser.run(edit_group) == ("3", "true")
+            config = (await admin.all_group_configs(master_addr))[NEW_GROUP]
+            assert config["retryMaxTimes"] == 7 and config["consumeBroadcastEnable"] is True
+
+            def delete_group(p):
+                p.click(f'button[data-delete-group="{NEW_GROUP}"]')
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                p.wait_for_selector(f'#consumers-table tr[data-group="{NEW_GROUP}"]', state="detached", timeout=WAIT)
+            await browser.run(delete_group)
+            assert NEW_GROUP not in await admin.all_group_configs(master_addr)
+
+            # --- topics: one deleted; a route shown ----------------------------------------------
+            await wait_route(cluster, DOOMED)
+
+            def delete_topic(p):
+                p.goto(url + "/#topics")
+                p.click(f'button[data-delete-topic="{DOOMED}"]')
+                assert f"deleteTopic -c LedgerCluster -t {DOOMED}" in p.inner_text("#confirm-summary")
+                p.click("#confirm-ok")
+                p.wait_for_selector("#confirm", state="hidden", timeout=WAIT)
+                p.wait_for_selector(f'#topics-table tr[data-topic="{DOOMED}"]', state="detached", timeout=WAIT)
+            await browser.run(delete_topic)
+            with pytest.raises(NotFoundError):
+                await admin.route(DOOMED)
+
+            def route_page(p):
+                p.click(f'button[data-route="{TOPIC}"]')
+                p.wait_for_selector(f'.route[data-topic="{TOPIC}"]', timeout=WAIT)
+                return (p.eval_on_selector_all(".route-brokers td.addr", "cs => cs.map(c => c.textContent)"),
+                        p.inner_text(".route-queues td.read"), p.inner_text(".route-queues td.write"))
+            addrs, read, write = await browser.run(route_page)
+            route = await admin.route(TOPIC)
+            assert sorted(addrs) == sorted(a for bd in route.broker_datas for a in bd.broker_addrs.values())
+            assert master_addr in addrs and (read, write) == ("4", "4")
+
+            # --- broker config: the effective config, secrets masked --------------------------------
+            def config_page(p):
+                p.goto(url + "/#brokers")
+                p.select_option("#cfg-broker", master_addr)
+                p.click("#cfg-show")
+                p.wait_for_selector("#cfg-table:not([hidden]) tbody tr", timeout=WAIT)
+                return p.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#cfg-table tbody tr')]
+                    .map(r => [r.dataset.key, r.querySelector('.value').textContent]))""")
+            shown = await browser.run(config_page)
+            real = await admin.broker_config(master_addr)
+            assert shown["brokerName"] == "broker-a" and set(shown) == set(real)
+            for key, value in shown.items():
+                assert value == (("******" if real[key] else "") if SECRET_NAME.search(key) else real[key]), key
+
             # --- kill -9 the master; the open page shows the new master and the term change ----------
             await browser.run(lambda p: p.goto(url + "/#cluster"))
             await browser.run(lambda p: p.evaluate("window.__notReloaded = true"))
@@ -184,10 +376,27 @@ async def test_console_pages_in_chromium(tmp_path):
             assert new_master != master and roles.get(new_master) == "MASTER"
             assert list(roles.values()).count("MASTER") == 1
             assert roles.get(master) == "DOWN", roles          # still listed (the name server) or missing: DOWN
+            dead_addr = await browser.run(lambda p: p.inner_text(
+                f'.group[data-group="broker-a"] tr[data-node="{master}"] td:nth-child(2)'))
+            assert dead_addr == cluster.addr(master)          # its address, not "not registered"
             term_after = int(await browser.run(lambda p: p.inner_text('.group[data-group="broker-a"] .group-term')))
             assert term_after > term_before
             change = " | ".join(await browser.run(lambda p: p.locator(".term-change").all_inner_texts()))
             assert f"leader {master} → {new_master}" in change, change
+            # Chart axes: neighbouring time labels leave room for each other, value labels fit their axis.
+            overlaps = await browser.run(lambda p: p.evaluate("""() => Object.entries(charts).flatMap(([id, {plot}]) => {
+                const bad = [], ctx = plot.ctx, width = (axis, v) => {
+                    ctx.font = axis.font[0];
+                    return Math.max(...String(v).split("\\n").map(t => ctx.measureText(t).width)) / devicePixelRatio; };
+                const x = plot.axes[0], xs = x._splits.map(v => plot.valToPos(v, "x"));
+                for (let i = 0; i + 1 < xs.length; i++)
+                    if (x._values[i] && x._values[i + 1] && xs[i + 1] - xs[i] < (width(x, x._values[i]) + width(x, x._values[i + 1])) / 2)
+                        bad.push(id + " x " + x._values[i] + " / " + x._values[i + 1]);
+                const y = plot.axes[1];
+                for (const v of y._values || []) if (v && width(y, v) + y.ticks.size + y.gap > y._size) bad.push(id + " y " + v);
+                return bad; })"""))
+            assert overlaps == [], overlaps
+            assert await browser.run(lambda p: p.evaluate("Object.keys(charts).length")) >= 2
             if shots:
                 await browser.run(lambda p: p.screenshot(path=os.path.join(shots, "failover.png"), full_page=True))
         nursery.cancel_scope.cancel()
