@@ -52,7 +52,7 @@ class _TopicSend:
     body: bytes = b""
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class ScanChecks:
     """The verdicts of one scan's sends from index `lo` on: verdict[i] is
     OK (admitted), GENERAL (ask the general path) or a refusal, whose
@@ -148,7 +148,7 @@ class SendChecks:
             self._reset(rules)
         bound = self._accounts(rules, address)
         if bound is _GLOBAL:
-            return ScanChecks(scan, rules, lo, array("i", bytes(4 * scan.n)))
+            return ScanChecks(scan=scan, rules=rules, lo=lo, verdict=array("i", bytes(4 * scan.n)))
         checked = native_acl.check_sends(scan, lo, bound)
         self.scans += 1
         keys = self._table.keys
@@ -164,4 +164,5 @@ class SendChecks:
                 pair_verdicts.append(DENIED)
                 reasons[k] = refusal
         checked.apply(pair_verdicts)
-        return ScanChecks(scan, rules, lo, checked.verdict, checked, reasons, frozenset(principals))
+        return ScanChecks(scan=scan, rules=rules, lo=lo, verdict=checked.verdict, checked=checked, reasons=reasons,
+                          principals=frozenset(principals))

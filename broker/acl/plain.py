@@ -203,7 +203,7 @@ def _range(raw: str, where: str) -> AddressPattern:
 
 # --- accounts and rules ---------------------------------------------------------------
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, kw_only=True)
 class Account:
     access_key: str
     secret_key: str
@@ -293,11 +293,14 @@ def _account(obj: object, n: int) -> Account:
         # A retry topic is its group (PlainAccessResource keys groups by it).
         groups.setdefault(name[len(RETRY_PREFIX):], topics.pop(name))
     return Account(
-        ak, sk, parse_address_pattern(obj.get("whiteRemoteAddress"), f"{where}.whiteRemoteAddress"),
-        _bool(obj.get("admin"), f"{where}.admin"),
-        parse_perm(obj["defaultTopicPerm"], f"{where}.defaultTopicPerm") if obj.get("defaultTopicPerm") else DENY,
-        parse_perm(obj["defaultGroupPerm"], f"{where}.defaultGroupPerm") if obj.get("defaultGroupPerm") else DENY,
-        topics, groups)
+        access_key=ak, secret_key=sk,
+        white=parse_address_pattern(obj.get("whiteRemoteAddress"), f"{where}.whiteRemoteAddress"),
+        admin=_bool(obj.get("admin"), f"{where}.admin"),
+        default_topic_perm=(parse_perm(obj["defaultTopicPerm"], f"{where}.defaultTopicPerm")
+                            if obj.get("defaultTopicPerm") else DENY),
+        default_group_perm=(parse_perm(obj["defaultGroupPerm"], f"{where}.defaultGroupPerm")
+                            if obj.get("defaultGroupPerm") else DENY),
+        topic_perms=topics, group_perms=groups)
 
 
 def parse_plain_acl(data: object, source: str = "plain_acl.yml") -> AclRules:

@@ -91,7 +91,8 @@ async def test_reload_on_change_in_place_by_rename_and_bad_edit(tmp_path, nurser
 
 
 async def test_name_server_accounts_from_config_alone():
-    acl = AclService.load(None, NAMESRV_POLICY, extra=(Account("brokers", "broker-secret", admin=True),))
+    acl = AclService.load(None, NAMESRV_POLICY,
+                          extra=(Account(access_key="brokers", secret_key="broker-secret", admin=True),))
     reg = RemotingCommand.create_request(RequestCode.REGISTER_BROKER, {"brokerName": "b"})
     assert acl.check(FakeConn(), reg).remark.endswith("No accessKey is configured")
     assert acl.check(FakeConn(), Credentials("brokers", "broker-secret").sign(reg)) is None
