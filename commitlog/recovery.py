@@ -64,7 +64,7 @@ class RecoveryReport:
     extended_files: list[str] = attrs.field(factory=list)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RecoveredLog:
     begin_index: int
     end_index: int
@@ -180,9 +180,11 @@ def recover(store_dir: str, data: SegmentList, index: SegmentList, *, repair: bo
     if not segs:
         report.deleted_files += index.remove_all()
         if base is None:
-            return RecoveredLog(-1, -1, -1, 0, 0, False, -1, None, report)
-        return RecoveredLog(base.index, base.index - 1, base.prev_term, base.pos, base.prev_chain_crc,
-                            base.prev_chain_crc != 0, base.index - 1, base, report)
+            return RecoveredLog(begin_index=-1, end_index=-1, end_term=-1, end_pos=0, end_chain_crc=0, crc_mode=False,
+                                committed_index=-1, base=None, report=report)
+        return RecoveredLog(begin_index=base.index, end_index=base.index - 1, end_term=base.prev_term, end_pos=base.pos,
+                            end_chain_crc=base.prev_chain_crc,
+                            crc_mode=base.prev_chain_crc != 0, committed_index=base.index - 1, base=base, report=report)
 
     def start_state(k: int):
         seg = segs[k]
@@ -272,7 +274,8 @@ def recover(store_dir: str, data: SegmentList, index: SegmentList, *, repair: bo
     if next_index < 0 and base is None:
         # Not even the first entry of the store survived: start afresh.
         report.deleted_files += data.remove_all() + index.remove_all()
-        return RecoveredLog(-1, -1, -1, 0, 0, False, -1, None, report)
+        return RecoveredLog(begin_index=-1, end_index=-1, end_term=-1, end_pos=0, end_chain_crc=0, crc_mode=False,
+                            committed_index=-1, base=None, report=report)
     _cut(data, end_pos, report)
     end_index = next_index - 1
     _cut(index, (end_index + 1) * UNIT, report)
@@ -290,7 +293,8 @@ def recover(store_dir: str, data: SegmentList, index: SegmentList, *, repair: bo
             report.repaired = True
             if not data.segments:
                 report.deleted_files += index.remove_all()
-                return RecoveredLog(-1, -1, -1, 0, 0, False, -1, None, report)
+                return RecoveredLog(begin_index=-1, end_index=-1, end_term=-1, end_pos=0, end_chain_crc=0,
+                                    crc_mode=False, committed_index=-1, base=None, report=report)
             first = first_entry(0)
         begin_index = first[0]
     for seg in list(index.segments):  # retention leftovers below the log
@@ -309,8 +313,9 @@ def recover(store_dir: str, data: SegmentList, index: SegmentList, *, repair: bo
     committed = min(cp_committed, end_index)
     if begin_index > 0:
         committed = max(committed, begin_index - 1)  # retention only drops committed entries
-    return RecoveredLog(begin_index, end_index, st[S_LAST_TERM], end_pos, end_chain, crc_mode,
-                        committed, base, report)
+    return RecoveredLog(begin_index=begin_index, end_index=end_index, end_term=st[S_LAST_TERM], end_pos=end_pos,
+                        end_chain_crc=end_chain, crc_mode=crc_mode,
+                        committed_index=committed, base=base, report=report)
 
 
 def _valid_data_follows(data: SegmentList, index: SegmentList, k: int, pos: int, bad_index: int) -> str | None:

@@ -66,7 +66,7 @@ class LegacyStoreError(ValueError):
     """Not a readable plain RocketMQ store (the files disagree)."""
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Recovery:
     """Where a plain commitlog's valid data ends, and why."""
 
@@ -167,7 +167,7 @@ class LegacyStore:
     def recover(self, *, check_crc: bool = True) -> Recovery:
         """Walk every record from the first segment to the valid end."""
         if not self.files:
-            return Recovery(0, 0, 0, "end")
+            return Recovery(begin=0, end=0, records=0, stop="end")
         size = self.segment_size
         recs = self.backend.new_records(BATCH_RECORDS)
         options = SCAN_CHECK_CRC if check_crc else 0
@@ -179,8 +179,9 @@ class LegacyStore:
             length = lengths.get(start)
             if length is None:
                 if start > last_start:
-                    return Recovery(self.begin, start, count, "end")
-                return Recovery(self.begin, start, count, "gap", f"segment {start:020d} is missing", True)
+                    return Recovery(begin=self.begin, end=start, records=count, stop="end")
+                return Recovery(begin=self.begin, end=start, records=count, stop="gap",
+                                reason=f"segment {start:020d} is missing", data_after=True)
             off = 0
             view = self.source.view(start, start + length) if length else memoryview(b"")
             try:
@@ -189,9 +190,9 @@ class LegacyStore:
                     for i in range(res.n):
                         r = res.record(i)
                         if r.flags & REC_CRC_BAD:
-                            return Recovery(self.begin, r.phy_offset, count + i, "crc",
-                                            f"BODYCRC mismatch in the record at {r.phy_offset}",
-                                            start < last_start)
+                            return Recovery(begin=self.begin, end=r.phy_offset, records=count + i, stop="crc",
+                                            reason=f"BODYCRC mismatch in the record at {r.phy_offset}",
+                                            data_after=start < last_start)
                     count += res.n
                     at = start + off + res.consumed
                     if res.stop == STOP_FULL:
@@ -199,23 +200,24 @@ class LegacyStore:
                         continue
                     if res.stop == STOP_BLANK:
                         if start == last_start:
-                            return Recovery(self.begin, at, count, "blank")
+                            return Recovery(begin=self.begin, end=at, records=count, stop="blank")
                         break
                     if res.stop == STOP_END and off + res.consumed == size:
                         break  # records fill the segment exactly
                     after = start < last_start
                     if res.stop in (STOP_END, STOP_ZERO):
                         # zeroes (or a short file) end the written data
-                        return Recovery(self.begin, at, count, "end" if not after else "corrupt",
-                                        "" if not after else "zeroes inside the log", after)
+                        return Recovery(begin=self.begin, end=at, records=count, stop="end" if not after else "corrupt",
+                                        reason="" if not after else "zeroes inside the log", data_after=after)
                     bad = start + off + res.err_offset
                     if res.stop == STOP_PARTIAL:
-                        return Recovery(self.begin, bad, count, "torn",
-                                        f"the record at {bad} runs past its segment's data", after)
+                        return Recovery(begin=self.begin, end=bad, records=count, stop="torn",
+                                        reason=f"the record at {bad} runs past its segment's data", data_after=after)
                     if res.stop == STOP_CORRUPT:
                         what = ERR_TEXT.get(res.err_code, f"error {res.err_code}")
-                        return Recovery(self.begin, bad, count, "torn" if not after else "corrupt",
-                                        f"{what} at {bad}", after)
+                        return Recovery(begin=self.begin, end=bad, records=count,
+                                        stop="torn" if not after else "corrupt",
+                                        reason=f"{what} at {bad}", data_after=after)
                     raise AssertionError(f"unexpected scan stop {res.stop}")
             finally:
                 view.release()

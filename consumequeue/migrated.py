@@ -40,7 +40,7 @@ MARKER_FILE = "ledgermq-divided.json"
 LEGACY_COMMITLOG = "commitlog"
 NO_FLOOR = 1 << 62
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class DividedLog:
     divided: int  # first DLedger position (RocketMQ's dividedCommitlogOffset)
     legacy_begin: int  # the old commitlog's first position at migration
@@ -58,8 +58,9 @@ class DividedLog:
     @classmethod
     def from_json(cls, raw: bytes) -> "DividedLog":
         o = json.loads(raw)
-        return cls(int(o["dividedOffset"]), int(o["legacyBegin"]), int(o["legacyEnd"]),
-                   int(o["legacySegmentSize"]), int(o.get("legacyRecords", 0)), str(o.get("importId", "")))
+        return cls(divided=int(o["dividedOffset"]), legacy_begin=int(o["legacyBegin"]), legacy_end=int(o["legacyEnd"]),
+                   legacy_segment_size=int(o["legacySegmentSize"]), legacy_records=int(o.get("legacyRecords", 0)),
+                   import_id=str(o.get("importId", "")))
 
 
 def divided_offset(legacy_end: int, legacy_segment_size: int) -> int:

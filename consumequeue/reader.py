@@ -73,7 +73,7 @@ def pull_response_code(status: GetMessageStatus, request_offset: int) -> int:
     return PULL_OFFSET_MOVED  # OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PullResult:
     status: GetMessageStatus
     next_begin_offset: int
@@ -187,16 +187,17 @@ def read_messages(target, topic: str, queue_id: int, offset: int, max_msgs: int 
 
     cq = engine.cqs.get(topic, queue_id)
     if cq is None:
-        return PullResult(S.NO_MATCHED_LOGIC_QUEUE, fix(0), 0, 0)
+        return PullResult(status=S.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=fix(0), min_offset=0, max_offset=0)
     lo, hi = cq.min_offset, cq.max_offset
     if hi == 0:
-        return PullResult(S.NO_MESSAGE_IN_QUEUE, fix(0), lo, hi)
+        return PullResult(status=S.NO_MESSAGE_IN_QUEUE, next_begin_offset=fix(0), min_offset=lo, max_offset=hi)
     if offset < lo:
-        return PullResult(S.OFFSET_TOO_SMALL, fix(lo), lo, hi)
+        return PullResult(status=S.OFFSET_TOO_SMALL, next_begin_offset=fix(lo), min_offset=lo, max_offset=hi)
     if offset == hi:
-        return PullResult(S.OFFSET_OVERFLOW_ONE, fix(offset), lo, hi)
+        return PullResult(status=S.OFFSET_OVERFLOW_ONE, next_begin_offset=fix(offset), min_offset=lo, max_offset=hi)
     if offset > hi:
-        return PullResult(S.OFFSET_OVERFLOW_BADLY, fix(lo if lo == 0 else hi), lo, hi)
+        return PullResult(status=S.OFFSET_OVERFLOW_BADLY, next_begin_offset=fix(lo if lo == 0 else hi), min_offset=lo,
+                          max_offset=hi)
 
     # getIndexBuffer: the units from `offset` to the end of its file.
     per_file = cq.file_size // CQ_UNIT_SIZE
@@ -205,7 +206,8 @@ def read_messages(target, topic: str, queue_id: int, offset: int, max_msgs: int 
     if file_first * CQ_UNIT_SIZE in cq.starts:
         raw = cq.read_raw(offset, min(max(MAX_FILTER_UNITS, max_msgs), file_first + per_file - offset, hi - offset))
     if not raw:
-        return PullResult(S.OFFSET_FOUND_NULL, fix(file_first + per_file), lo, hi)
+        return PullResult(status=S.OFFSET_FOUND_NULL, next_begin_offset=fix(file_first + per_file), min_offset=lo,
+                          max_offset=hi)
 
     bound = engine.pos if committed_pos is None else min(committed_pos, engine.pos)
     codes = None if tag_codes is None else {_s32(c) for c in tag_codes}
@@ -258,8 +260,9 @@ def read_messages(target, topic: str, queue_id: int, offset: int, max_msgs: int 
         window.close()
     if i == 0 and status is S.NO_MATCHED_MESSAGE:
         # The very first unit is beyond the committed bound: nothing moved.
-        return PullResult(S.OFFSET_FOUND_NULL, offset, lo, hi)
-    return PullResult(status, offset + i, lo, hi, records, q_offsets, phys)
+        return PullResult(status=S.OFFSET_FOUND_NULL, next_begin_offset=offset, min_offset=lo, max_offset=hi)
+    return PullResult(status=status, next_begin_offset=offset + i, min_offset=lo, max_offset=hi, records=records,
+                      queue_offsets=q_offsets, phy_offsets=phys)
 
 
 def _committed_end(engine, store) -> int:

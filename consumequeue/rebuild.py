@@ -26,7 +26,7 @@ from consumequeue.legacy_store import LegacyStore
 from consumequeue.migrated import DividedLog, layered_source, load_marker, redispatch_legacy
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RebuildReport:
     root: str
     begin_pos: int
@@ -94,8 +94,9 @@ def rebuild_store(root: str, *, self_id: str | None = None, config: DispatchConf
             total = p.committed_pos - p.begin_pos
             cb = (lambda pos: progress(pos - p.begin_pos, total)) if progress else None
             secs = rebuild_engine(engine, p.begin_pos, p.committed_pos, p.committed_index, progress=cb)
-            return RebuildReport(root, p.begin_pos, p.committed_pos, p.committed_index, secs,
-                                 engine.stats, len(engine.cqs.queues), len(engine.index.files))
+            return RebuildReport(root=root, begin_pos=p.begin_pos, end_pos=p.committed_pos,
+                                 committed_index=p.committed_index, seconds=secs,
+                                 stats=engine.stats, queues=len(engine.cqs.queues), index_files=len(engine.index.files))
         finally:
             engine.close()
             engine.source.close()
@@ -120,8 +121,9 @@ def rebuild_migrated(root: str, store, marker: DividedLog, *, config=None, backe
         cb = (lambda pos: progress(pos - begin, total)) if progress else None
         engine.dispatch_to(p.committed_pos, progress=cb)
         engine.checkpoint()
-        return RebuildReport(root, begin, p.committed_pos, p.committed_index, time.perf_counter() - t0,
-                             engine.stats, len(engine.cqs.queues), len(engine.index.files))
+        return RebuildReport(root=root, begin_pos=begin, end_pos=p.committed_pos, committed_index=p.committed_index,
+                             seconds=time.perf_counter() - t0,
+                             stats=engine.stats, queues=len(engine.cqs.queues), index_files=len(engine.index.files))
     finally:
         engine.close()
         source.close()

@@ -354,7 +354,7 @@ def encode_parts(magic: int, topic: bytes, props: bytes, body: bytes, *, queue_i
     return out
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RecordLayout:
     """Where the variable parts of a record sit (offsets relative to it)."""
 
@@ -416,8 +416,9 @@ def parse_layout(buf, offset: int = 0, limit: int | None = None) -> RecordLayout
     expect = record_length(body_len, topic_len, props_len, sysflag=sysflag, v2=v2)
     if expect != total:
         raise MessageFormatError(f"TOTALSIZE {total} != computed length {expect}", offset)
-    return RecordLayout(total, magic, sysflag, store_ts, body_pos, body_len, topic_pos,
-                        topic_len, p, props_len)
+    return RecordLayout(total_size=total, magic=magic, sysflag=sysflag, store_ts_pos=store_ts, body_pos=body_pos,
+                        body_len=body_len, topic_pos=topic_pos,
+                        topic_len=topic_len, props_pos=p, props_len=props_len)
 
 
 def decode(buf, offset: int = 0, *, limit: int | None = None, check_crc: bool = False) -> MessageRecord:

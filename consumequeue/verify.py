@@ -36,7 +36,7 @@ from native.dispatch import (
 MAX_PROBLEMS = 200
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LogSpan:
     """Where an offline store's log begins and its committed part ends."""
 
@@ -70,13 +70,15 @@ def offline_span(store_dir: str) -> LogSpan:
                 _, pos, size, _, _ = INDEX_UNIT.unpack_from(chunk.units, (committed - first) * 32)
                 committed_end = pos + size
     if begin is None:
-        return LogSpan(os.path.join(store_dir, "data"), seg_size, 0, -1, 0, -1)
+        return LogSpan(data_dir=os.path.join(store_dir, "data"), data_segment_size=seg_size, begin_pos=0,
+                       committed_index=-1, committed_pos=0, last_index=-1)
     if committed_end is None:  # beyond the log (or -1): clamp
         if committed >= 0:
             committed, committed_end = last[3], last[1] + last[2]
         else:
             committed_end = begin
-    return LogSpan(os.path.join(store_dir, "data"), seg_size, begin, committed, committed_end, last[3])
+    return LogSpan(data_dir=os.path.join(store_dir, "data"), data_segment_size=seg_size, begin_pos=begin,
+                   committed_index=committed, committed_pos=committed_end, last_index=last[3])
 
 
 @attrs.frozen

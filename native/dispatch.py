@@ -138,8 +138,9 @@ class NativeBackend(Backend):
         levels = ffi.new("int64_t[]", tuple(delay_levels)) if delay_levels else ffi.NULL
         n = lib.lmq_dispatch_scan(ffi.from_buffer(buf), len(buf), base_pos, mode, options,
                                   expect_index, recs, cap, max_entries, levels, len(delay_levels), st)
-        return ScanResult(self, recs, n, st.consumed, st.entries, st.last_index, st.stop,
-                          st.err_code, st.err_offset, st.bad, st.first_bad)
+        return ScanResult(backend=self, recs=recs, n=n, consumed=st.consumed, entries=st.entries,
+                          last_index=st.last_index, stop=st.stop,
+                          err_code=st.err_code, err_offset=st.err_offset, bad=st.bad, first_bad=st.first_bad)
 
     def record(self, recs, i: int) -> DispatchRecord:
         r = recs[i]

@@ -101,7 +101,7 @@ class IndexHeader:
         return h
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class ScanResult:
     backend: "Backend"
     recs: object  # the backend's record array

@@ -209,8 +209,9 @@ class PythonBackend(Backend):
         size = len(buf)
 
         def done(stop, code=0, at=0):
-            return ScanResult(self, recs, n, off, entries, last_index, stop, code, at,
-                              bad_count, first_bad)
+            return ScanResult(backend=self, recs=recs, n=n, consumed=off, entries=entries, last_index=last_index,
+                              stop=stop, err_code=code, err_offset=at,
+                              bad=bad_count, first_bad=first_bad)
 
         def put(r):
             REC.pack_into(recs, n * REC_SIZE, *(r[f] for f in _FIELDS))

@@ -58,9 +58,10 @@ def _offsets(obj: dict) -> tuple:
     return tuple(sorted(set(v)))
 
 
-def _where(obj: dict) -> tuple[str, str, int]:
-    return (check_group_name(obj.get("group")), check_topic_name(obj.get("topic")),
-            _int(obj, "queueId", 0, (1 << 31) - 1))
+def _where(obj: dict) -> dict:
+    """group, topic and queue_id of an op's body, checked."""
+    return {"group": check_group_name(obj.get("group")), "topic": check_topic_name(obj.get("topic")),
+            "queue_id": _int(obj, "queueId", 0, (1 << 31) - 1)}
 
 
 def _bool(obj: dict, name: str) -> bool:
@@ -70,7 +71,7 @@ def _bool(obj: dict, name: str) -> bool:
     return v
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class PopCheckpoint:
     group: str
     topic: str  # the topic popped: a normal topic or its %RETRY%group_topic
@@ -107,8 +108,9 @@ class PopCheckpoint:
     @classmethod
     def from_json(cls, row) -> "PopCheckpoint":
         g, t, q, so, pt, it, offs, nxt, order, rq, att, acked = row
-        return cls(str(g), str(t), int(q), int(so), int(pt), int(it), tuple(int(o) for o in offs), int(nxt),
-                   bool(order), int(rq), int(att), {int(o) for o in acked})
+        return cls(group=str(g), topic=str(t), queue_id=int(q), start_offset=int(so), pop_time=int(pt),
+                   invisible_time=int(it), offsets=tuple(int(o) for o in offs), next_offset=int(nxt),
+                   order=bool(order), revive_qid=int(rq), attempts=int(att), acked={int(o) for o in acked})
 
 
 @attrs.define
@@ -216,11 +218,11 @@ class PopCheckpointOp:
 
     @classmethod
     def from_body(cls, obj: dict) -> "PopCheckpointOp":
-        g, t, q = _where(obj)
-        return cls(PopCheckpoint(g, t, q, _int(obj, "startOffset"), _int(obj, "popTime"),
-                                 _int(obj, "invisibleTime"), _offsets(obj), _int(obj, "nextOffset"),
-                                 _bool(obj, "order"), _int(obj, "reviveQid", 0, (1 << 31) - 1),
-                                 _int(obj, "attempts", 0, (1 << 31) - 1)))
+        return cls(PopCheckpoint(**_where(obj), start_offset=_int(obj, "startOffset"), pop_time=_int(obj, "popTime"),
+                                 invisible_time=_int(obj, "invisibleTime"), offsets=_offsets(obj),
+                                 next_offset=_int(obj, "nextOffset"), order=_bool(obj, "order"),
+                                 revive_qid=_int(obj, "reviveQid", 0, (1 << 31) - 1),
+                                 attempts=_int(obj, "attempts", 0, (1 << 31) - 1)))
 
     def apply_to(self, state, index: int, ts: int) -> None:
         c = attrs.evolve(self.ck, acked=set())  # the op's value stays untouched by later acks
@@ -231,7 +233,7 @@ class PopCheckpointOp:
             _commit(state, c.topic, c.group, c.queue_id, c.next_offset, index, ts)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PopAckOp:
     group: str
     topic: str
@@ -253,7 +255,8 @@ class PopAckOp:
 
     @classmethod
     def from_body(cls, obj: dict) -> "PopAckOp":
-        return cls(*_where(obj), _int(obj, "startOffset"), _int(obj, "popTime"), _offsets(obj), _bool(obj, "order"))
+        return cls(**_where(obj), start_offset=_int(obj, "startOffset"), pop_time=_int(obj, "popTime"),
+                   offsets=_offsets(obj), order=_bool(obj, "order"))
 
     def apply_to(self, state, index: int, ts: int) -> None:
         ck = state.pop.find(self.group, self.topic, self.queue_id, self.start_offset, self.pop_time, self.order)
@@ -265,7 +268,7 @@ class PopAckOp:
             _commit(state, ck.topic, ck.group, ck.queue_id, left[0] if left else ck.next_offset, index, ts)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PopChangeOp:
     group: str
     topic: str
@@ -291,9 +294,10 @@ class PopChangeOp:
 
     @classmethod
     def from_body(cls, obj: dict) -> "PopChangeOp":
-        return cls(*_where(obj), _int(obj, "startOffset"), _int(obj, "popTime"), _int(obj, "offset"),
-                   _int(obj, "newPopTime"), _int(obj, "invisibleTime"), _int(obj, "reviveQid", 0, (1 << 31) - 1),
-                   _bool(obj, "order"))
+        return cls(**_where(obj), start_offset=_int(obj, "startOffset"), pop_time=_int(obj, "popTime"),
+                   offset=_int(obj, "offset"), new_pop_time=_int(obj, "newPopTime"),
+                   invisible_time=_int(obj, "invisibleTime"), revive_qid=_int(obj, "reviveQid", 0, (1 << 31) - 1),
+                   order=_bool(obj, "order"))
 
     def apply_to(self, state, index: int, ts: int) -> None:
         table = state.pop
@@ -304,11 +308,13 @@ class PopChangeOp:
             ck.invisible_time = self.new_pop_time + self.invisible_time - ck.pop_time
             return
         table.ack(ck, (self.offset,))
-        table.add(PopCheckpoint(self.group, self.topic, self.queue_id, self.offset, self.new_pop_time,
-                                self.invisible_time, (self.offset,), self.offset + 1, False, self.revive_qid))
+        table.add(PopCheckpoint(group=self.group, topic=self.topic, queue_id=self.queue_id, start_offset=self.offset,
+                                pop_time=self.new_pop_time,
+                                invisible_time=self.invisible_time, offsets=(self.offset,), next_offset=self.offset + 1,
+                                order=False, revive_qid=self.revive_qid))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PopReviveOp:
     group: str
     topic: str
@@ -328,7 +334,7 @@ class PopReviveOp:
 
     @classmethod
     def from_body(cls, obj: dict) -> "PopReviveOp":
-        return cls(*_where(obj), _int(obj, "startOffset"), _int(obj, "popTime"))
+        return cls(**_where(obj), start_offset=_int(obj, "startOffset"), pop_time=_int(obj, "popTime"))
 
     def apply_to(self, state, index: int, ts: int) -> None:
         ck = state.pop.find(self.group, self.topic, self.queue_id, self.start_offset, self.pop_time, False)

@@ -164,7 +164,7 @@ class RegisterResult:
     reason: str | None = None  # why a registration was ignored
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class BrokerLiveInfo:
     cluster_name: str
     broker_name: str
@@ -228,9 +228,10 @@ class RouteInfoManager:
         if key not in self.broker_live_table:
             log.info("new broker registered: %s %s id %d", reg.broker_name, reg.broker_addr, reg.broker_id)
         self.broker_live_table[key] = BrokerLiveInfo(
-            reg.cluster_name, reg.broker_name, reg.broker_addr, reg.broker_id, now,
-            self.default_timeout if reg.heartbeat_timeout is None else reg.heartbeat_timeout,
-            reg.data_version, reg.ha_server_addr, conn)
+            cluster_name=reg.cluster_name, broker_name=reg.broker_name, broker_addr=reg.broker_addr,
+            broker_id=reg.broker_id, last_update=now,
+            timeout=self.default_timeout if reg.heartbeat_timeout is None else reg.heartbeat_timeout,
+            data_version=reg.data_version, ha_server_addr=reg.ha_server_addr, conn=conn)
         if reg.filter_server_list:
             self.filter_server_table[key] = list(reg.filter_server_list)
         else:

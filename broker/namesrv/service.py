@@ -125,7 +125,7 @@ class NamesrvConfig:
             return None
         extra = ()
         if self.broker_access_key is not None:
-            extra = (Account(self.broker_access_key, self.broker_secret_key, admin=True),)
+            extra = (Account(access_key=self.broker_access_key, secret_key=self.broker_secret_key, admin=True),)
         return AclService.load(self.acl_path, NAMESRV_POLICY, extra=extra)
 
 

@@ -61,7 +61,7 @@ def real_topic(topic: str, group: str, ttype: str) -> str:
     return topic
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Receipt:
     ck_queue_offset: int
     pop_time: int
@@ -108,10 +108,13 @@ def parse_receipt(text) -> Receipt:
         raise ReceiptError(f"invalid receipt: topic type {parts[4][:8]!r} is not 0, 1 or 2")
     if not 0 < len(parts[5]) <= 255:
         raise ReceiptError("invalid receipt: bad broker name")
-    return Receipt(_num(parts[0], "ckQueueOffset", _MAX_LONG), _num(parts[1], "popTime", _MAX_LONG),
-                   _num(parts[2], "invisibleTime", _MAX_LONG), _num(parts[3], "reviveQid", _MAX_INT), parts[4],
-                   parts[5], _num(parts[6], "queueId", _MAX_INT), _num(parts[7], "queueOffset", _MAX_LONG),
-                   _num(parts[8], "commitLogOffset", _MAX_LONG) if len(parts) == 9 else None)
+    return Receipt(ck_queue_offset=_num(parts[0], "ckQueueOffset", _MAX_LONG),
+                   pop_time=_num(parts[1], "popTime", _MAX_LONG),
+                   invisible_time=_num(parts[2], "invisibleTime", _MAX_LONG),
+                   revive_qid=_num(parts[3], "reviveQid", _MAX_INT), topic_type=parts[4],
+                   broker_name=parts[5], queue_id=_num(parts[6], "queueId", _MAX_INT),
+                   queue_offset=_num(parts[7], "queueOffset", _MAX_LONG),
+                   commit_log_offset=_num(parts[8], "commitLogOffset", _MAX_LONG) if len(parts) == 9 else None)
 
 
 def offset_info(parts: list[tuple[str, int, object]]) -> str:

@@ -51,7 +51,7 @@ ACK_RETRY_S = 2.0  # how long an ack whose master went away waits for the next o
 _NOT_FOUND = (ResponseCode.POLLING_TIMEOUT, ResponseCode.NO_MESSAGE, ResponseCode.PULL_NOT_FOUND)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Receipt:
     text: str  # the first 8 fields: what the broker wrote in POP_CK
     ck_offset: int
@@ -86,8 +86,9 @@ def parse_receipt(text: str, now_ms: int | None = None) -> Receipt:
     if any(n < 0 or n >= 1 << 63 for n in nums):
         raise bad
     ck, pop_time, invisible, revive, queue_id, queue_offset, *phy = nums
-    r = Receipt(" ".join(parts[:8]), ck, pop_time, invisible, revive, parts[4], parts[5], queue_id, queue_offset,
-                phy[0] if phy else None)
+    r = Receipt(text=" ".join(parts[:8]), ck_offset=ck, pop_time=pop_time, invisible_ms=invisible, revive_qid=revive,
+                topic_type=parts[4], broker_name=parts[5], queue_id=queue_id, queue_offset=queue_offset,
+                commitlog_offset=phy[0] if phy else None)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if r.expires_ms <= now_ms:
         raise RequestInvalid(pb.Code.INVALID_RECEIPT_HANDLE, "receipt handle has expired")
@@ -140,7 +141,8 @@ class ConsumeRpcs:
                 raise RequestInvalid(pb.Code.ILLEGAL_CONSUMER_GROUP, "consumer group cannot be empty")
             self._authorize(context, auth.consume_resources(topic, group))
             if not 0 < request.batch_size <= MAX_BATCH:
-                raise RequestInvalid(pb.Code.BAD_REQUEST, f"batch size {request.batch_size} is not within 1..{MAX_BATCH}")
+                raise RequestInvalid(pb.Code.BAD_REQUEST,
+                                     f"batch size {request.batch_size} is not within 1..{MAX_BATCH}")
             if request.HasField("invisible_duration"):
                 invisible = _duration_ms(request.invisible_duration)
                 if not MIN_INVISIBLE_MS <= invisible <= MAX_INVISIBLE_MS:

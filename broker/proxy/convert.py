@@ -49,7 +49,7 @@ class RequestInvalid(Exception):
         self.code = code
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Outgoing:
     """One SendMessage entry, checked, as the proxy relays it."""
 
@@ -131,8 +131,9 @@ def outgoing(msg, max_body_size: int, now_ms: int | None = None) -> Outgoing:
         extra[PROPERTY_TRANSACTION_PREPARED] = "true"
         extra[PROPERTY_PRODUCER_GROUP] = topic_name
     deliver_ms = int(extra[PROPERTY_TIMER_DELIVER_MS]) if PROPERTY_TIMER_DELIVER_MS in extra else None
-    return Outgoing(topic_name, bytes(msg.body), sp.message_id, tag, tuple(sp.keys), dict(msg.user_properties), extra,
-                    group, transactional, deliver_ms)
+    return Outgoing(topic=topic_name, body=bytes(msg.body), message_id=sp.message_id, tag=tag, keys=tuple(sp.keys),
+                    user_properties=dict(msg.user_properties), extra_properties=extra,
+                    message_group=group, transactional=transactional, deliver_ms=deliver_ms)
 
 
 def recall_handle(topic: str, broker_name: str, deliver_ms: int, message_id: str) -> str:

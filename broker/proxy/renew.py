@@ -28,7 +28,7 @@ log = logging.getLogger("ledgermq.proxy")
 Change = Callable[[str, str, object, int], Awaitable[object]]  # (topic, group, receipt, invisible ms) -> new receipt
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Held:
     group: str
     topic: str
@@ -59,7 +59,8 @@ class Renewals:
         if len(self.held) >= self.max_held:
             return False
         now = time.monotonic()
-        h = Held(group, topic, client_id, receipt, now + self.invisible_ms / 1000 - self.ahead_s, now + self.max_s)
+        h = Held(group=group, topic=topic, client_id=client_id, receipt=receipt,
+                 renew_at=now + self.invisible_ms / 1000 - self.ahead_s, until=now + self.max_s)
         self.held[(group, handle)] = h
         self._push((group, handle), h.renew_at)
         return True

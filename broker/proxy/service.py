@@ -68,7 +68,7 @@ MAX_RECONSUME_TIMES = 16  # a group's retryMaxTimes; max_attempts is one more
 RETRY_BACKOFF_S = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Session:
     client_id: str
     client_type: int
@@ -338,7 +338,8 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         if client_id not in self.sessions and len(self.sessions) >= self.cfg.max_clients:
             raise RequestInvalid(pb.Code.TOO_MANY_REQUESTS, f"the proxy serves {self.cfg.max_clients} clients at most")
         consumer = ctype != pb.ClientType.PRODUCER
-        self.sessions[client_id] = Session(client_id, ctype, ak, topics, group, outbox,
+        self.sessions[client_id] = Session(client_id=client_id, client_type=ctype, access_key=ak, topics=topics,
+                                           group=group, outbox=outbox,
                                            fifo=consumer and reply.subscription.fifo,
                                            subscriptions=subs if consumer else {})
         if ctype == pb.ClientType.PRODUCER and topics:

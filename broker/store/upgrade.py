@@ -248,8 +248,10 @@ def apply(root: str, self_id: str, *, data_segment_size: int | None = None,
     _record_dispatch_state(plan)
     _capture_configs(plan, store_dir)
     _create_dledger_store(plan, index_segment_size)
-    write_marker(store_dir, DividedLog(plan.divided, plan.legacy_begin, plan.legacy_end, plan.legacy_segment_size,
-                                       plan.legacy_records, _import_id(store_dir)))
+    write_marker(store_dir,
+                 DividedLog(divided=plan.divided, legacy_begin=plan.legacy_begin, legacy_end=plan.legacy_end,
+                            legacy_segment_size=plan.legacy_segment_size, legacy_records=plan.legacy_records,
+                            import_id=_import_id(store_dir)))
     for line in plan.done:  # the broker's upgrade on start says it in its log
         log.info("%s: migration: %s", self_id, line)
     return plan

@@ -119,7 +119,7 @@ class PeerStats:
         return max(0, self.connects - 1)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TransportStats:
     self_id: str
     peers: dict[str, PeerStats]

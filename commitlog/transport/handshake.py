@@ -101,7 +101,7 @@ async def _send_reject(stream: trio.SocketStream, reason: str) -> None:
             pass
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Handshake:
     """One node's side of every handshake: who it is, the identity it
     compares, the group's secret (if any), and what the inbound caps hold

@@ -352,7 +352,7 @@ class MemoryTransport:
         return stats
 
     def stats(self) -> TransportStats:
-        return TransportStats(self.self_id, {
+        return TransportStats(self_id=self.self_id, peers={
             p: c.snapshot(p, connected=p in self.connected_peers(),
                           queued_messages=self._links[p].in_flight)
             for p, c in self._counters.items() if p in self._links})

@@ -118,7 +118,8 @@ class PeerTransport:
         self._nursery: trio.Nursery | None = None  # where dial loops run (serve_peer_transport)
         self.failed_connections = 0
         self._log = LogBudget()  # lines strangers can cause
-        self._handshake = Handshake(cfg, self_id, group, self.identity, auth, self._log, self._notify)
+        self._handshake = Handshake(cfg=cfg, self_id=self_id, group=group, identity=self.identity, auth=auth,
+                                    log_budget=self._log, notify=self._notify)
         self._budget = RecvBudget(cfg.recv_budget_bytes)
         self.listen_addresses: list[tuple[str, int]] = []
 
@@ -263,12 +264,14 @@ class PeerTransport:
         return stats
 
     def stats(self) -> TransportStats:
-        return TransportStats(self.self_id, {
+        return TransportStats(self_id=self.self_id, peers={
             p.peer_id: p.counters.snapshot(p.peer_id, connected=p.conn is not None,
                                            queued_messages=len(p.queue),
                                            queued_bytes=p.queued_bytes)
-            for p in self._peers.values()}, self.rejected_connections, self.capped_connections,
-            self.failed_connections, self._handshake.handshakes, self._budget.used, self._budget.waits)
+            for p in self._peers.values()}, rejected_connections=self.rejected_connections,
+            capped_connections=self.capped_connections,
+            failed_connections=self.failed_connections, handshakes=self._handshake.handshakes,
+            unfinished_bytes=self._budget.used, budget_waits=self._budget.waits)
 
     # --- queue -----------------------------------------------------------
 

@@ -41,7 +41,8 @@ from consumequeue import record as M
 
 
 def test_receipt_layout_is_extra_info_util_s():
-    r = Receipt(100, 1700000000000, 30000, 0, "0", "broker-a", 3, 105)
+    r = Receipt(ck_queue_offset=100, pop_time=1700000000000, invisible_time=30000, revive_qid=0, topic_type="0",
+                broker_name="broker-a", queue_id=3, queue_offset=105)
     assert str(r) == "100 1700000000000 30000 0 0 broker-a 3 105"
     assert parse_receipt(str(r)) == r
     # the proxy's receipt_handle: the commitlog offset appended, kept
@@ -88,9 +89,25 @@ def test_batch_ack_bit_sets_are_java_bitset_bytes():
 
 
 def ck(start=10, offsets=(10, 11, 12), pop_time=1000, invisible=500, order=False, nxt=None, topic="T", attempts=0):
-    return PopCheckpoint("G", topic, 0, start, pop_time, invisible, tuple(offsets),
-                         nxt if nxt is not None else offsets[-1] + 1, order,
-                         ORDER_REVIVE_QID if order else 0, attempts)
+    return PopCheckpoint(group="G", topic=topic, queue_id=0, start_offset=start, pop_time=pop_time,
+                         invisible_time=invisible, offsets=tuple(offsets),
+                         next_offset=nxt if nxt is not None else offsets[-1] + 1, order=order,
+                         revive_qid=ORDER_REVIVE_QID if order else 0, attempts=attempts)
+
+
+def ack(topic, start, pop_time, offsets, order=False) -> PopAckOp:
+    """An ack of group G's queue 0 of `topic`."""
+    return PopAckOp(group="G", topic=topic, queue_id=0, start_offset=start, pop_time=pop_time, offsets=offsets,
+                    order=order)
+
+
+def change(topic, start, pop_time, offset, new_pop_time, invisible, revive_qid=0, order=False) -> PopChangeOp:
+    return PopChangeOp(group="G", topic=topic, queue_id=0, start_offset=start, pop_time=pop_time, offset=offset,
+                       new_pop_time=new_pop_time, invisible_time=invisible, revive_qid=revive_qid, order=order)
+
+
+def revive(topic, start, pop_time) -> PopReviveOp:
+    return PopReviveOp(group="G", topic=topic, queue_id=0, start_offset=start, pop_time=pop_time)
 
 
 def through_log(state: MetadataState, ops) -> MetadataState:
@@ -105,19 +122,19 @@ def test_pop_ack_change_revive():
     s = through_log(MetadataState(), [PopCheckpointOp(ck())])
     assert s.offsets.query("T", "G", 0) == 13  # an ordinary pop moves the offset at once
     assert s.pop.in_flight("G", "T", 0) == 3
-    through_log(s, [PopAckOp("G", "T", 0, 10, 1000, (11,))])
+    through_log(s, [ack("T", 10, 1000, (11,))])
     (c,) = s.pop.cks.values()
     assert c.unacked == [10, 12] and s.pop.in_flight("G", "T", 0) == 2
     # change: offset 12 leaves the checkpoint for one of its own
-    through_log(s, [PopChangeOp("G", "T", 0, 10, 1000, 12, 1200, 9000)])
+    through_log(s, [change("T", 10, 1000, 12, 1200, 9000)])
     assert sorted(s.pop.cks) == [("G", "T", 0, 10, 1000), ("G", "T", 0, 12, 1200)]
     assert s.pop.cks[("G", "T", 0, 12, 1200)].deadline == 10200
     assert s.pop.expired(1500, 10) == [s.pop.cks[("G", "T", 0, 10, 1000)]]
-    through_log(s, [PopReviveOp("G", "T", 0, 10, 1000), PopAckOp("G", "T", 0, 12, 1200, (12,))])
+    through_log(s, [revive("T", 10, 1000), ack("T", 12, 1200, (12,))])
     assert not s.pop.cks and not s.pop.inflight
     # a late ack of a revived checkpoint changes nothing
     before = repr(s.pop)
-    through_log(s, [PopAckOp("G", "T", 0, 10, 1000, (10,))])
+    through_log(s, [ack("T", 10, 1000, (10,))])
     assert repr(s.pop) == before
 
 
@@ -125,23 +142,23 @@ def test_order_checkpoints_block_their_queue_and_move_the_offset_on_ack():
     s = through_log(MetadataState(), [PopCheckpointOp(ck(start=0, offsets=(0, 1, 2), order=True))])
     assert s.offsets.query("T", "G", 0) is None  # an order pop moves no offset
     assert s.pop.blocked("G", "T", 0, 1499) and not s.pop.blocked("G", "T", 0, 1500)
-    through_log(s, [PopAckOp("G", "T", 0, 0, 1000, (0,), True)])
+    through_log(s, [ack("T", 0, 1000, (0,), True)])
     assert s.offsets.query("T", "G", 0) == 1 and s.pop.blocked("G", "T", 0, 1000)
     # an ack naming another pop of the queue (another popTime) is stale
-    through_log(s, [PopAckOp("G", "T", 0, 0, 999, (1, 2), True)])
+    through_log(s, [ack("T", 0, 999, (1, 2), True)])
     assert s.pop.blocked("G", "T", 0, 1000)
-    through_log(s, [PopChangeOp("G", "T", 0, 0, 1000, 1, 1400, 1000, ORDER_REVIVE_QID, True)])
+    through_log(s, [change("T", 0, 1000, 1, 1400, 1000, ORDER_REVIVE_QID, True)])
     assert s.pop.order_ck("G", "T", 0).deadline == 2400
-    through_log(s, [PopAckOp("G", "T", 0, 0, 1000, (1, 2), True)])
+    through_log(s, [ack("T", 0, 1000, (1, 2), True)])
     assert s.offsets.query("T", "G", 0) == 3 and not s.pop.blocked("G", "T", 0, 1000)
 
 
 def test_replay_from_any_earlier_index_gives_the_same_state():
     ops = [PopCheckpointOp(ck()), PopCheckpointOp(ck(start=13, offsets=(13, 14), pop_time=1100)),
-           PopAckOp("G", "T", 0, 10, 1000, (10,)), PopChangeOp("G", "T", 0, 10, 1000, 11, 1300, 700),
+           ack("T", 10, 1000, (10,)), change("T", 10, 1000, 11, 1300, 700),
            PopCheckpointOp(ck(start=0, offsets=(0, 1), order=True, topic="O")),
-           PopAckOp("G", "O", 0, 0, 1000, (0,), True), PopReviveOp("G", "T", 0, 13, 1100),
-           PopAckOp("G", "T", 0, 10, 1000, (12,))]
+           ack("O", 0, 1000, (0,), True), revive("T", 13, 1100),
+           ack("T", 10, 1000, (12,))]
     full = through_log(MetadataState(), ops)
     for cut in range(len(ops)):
         prefix = through_log(MetadataState(), ops[:cut + 1])
@@ -163,7 +180,7 @@ def _roundtrip(state: MetadataState) -> MetadataState:
 
 
 def test_the_snapshot_carries_the_checkpoints(tmp_path):
-    s = through_log(MetadataState(), [PopCheckpointOp(ck()), PopAckOp("G", "T", 0, 10, 1000, (11,)),
+    s = through_log(MetadataState(), [PopCheckpointOp(ck()), ack("T", 10, 1000, (11,)),
                                       PopCheckpointOp(ck(start=0, offsets=(0,), order=True, topic="O"))])
     snapshot.write_snapshot(str(tmp_path), s)
     loaded = snapshot.load_snapshot(str(tmp_path)).state

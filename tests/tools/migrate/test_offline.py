@@ -403,7 +403,8 @@ def test_broker_store_retention_pass_on_a_migrated_store(tmp_path):
     engine, _ = open_migrated_engine(store, marker)
     store.add_retention_floor(legacy_floor(engine.source))
     cq = ConsumeQueueService(store, engine, Watermark(-1))
-    bs = BrokerStore(cfg, store, None, cq, None, None, None, marker)
+    bs = BrokerStore(cfg=cfg, store=store, replica=None, cq=cq, metadata=None, gate=None, transport=None,
+                     migrated=marker)
     try:
         deleted = bs.retention_pass(now=2_000_000_000.0, used_ratio=0.99)
         assert os.listdir(fx.commitlog_dir) == [] and len(deleted) >= 1
