@@ -49,6 +49,7 @@ import struct
 import sys
 import time
 from array import array
+from typing import Any, Awaitable, Callable, Iterable, Protocol, Sized
 
 import attrs
 import trio
@@ -60,6 +61,7 @@ from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import split_offset_key
 from broker.common.values import ConsumeType, MessageModel
 from broker.processors.admin import SYSTEM_TOPICS, VERSION_DESC, disk_ratio
+from broker.processors.client_manager import ClientManager
 from broker.processors.retry import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from broker.remoting.answers import BurstAnswers, as_answers
 from broker.remoting.codec import request_count
@@ -71,6 +73,7 @@ from broker.telemetry import catalog as C
 from broker.telemetry import stats as S
 from broker.telemetry.buckets import MESSAGE_SIZE_BUCKETS, RPC_LATENCY_BUCKETS_MS, STORE_LAG_BUCKETS_S, BucketCounter
 from broker.telemetry.exporter import MetricsConfig, serve_metrics
+from consumequeue.cq import ConsumeQueue
 from consumequeue.record import POS_SYSFLAG, SCHEDULE_TOPIC, store_timestamp_pos
 from consumequeue.service import positions
 
@@ -98,11 +101,52 @@ READ_UNITS = 8192  # CQ units read per queue per pass
 MAX_AGE_READS = 4096
 
 
+class QueueTable(Protocol):
+    """What the put counter reads (consumequeue.cq.ConsumeQueueStore)."""
+
+    queues: dict[tuple[str, int], ConsumeQueue]
+
+
+class BurstSender(Protocol):
+    """What MeteredSends wraps (broker.processors.send.SendProcessor)."""
+
+    CODES: tuple[int, ...]
+
+    def accept_burst(self, conn, cmds: list) -> Any: ...
+
+
+class Dispatcher(Protocol):
+    """What MeteredRequests wraps (broker.remoting.server.RequestDispatcher)."""
+
+    def split_burst(self, conn, cmds: list) -> tuple[list, list]: ...
+
+    def serves(self, code: int) -> bool: ...
+
+    def __call__(self, conn, request) -> Awaitable[Any]: ...
+
+
+class Puller(Protocol):
+    """What MeteredPulls wraps (broker.processors.pull.PullProcessor): a held
+    pull's late answer goes to the callback."""
+
+    CODES: tuple[int, ...]
+
+    def __call__(self, conn, request, on_late: Callable[[Any], None]) -> Awaitable[Any]: ...
+
+
+class ServedConnections(Protocol):
+    """What the collector reads of the remoting server (broker.remoting.server.RemotingServer)."""
+
+    connections: Sized
+
+    def hostile_metrics(self) -> Iterable[tuple[str, str, str, dict, float]]: ...
+
+
 @attrs.define(eq=False)
 class PutCounter:
     """Messages and bytes put per topic since start, from the consume queues."""
 
-    cqs: object  # ConsumeQueueStore
+    cqs: QueueTable
     cursor: dict = attrs.Factory(dict)  # (topic, qid) -> next unit to count
     messages: dict = attrs.Factory(dict)  # topic -> messages
     bytes: dict = attrs.Factory(dict)  # topic -> bytes
@@ -145,10 +189,10 @@ class MeteredSends:
     """The send processor's bursts, timed: registered for its codes in its
     place (broker/server.py), it hands every burst on unchanged."""
 
-    inner: object  # SendProcessor
+    inner: BurstSender
     latency: BucketCounter = attrs.Factory(BucketCounter)
     bursts: int = 0
-    clock: object = time.perf_counter
+    clock: Callable[[], float] = time.perf_counter
 
     def register(self, dispatcher) -> None:
         for code in self.inner.CODES:
@@ -176,10 +220,10 @@ class MeteredRequests:
     no processor serves is counted under -1, a response code outside
     ResponseCode under -1 (labels "other")."""
 
-    inner: object  # RequestDispatcher
+    inner: Dispatcher
     skip: frozenset = frozenset()
     rpc: dict = attrs.Factory(dict)  # (request code, response code, result) -> BucketCounter
-    clock: object = time.perf_counter
+    clock: Callable[[], float] = time.perf_counter
 
     def split_burst(self, conn, cmds):
         return self.inner.split_burst(conn, cmds)
@@ -214,13 +258,13 @@ class MeteredPulls:
     """PULL_MESSAGE, timed and counted per topic@group (a held pull when it
     is answered: the processor calls back)."""
 
-    inner: object  # PullProcessor
+    inner: Puller
     latency: BucketCounter = attrs.Factory(BucketCounter)
     gets: dict = attrs.Factory(dict)  # (topic, group) -> [messages, bytes, pulls that found some]
     rpc: dict = attrs.Factory(dict)  # (response code, "true"/"false" held) -> BucketCounter
     store_lag: dict = attrs.Factory(dict)  # (topic, group) -> BucketCounter: store time -> answer
-    clock: object = time.perf_counter
-    wall_ms: object = lambda: time.time() * 1000
+    clock: Callable[[], float] = time.perf_counter
+    wall_ms: Callable[[], float] = lambda: time.time() * 1000
 
     def register(self, dispatcher) -> None:
         for code in self.inner.CODES:
@@ -273,27 +317,25 @@ def _first_store_time(body) -> int | None:
     return _I64.unpack_from(body, pos)[0]
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class BrokerMetrics:
     """Everything the broker's collector and stats read (built by serve_broker)."""
 
     config: LiveConfig
     store: BrokerStore
-    server: object  # RemotingServer: open connections
+    server: ServedConnections
     sends: MeteredSends
     pulls: MeteredPulls
     stats: S.StatsBook
+    clients: ClientManager  # the one the pull processor reads subscriptions from
+    queues: QueueTable  # the consume queues (puts counted from them)
     requests: MeteredRequests | None = None  # the one-by-one requests' rpc latency
     puts: PutCounter = attrs.field(init=False)
     start_term: int = attrs.field(init=False)
     started_ms: int = attrs.field(init=False, factory=lambda: int(time.time() * 1000))
 
-    @property
-    def clients(self):  # ClientManager: the one the pull processor reads subscriptions from
-        return self.pulls.inner.clients
-
     def __attrs_post_init__(self) -> None:
-        self.puts = PutCounter(self.store.cq.engine.cqs)
+        self.puts = PutCounter(self.queues)
         self.start_term = self.store.gate.term
         self.stats.source = self.totals
 
@@ -708,7 +750,7 @@ def _store_time_at(engine, cq, offset: int) -> int | None:
         return None
 
 
-def remoting_families(server, base: dict):
+def remoting_families(server: ServedConnections, base: dict):
     """RemotingServer.hostile_metrics() as families (one per name)."""
     families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
     for kind, name, doc, extra, value in server.hostile_metrics():

@@ -52,7 +52,7 @@
 import collections
 import errno
 import logging
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import attrs
 import trio
@@ -73,11 +73,13 @@ from commitlog.errors import (
 from commitlog.inbox import PeerInbox
 from commitlog.raft import wire
 from commitlog.raft.core import RaftCore
+from commitlog.raft.logapi import RaftLog
 from commitlog.raft.membership import ConfChange, ConfigEntry, MembershipChangeError
 from commitlog.raft.state import HardState, Ready, Role, SoftState
 from commitlog.ratelog import LogBudget
 from commitlog.replica_faults import FaultRecovery
 from commitlog.replica_results import AppendResults
+from commitlog.transport.base import Sink
 from commitlog.watermark import Watermark
 
 log = logging.getLogger("ledgermq.replica")
@@ -86,13 +88,34 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 STALL_TICKS = 5  # a ticker this many ticks late was stalled: the missed ticks are dropped (_ticker)
 
 
+class ReplicaLog(RaftLog, Protocol):
+    """The log a ReplicaNode writes: the core's RaftLog and its flush policy
+    (commitlog.store.SegmentedStore; MemLog in tests)."""
+
+    @property
+    def sync_flush(self) -> bool: ...
+
+    async def flush_async(self) -> None: ...
+
+
+class ReplicaTransport(Protocol):
+    """What a ReplicaNode uses of its transport (commitlog.transport: TCP or
+    memory)."""
+
+    def send(self, peer_id: str, payload: bytes) -> bool: ...
+
+    def set_sink(self, sink: Sink) -> None: ...
+
+    def set_peers(self, peers: Mapping[str, tuple[str, int] | None]) -> None: ...
+
+
 @attrs.define(eq=False)
 class ReplicaNode(FaultRecovery, AppendResults):
     """Drives one RaftCore.  Construct, then `await nursery.start(node.run)`."""
 
     core: RaftCore
-    log: object  # a commitlog.raft.logapi.RaftLog that also has flush() and sync_flush
-    transport: object  # commitlog.transport.base.Transport
+    log: ReplicaLog
+    transport: ReplicaTransport
     persist_hard_state: Callable[[HardState], None]
     peer_addresses: dict[str, str] = attrs.Factory(dict)
     tick_seconds: float = 0.01
@@ -555,9 +578,8 @@ class ReplicaNode(FaultRecovery, AppendResults):
         the peers of its dLegerPeers, whose leader will reach it)."""
         core = self.core
         self.peer_addresses.update(core.member_addresses())
-        set_peers = getattr(self.transport, "set_peers", None)
-        if set_peers is not None and not core.membership.latest.empty:
-            set_peers({p: _host_port(self.peer_addresses.get(p)) for p in core.peers})
+        if not core.membership.latest.empty:
+            self.transport.set_peers({p: _host_port(self.peer_addresses.get(p)) for p in core.peers})
 
     async def _publish(self) -> None:
         if self._wrote and self.log.sync_flush:

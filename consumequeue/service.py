@@ -5,10 +5,13 @@
 # hook.  The broker talks to consume queues and the index through this.
 import logging
 import os
+from typing import Protocol
 
 import attrs
 import trio
 
+from commitlog.entry import Entry
+from commitlog.store import AppendHook
 from commitlog.watermark import Watermark
 from consumequeue.checkpoint import DispatchState
 from consumequeue.dispatcher import NO_SPACE, DispatchConfig, DispatchEngine, Dispatcher, OpenReport
@@ -18,6 +21,30 @@ from consumequeue.source import CommitlogSource
 log = logging.getLogger(__name__)
 
 
+class DispatchedLog(Protocol):
+    """What dispatch uses of the commitlog store (commitlog.store.SegmentedStore)."""
+
+    @property
+    def begin_index(self) -> int: ...
+
+    @property
+    def end_index(self) -> int: ...
+
+    @property
+    def end_pos(self) -> int: ...
+
+    @property
+    def committed_index(self) -> int: ...
+
+    def get(self, index: int) -> Entry: ...
+
+    def pos_of(self, index: int) -> int: ...
+
+    def add_append_hook(self, fn: AppendHook) -> None: ...
+
+    def remove_append_hook(self, fn: AppendHook) -> None: ...
+
+
 @attrs.frozen
 class StorePositions:
     begin_pos: int  # position of the first entry (or where the next one goes)
@@ -25,7 +52,7 @@ class StorePositions:
     committed_pos: int  # just after the committed entry
 
 
-def entry_end(store, index: int) -> int:
+def entry_end(store: DispatchedLog, index: int) -> int:
     """Commitlog position just after entry `index` (the begin position when
     nothing at or before it is readable)."""
     if index < max(store.begin_index, 0) or index < 0:
@@ -34,13 +61,13 @@ def entry_end(store, index: int) -> int:
     return e.pos + e.size
 
 
-def begin_position(store) -> int:
+def begin_position(store: DispatchedLog) -> int:
     if 0 <= store.begin_index <= store.end_index:
         return store.pos_of(store.begin_index)
     return store.end_pos
 
 
-def positions(store) -> StorePositions:
+def positions(store: DispatchedLog) -> StorePositions:
     c = store.committed_index
     return StorePositions(begin_position(store), c, entry_end(store, c))
 
@@ -92,7 +119,7 @@ class ConsumeQueueService:
     """Consume queues + index for one broker store: the dispatcher task, and
     on the leader the offset table whose hook stamps appended records."""
 
-    store: object
+    store: DispatchedLog
     engine: DispatchEngine
     committed: Watermark
     dispatcher: Dispatcher = attrs.field(init=False)

@@ -26,6 +26,7 @@ import collections
 import logging
 import math
 import struct
+from typing import Protocol
 
 import attrs
 import trio
@@ -90,12 +91,21 @@ def find_hits(col: bytes) -> list[int]:
     return sorted(hits)
 
 
+class AppliedLog(Protocol):
+    """What the applier reads of the replicated log (commitlog.store.SegmentedStore)."""
+
+    @property
+    def begin_index(self) -> int: ...
+
+    def read_views(self, first_index: int, max_bytes: int, max_count: int) -> tuple[list[memoryview], int]: ...
+
+
 @attrs.define(eq=False)
 class MetadataApplier:
     """Construct with the log (read_views, begin_index), the committed
     watermark and the state to continue from (a loaded snapshot)."""
 
-    log: object
+    log: AppliedLog
     committed: Watermark
     state: MetadataState = attrs.Factory(MetadataState)
     backend: object = attrs.Factory(default_backend)

@@ -32,6 +32,7 @@ import errno
 import logging
 import math
 import time
+from typing import Callable, Protocol, Sequence
 
 import attrs
 import trio
@@ -95,17 +96,41 @@ class _Flush:
     error: BaseException | None = None
 
 
+class MetadataNode(Protocol):
+    """What the service uses of its replica (commitlog.replica.ReplicaNode)."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def leader_error(self) -> Exception: ...
+
+    async def append(self, bodies: Sequence[bytes]) -> list[tuple[int, int]]: ...
+
+
+class MetadataLog(Protocol):
+    """What the service reads of the node's log (commitlog.store.SegmentedStore)."""
+
+    @property
+    def end_index(self) -> int: ...
+
+
+class WriteGate(Protocol):
+    """Asked before every write (broker.store.gate.RoleGate)."""
+
+    def check_writable(self) -> None: ...
+
+
 @attrs.define(eq=False)
 class MetadataService:
-    node: object  # ReplicaNode-like: append(bodies), committed, is_leader, leader_error()
-    store: object  # the node's log: read_views, begin_index, end_index
+    node: MetadataNode
+    store: MetadataLog
     root: str  # storePathRootDir (snapshots go to <root>/config/)
     applier: MetadataApplier
     config: MetadataConfig = attrs.Factory(MetadataConfig)
     persisted_index: int = -1  # index of the last durable snapshot
-    write_gate: object | None = None  # RoleGate-like: check_writable() before every write
+    write_gate: WriteGate | None = None  # check_writable() before every write
     # Store timestamps of the records written here (queue locks expire by them).
-    clock_ms: object = lambda: int(time.time() * 1000)
+    clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)
     _staged: _Flush = attrs.Factory(_Flush)
     # Flushes being appended: their offsets are acknowledged but not yet
     # applied, so queries must still see them (else a committed offset reads

@@ -5,10 +5,14 @@
 # unfinished frame bytes), served with the process's own
 # metrics (RSS, CPU: process_*) when namesrv.conf says
 # metricsExporterType=PROM (the broker's keys, read the same way).
+import collections
+from typing import Iterable, Protocol, Sized
+
 import attrs
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from broker.namesrv.routes import RouteInfoManager
 from broker.remoting.codes import RequestCode
 
 
@@ -19,9 +23,25 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
+class CountedServer(Protocol):
+    """What the collector reads of the remoting server (broker.remoting.server.RemotingServer)."""
+
+    connections: Sized
+
+    def hostile_metrics(self) -> Iterable[tuple[str, str, str, dict, float]]: ...
+
+
+class CountedNameServer(Protocol):
+    """What the collector reads of the name server (broker.namesrv.service.NameServer)."""
+
+    request_counts: collections.Counter[tuple[int, str]]  # (request code, client language) -> requests
+    routes: RouteInfoManager
+    server: CountedServer | None
+
+
 @attrs.define(eq=False)
 class NamesrvCollector:
-    ns: object  # broker.namesrv.service.NameServer
+    ns: CountedNameServer
 
     def describe(self):
         return []
@@ -60,7 +80,7 @@ class NamesrvCollector:
             yield from families.values()
 
 
-def namesrv_registry(ns) -> CollectorRegistry:
+def namesrv_registry(ns: CountedNameServer) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NamesrvCollector(ns))
     ProcessCollector(registry=registry)

@@ -59,10 +59,15 @@ from broker.remoting.codes import CURRENT_VERSION, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, decode_json, encode_json
-from broker.store.broker_store import BrokerStore
+from broker.metadata.service import MetadataService
+from broker.store.gate import RoleGate
 from broker.telemetry import stats as S
+from commitlog.replica import ReplicaNode
+from commitlog.store import SegmentedStore
+from consumequeue.dispatcher import DispatchEngine
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import MAX_QUERY_NUM, message_at, query_by_key
+from consumequeue.service import ConsumeQueueService, positions
 from consumequeue.record import MessageFormatError
 
 log = logging.getLogger("ledgermq.admin")
@@ -147,10 +152,15 @@ def disk_ratio(path: str) -> float:
     return usage.used / usage.total if usage.total else 0.0
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class AdminProcessor(RequestProcessor):
     config: LiveConfig
-    store: BrokerStore
+    gate: RoleGate  # metadata is written on the writable leader only; role and term for runtime info
+    metadata: MetadataService  # topics, groups, offsets
+    replica: ReplicaNode  # DLedger status for runtime info
+    log: SegmentedStore  # the commitlog's positions for runtime info
+    cq: ConsumeQueueService  # messages by id and by key
+    queues: DispatchEngine  # the consume queues and the dispatch counters
     started_ms: int = attrs.Factory(lambda: int(time.time() * 1000))
     put_tps: TpsMeter = attrs.Factory(TpsMeter)
     stats: S.StatsBook = attrs.Factory(S.StatsBook)  # sampled by broker/metrics.py
@@ -159,7 +169,7 @@ class AdminProcessor(RequestProcessor):
         """Sample the dispatched-message counter once a second (a timer)."""
         task_status.started(self)
         while True:
-            self.put_tps.sample(time.monotonic(), self.store.cq.engine.stats.messages)
+            self.put_tps.sample(time.monotonic(), self.queues.stats.messages)
             await trio.sleep(1.0)
 
     CODES = (RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG,
@@ -192,10 +202,10 @@ class AdminProcessor(RequestProcessor):
     # --- helpers -------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        self.store.gate.check_writable()  # NotWritableError is a NotLeaderError
+        self.gate.check_writable()  # NotWritableError is a NotLeaderError
 
     def _cq(self, topic: str, queue_id: int):
-        return self.store.cq.engine.cqs.get(topic, queue_id)
+        return self.queues.cqs.get(topic, queue_id)
 
     def _min_max(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self._cq(topic, queue_id)
@@ -210,7 +220,7 @@ class AdminProcessor(RequestProcessor):
         unit = cq.get_unit(offset)
         if unit.is_blank:
             return 0
-        ts = self.store.cq.engine.store_timestamp_of(unit.phy, unit.size)
+        ts = self.queues.store_timestamp_of(unit.phy, unit.size)
         return 0 if ts is None else ts
 
     # --- topics --------------------------------------------------------------------
@@ -240,7 +250,7 @@ class AdminProcessor(RequestProcessor):
         if filter_type not in FILTER_TYPES:
             return request.make_response(ResponseCode.INVALID_PARAMETER,
                                          f"topicFilterType must be one of {FILTER_TYPES}, got {filter_type!r}")
-        current = self.store.metadata.topic_config(topic)
+        current = self.metadata.topic_config(topic)
         attributes = parse_attributes(h.str("attributes", None), current.attributes if current else None)
         try:
             cfg = TopicConfig(topic, read_n, write_n, perm, filter_type, sys_flag, order, attributes,
@@ -250,7 +260,7 @@ class AdminProcessor(RequestProcessor):
         self._check_writable()
         if current == cfg:
             return request.make_response(ResponseCode.SUCCESS)  # nothing changes
-        await self.store.metadata.update_topic(cfg)
+        await self.metadata.update_topic(cfg)
         log.info("topic %s created/updated: %s", topic, cfg)
         return request.make_response(ResponseCode.SUCCESS)
 
@@ -262,17 +272,17 @@ class AdminProcessor(RequestProcessor):
             return request.make_response(ResponseCode.SYSTEM_ERROR,
                                          f"The topic[{topic}] is conflict with system topic.")
         self._check_writable()
-        metadata = self.store.metadata
+        metadata = self.metadata
         if metadata.topic_config(topic) is not None or metadata.state.offsets.groups_of_topic(topic):
             await metadata.delete_topic(topic, clean_offsets=True)
             log.info("topic %s deleted", topic)
         return request.make_response(ResponseCode.SUCCESS)
 
     async def get_all_topic_config(self, request: RemotingCommand) -> RemotingCommand:
-        table = self.store.metadata.state.topics
+        table = self.metadata.state.topics
         body = {"topicConfigTable": {n: c.to_json() for n, c in
-                                     self.store.metadata.topic_configs(include_internal=False).items()},
-                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.store.gate.term}}
+                                     self.metadata.topic_configs(include_internal=False).items()},
+                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.gate.term}}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
 
     # --- messages ------------------------------------------------------------------
@@ -280,7 +290,7 @@ class AdminProcessor(RequestProcessor):
     async def view_message_by_id(self, request: RemotingCommand) -> RemotingCommand:
         phy = HeaderReader(request.ext_fields).long("offset")
         try:
-            record = message_at(self.store.cq, phy)
+            record = message_at(self.cq, phy)
         except (MessageNotFoundError, MessageFormatError) as e:
             return request.make_response(ResponseCode.SYSTEM_ERROR,
                                          f"can not find message by the offset, {phy}: {e}")
@@ -294,7 +304,7 @@ class AdminProcessor(RequestProcessor):
         if h.bool("_UNIQUE_KEY_QUERY", False):
             max_num = DEFAULT_QUERY_MAX_NUM
         max_num = min(max(max_num, 0), MAX_QUERY_NUM)
-        res = query_by_key(self.store.cq, topic, key, max_num, begin, end)
+        res = query_by_key(self.cq, topic, key, max_num, begin, end)
         fields = {"indexLastUpdateTimestamp": res.index_last_update_timestamp,
                   "indexLastUpdatePhyoffset": res.index_last_update_phy_offset}
         if not res.phy_offsets:
@@ -305,13 +315,11 @@ class AdminProcessor(RequestProcessor):
     # --- stats ---------------------------------------------------------------------
 
     def runtime_info(self) -> dict[str, str]:
-        bs, cfg = self.store, self.cfg
-        from consumequeue.service import positions
-        pos = positions(bs.store)
-        engine = bs.cq.engine
+        cfg, gate, log, engine = self.cfg, self.gate, self.log, self.queues
+        pos = positions(log)
         stats = engine.stats
-        st = bs.replica.status()
-        topics = self.store.metadata.topic_configs(include_internal=False)
+        st = self.replica.status()
+        topics = self.metadata.topic_configs(include_internal=False)
         table = {
             "brokerVersionDesc": VERSION_DESC,  # MQVersion.getVersionDesc, what tools compare
             "brokerVersion": str(CURRENT_VERSION),
@@ -320,8 +328,8 @@ class AdminProcessor(RequestProcessor):
             "runtime": f"{(int(time.time() * 1000) - self.started_ms) // 1000}s",
             "brokerName": cfg.broker_name,
             "clusterName": cfg.broker_cluster_name,
-            "brokerId": str(bs.gate.broker_id),
-            "brokerRole": "ASYNC_MASTER" if bs.gate.writable else "SLAVE",
+            "brokerId": str(gate.broker_id),
+            "brokerRole": "ASYNC_MASTER" if gate.writable else "SLAVE",
             "brokerPermission": str(cfg.broker_permission),
             # Counted by this node's dispatcher since it started: every committed message it indexed.
             "msgPutTotalTodayNow": str(stats.messages),
@@ -330,19 +338,19 @@ class AdminProcessor(RequestProcessor):
             "dispatchBytesTotal": str(stats.bytes),
             "dispatchBehindBytes": str(max(0, pos.committed_pos - engine.pos)),
             "commitLogMinOffset": str(pos.begin_pos),
-            "commitLogMaxOffset": str(bs.store.end_pos),
+            "commitLogMaxOffset": str(log.end_pos),
             "commitLogCommittedOffset": str(pos.committed_pos),
             "topicCount": str(len(topics)),
-            "subscriptionGroupCount": str(len(self.store.metadata.state.groups.groups)),
+            "subscriptionGroupCount": str(len(self.metadata.state.groups.groups)),
             "consumeQueueCount": str(len(engine.cqs.queues)),
-            "metadataAppliedIndex": str(self.store.metadata.applied_index),
+            "metadataAppliedIndex": str(self.metadata.applied_index),
             "dledgerRole": str(st.get("role", "")).upper(),
-            "dledgerTerm": str(st.get("term", bs.gate.term)),
+            "dledgerTerm": str(st.get("term", gate.term)),
             "dledgerLeaderId": str(st.get("leader") or ""),
             "dledgerSelfId": str(st.get("node", "")),
             "dledgerCommittedIndex": str(st.get("committedIndex", pos.committed_index)),
-            "dledgerBeginIndex": str(st.get("ledgerBeginIndex", bs.store.begin_index)),
-            "dledgerEndIndex": str(st.get("ledgerEndIndex", bs.store.end_index)),
+            "dledgerBeginIndex": str(st.get("ledgerBeginIndex", log.begin_index)),
+            "dledgerEndIndex": str(st.get("ledgerEndIndex", log.end_index)),
             "dledgerUncommitted": str(st.get("uncommitted", 0)),
             "putTps": " ".join(f"{self.put_tps.tps(w):.2f}" for w in (10, 60, 600)),
             "commitLogDiskRatio": f"{disk_ratio(cfg.store_path_root_dir):.4f}",
@@ -363,7 +371,7 @@ class AdminProcessor(RequestProcessor):
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json({"table": self.runtime_info()}))
 
     def topic_stats(self, topic: str) -> dict:
-        tc = self.store.metadata.topic_config(topic)
+        tc = self.metadata.topic_config(topic)
         out = {}
         for qid in range(tc.write_queue_nums):
             lo, hi = self._min_max(topic, qid)
@@ -374,7 +382,7 @@ class AdminProcessor(RequestProcessor):
 
     async def get_topic_stats_info(self, request: RemotingCommand) -> RemotingCommand:
         topic = HeaderReader(request.ext_fields).str("topic")
-        if self.store.metadata.topic_config(topic) is None:
+        if self.metadata.topic_config(topic) is None:
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_mq_map(self.topic_stats(topic)))
 
@@ -382,7 +390,7 @@ class AdminProcessor(RequestProcessor):
         """{(topic, brokerName, queueId): OffsetWrapper}; each wrapper also
         carries the lag (brokerOffset - consumerOffset) under "lag" for
         Python callers (not sent: Java computes it)."""
-        metadata = self.store.metadata
+        metadata = self.metadata
         topics = [topic] if topic else metadata.state.offsets.topics_of_group(group)
         out = {}
         for t in topics:
@@ -404,7 +412,7 @@ class AdminProcessor(RequestProcessor):
         group, topic = h.str("consumerGroup"), h.str("topic", None)
         if topic is not None and not topic.strip():
             topic = None
-        if topic is not None and self.store.metadata.topic_config(topic) is None:
+        if topic is not None and self.metadata.topic_config(topic) is None:
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         stats = self.consume_stats(group, topic)
         wire = {k: {f: v for f, v in w.items() if f != "lag"} for k, w in stats.items()}
@@ -434,15 +442,15 @@ class AdminProcessor(RequestProcessor):
         except InvalidMetadataError as e:
             return request.make_response(ResponseCode.SYSTEM_ERROR, f"invalid subscription group config: {e}")
         self._check_writable()
-        if self.store.metadata.group_config(cfg.group_name) != cfg:
-            await self.store.metadata.update_group(cfg)
+        if self.metadata.group_config(cfg.group_name) != cfg:
+            await self.metadata.update_group(cfg)
             log.info("subscription group %s created/updated", cfg.group_name)
         return request.make_response(ResponseCode.SUCCESS)
 
     async def get_all_groups(self, request: RemotingCommand) -> RemotingCommand:
-        table = self.store.metadata.state.groups
+        table = self.metadata.state.groups
         body = {"subscriptionGroupTable": {name: g.to_json() for name, g in sorted(table.groups.items())},
-                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.store.gate.term}}
+                "dataVersion": {**table.data_version.to_json(), "stateVersion": self.gate.term}}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
 
     async def delete_group(self, request: RemotingCommand) -> RemotingCommand:
@@ -454,7 +462,7 @@ class AdminProcessor(RequestProcessor):
         except InvalidMetadataError as e:
             return request.make_response(ResponseCode.SYSTEM_ERROR, str(e))
         self._check_writable()
-        metadata = self.store.metadata
+        metadata = self.metadata
         if metadata.group_config(group) is not None or (clean and metadata.state.offsets.topics_of_group(group)):
             await metadata.delete_group(group, clean_offsets=clean)
             log.info("subscription group %s deleted (offsets %s)", group, "removed" if clean else "kept")

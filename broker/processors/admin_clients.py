@@ -49,9 +49,12 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError, RequestError
 from broker.remoting.header import HeaderReader, encode_json
-from broker.store.broker_store import BrokerStore
+from broker.metadata.service import MetadataService
+from broker.store.gate import RoleGate
 from commitlog.config import KEYS as REPLICATION_KEYS
 from commitlog.config import ConfigError, Peer, iter_properties
+from commitlog.replica import ReplicaNode
+from consumequeue.dispatcher import DispatchEngine
 
 log = logging.getLogger("ledgermq.admin.clients")
 
@@ -123,10 +126,13 @@ def _connection(ch) -> dict:
             "language": str(language), "version": ch.version}
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class ClientsAdminProcessor(RequestProcessor):
     config: LiveConfig
-    store: BrokerStore
+    gate: RoleGate  # offsets are reset on the writable leader only
+    metadata: MetadataService  # offsets and topics
+    queues: DispatchEngine  # the consume queues (resetOffsetByTime's offsets)
+    replica: ReplicaNode  # the hot keys it takes
     clients: ClientManager
 
     CODES = (RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_BROKER_CONFIG,
@@ -150,7 +156,7 @@ class ClientsAdminProcessor(RequestProcessor):
 
     async def get_broker_config(self, request: RemotingCommand) -> RemotingCommand:
         text = properties_text(broker_config_properties(self.config.current))
-        dv = self.store.metadata.state.topics.data_version
+        dv = self.metadata.state.topics.data_version
         return request.make_response(ResponseCode.SUCCESS, None, {"version": encode_json(dv.to_json()).decode()},
                                      text.encode("utf-8"))
 
@@ -175,7 +181,7 @@ class ClientsAdminProcessor(RequestProcessor):
                       for key, value in props.items()}
         except ConfigError as e:
             raise RequestError(ResponseCode.INVALID_PARAMETER, str(e)) from None
-        replica = self.store.replica
+        replica = self.replica
         rc = cfg.replication
         if "brokerPermission" in values:
             cfg = attrs.evolve(cfg, broker_permission=values["brokerPermission"])
@@ -221,7 +227,7 @@ class ClientsAdminProcessor(RequestProcessor):
     def groups_of_topic(self, topic: str) -> list[str]:
         online = {name for name, info in self.clients.consumers.items()
                   if topic in info.subscriptions and self.clients.consumer_ids(name)}
-        return sorted(online | set(self.store.metadata.state.offsets.groups_of_topic(topic)))
+        return sorted(online | set(self.metadata.state.offsets.groups_of_topic(topic)))
 
     async def consume_by_who(self, request: RemotingCommand) -> RemotingCommand:
         topic = HeaderReader(request.ext_fields).str("topic")
@@ -249,7 +255,7 @@ class ClientsAdminProcessor(RequestProcessor):
 
     def reset_table(self, topic: str, group: str, timestamp: int, force: bool) -> dict[int, int]:
         """queueId -> the offset resetOffsetByTime sets (pure over the store)."""
-        metadata, engine = self.store.metadata, self.store.cq.engine
+        metadata, engine = self.metadata, self.queues
         tc = metadata.topic_config(topic)
         table = {}
         for qid in range(tc.write_queue_nums):
@@ -266,11 +272,11 @@ class ClientsAdminProcessor(RequestProcessor):
         h = HeaderReader(request.ext_fields)
         topic, group = h.str("topic"), h.str("group")
         timestamp, force = h.long("timestamp"), h.bool("isForce", True)
-        if self.store.metadata.topic_config(topic) is None:
+        if self.metadata.topic_config(topic) is None:
             return request.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-        self.store.gate.check_writable()
+        self.gate.check_writable()
         table = self.reset_table(topic, group, timestamp, force)
-        await self.store.metadata.reset_offsets(topic, group, table)
+        await self.metadata.reset_offsets(topic, group, table)
         name = self.config.current.broker_name
         body = encode_mq_map({(topic, name, q): o for q, o in table.items()})
         notified = await self._notify_reset(topic, group, timestamp, force, body)

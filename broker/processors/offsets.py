@@ -14,18 +14,21 @@
 #   GET_EARLIEST_MSG_STORETIME 32  over the consume queues (committed only)
 import attrs
 
-from broker.metadata.service import FlushAbortedError
+from broker.metadata.service import FlushAbortedError, MetadataService
 from broker.processors.base import RequestProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
-from broker.store.broker_store import BrokerStore
+from broker.store.gate import RoleGate
+from consumequeue.dispatcher import DispatchEngine
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class ConsumerOffsetProcessor(RequestProcessor):
-    store: BrokerStore
+    gate: RoleGate  # offsets are written on the writable leader only
+    metadata: MetadataService  # the offsets, replicated
+    queues: DispatchEngine  # the consume queues (min/max offsets, store times)
 
     CODES = (RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.GET_MAX_OFFSET,
              RequestCode.GET_MIN_OFFSET, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
@@ -45,7 +48,7 @@ class ConsumerOffsetProcessor(RequestProcessor):
     # --- helpers -------------------------------------------------------------------
 
     def _cq(self, topic: str, queue_id: int):
-        return self.store.cq.engine.cqs.get(topic, queue_id)
+        return self.queues.cqs.get(topic, queue_id)
 
     def _min_max(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self._cq(topic, queue_id)
@@ -57,7 +60,7 @@ class ConsumerOffsetProcessor(RequestProcessor):
         h = HeaderReader(request.ext_fields)
         group, topic, queue_id = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
         set_zero = h.bool("setZeroIfNotFound", True)
-        offset = self.store.metadata.query_offset(topic, group, queue_id)
+        offset = self.metadata.query_offset(topic, group, queue_id)
         if offset is not None and offset >= 0:
             return request.make_response(ResponseCode.SUCCESS, None, {"offset": offset})
         if set_zero:
@@ -73,16 +76,16 @@ class ConsumerOffsetProcessor(RequestProcessor):
         queue_id, offset = h.int("queueId"), h.long("commitOffset")
         if offset < 0 or queue_id < 0:
             return request.make_response(ResponseCode.SUCCESS)  # client-compat #8: ignored
-        self.store.gate.check_writable()  # refusals: RequestProcessor's translation
+        self.gate.check_writable()  # refusals: RequestProcessor's translation
         commit = [(topic, group, queue_id, offset)]
         if request.is_oneway:  # nobody hears the answer: stage it for the next flush
-            self.store.metadata.stage_offsets(commit)
+            self.metadata.stage_offsets(commit)
             return request.make_response(ResponseCode.SUCCESS)
         # Acknowledge only what is in the replicated log: a commit answered
         # from the staging table was lost with a master that died or lost
         # its term before the next flush (found by the nemesis checker).
         try:
-            await self.store.metadata.commit_offsets(commit)
+            await self.metadata.commit_offsets(commit)
         except FlushAbortedError as e:
             return request.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, str(e))
         return request.make_response(ResponseCode.SUCCESS)
@@ -104,7 +107,7 @@ class ConsumerOffsetProcessor(RequestProcessor):
         boundary = (h.str("boundaryType", None) or "LOWER").strip().upper()
         if boundary not in ("LOWER", "UPPER"):
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"bad boundaryType {boundary!r}")
-        offset = self.store.cq.engine.offset_by_time(topic, queue_id, ts, boundary.lower())
+        offset = self.queues.offset_by_time(topic, queue_id, ts, boundary.lower())
         return request.make_response(ResponseCode.SUCCESS, None, {"offset": offset})
 
     async def get_earliest_msg_storetime(self, request: RemotingCommand) -> RemotingCommand:
@@ -114,6 +117,6 @@ class ConsumerOffsetProcessor(RequestProcessor):
         if cq is not None and cq.min_offset < cq.max_offset:
             unit = cq.get_unit(cq.min_offset)
             if not unit.is_blank:
-                found = self.store.cq.engine.store_timestamp_of(unit.phy, unit.size)
+                found = self.queues.store_timestamp_of(unit.phy, unit.size)
                 ts = -1 if found is None else found
         return request.make_response(ResponseCode.SUCCESS, None, {"timestamp": ts})

@@ -79,6 +79,7 @@ from broker.common.subscription import Subscription, SubscriptionError, parse_su
 from broker.common.values import RETRY_DLQ_TOPIC_MAX_LENGTH
 from broker.config import LiveConfig
 from broker.metadata.pop import ORDER_REVIVE_QID, PopAckOp, PopChangeOp, PopCheckpoint, PopCheckpointOp
+from broker.metadata.service import MetadataService
 from broker.processors.base import RequestProcessor
 from broker.processors.pop_receipt import (
     Receipt,
@@ -97,9 +98,12 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, decode_json
-from broker.store.broker_store import BrokerStore
+from broker.store.gate import RoleGate
+from commitlog.replica import ReplicaNode
 from consumequeue import record as M
+from consumequeue.dispatcher import DispatchEngine, Dispatcher
 from consumequeue.reader import DEFAULT_MAX_BYTES, GetMessageStatus, read_messages
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.pop")
 
@@ -116,7 +120,7 @@ class PopError(Exception):
         self.code, self.remark = code, remark
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PopHeader:
     group: str
     topic: str
@@ -134,10 +138,12 @@ class PopHeader:
 
 def parse_pop_header(request: RemotingCommand) -> PopHeader:
     h = HeaderReader(request.ext_fields)
-    return PopHeader(h.str("consumerGroup"), h.str("topic"), h.int("queueId"), h.int("maxMsgNums"),
-                     h.long("invisibleTime"), h.long("pollTime"), h.long("bornTime"), h.int("initMode"),
-                     h.str("expType", None), h.str("exp", None), bool(h.bool("order", False)),
-                     h.str("attemptId", None))
+    return PopHeader(group=h.str("consumerGroup"), topic=h.str("topic"), queue_id=h.int("queueId"),
+                     max_nums=h.int("maxMsgNums"),
+                     invisible_time=h.long("invisibleTime"), poll_time=h.long("pollTime"), born_time=h.long("bornTime"),
+                     init_mode=h.int("initMode"),
+                     exp_type=h.str("expType", None), exp=h.str("exp", None), order=bool(h.bool("order", False)),
+                     attempt_id=h.str("attemptId", None))
 
 
 class KeyedLocks:
@@ -199,10 +205,15 @@ class _Popped:
     moved: bool = False  # an offset moved past filtered-out messages with more to look at
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class PopProcessor(RequestProcessor):
     config: LiveConfig
-    store: BrokerStore
+    gate: RoleGate  # POP runs on the writable master only
+    metadata: MetadataService  # checkpoints, acks and their ops; topics and groups
+    replica: ReplicaNode  # ops and dead letters are appended through it
+    cq: ConsumeQueueService  # what pops read
+    queues: DispatchEngine  # the consume queues
+    dispatcher: Dispatcher  # arrivals wake held pops
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     rng: random.Random = attrs.Factory(random.Random)
     max_transfer_bytes: int = DEFAULT_MAX_BYTES
@@ -220,10 +231,6 @@ class PopProcessor(RequestProcessor):
     CODES = (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
              RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
     not_leader_remark = "POP checkpoints are kept by the master"
-
-    @property
-    def metadata(self):
-        return self.store.metadata
 
     def state_changed(self, group: str | None = None) -> None:
         """Acks, changes and revives wake the group's held pops (a FIFO
@@ -254,7 +261,8 @@ class PopProcessor(RequestProcessor):
     def _check_pop(self, h: PopHeader):
         cfg = self.config.current
         if h.born_time > 0 and h.poll_time >= 0 and self.clock_ms() - h.born_time - h.poll_time > TIMEOUT_TOO_MUCH_MS:
-            raise PopError(ResponseCode.POLLING_TIMEOUT, f"the broker[{cfg.broker_ip1}] pop message is timeout too much")
+            raise PopError(ResponseCode.POLLING_TIMEOUT,
+                           f"the broker[{cfg.broker_ip1}] pop message is timeout too much")
         if not cfg.broker_permission & PERM_READ:
             raise PopError(ResponseCode.NO_PERMISSION, f"the broker[{cfg.broker_ip1}] pop message is forbidden")
         if not 0 < h.max_nums <= MAX_POP_NUMS:
@@ -286,7 +294,7 @@ class PopProcessor(RequestProcessor):
     async def pop(self, conn, request: RemotingCommand) -> RemotingCommand:
         h = parse_pop_header(request)
         topic_cfg, sub = self._check_pop(h)
-        self.store.gate.check_writable()
+        self.gate.check_writable()
         group_cfg = await ensure_group(self.metadata, self.config.current, h.group)
         if group_cfg is None:
             raise PopError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{h.group}] does not exist")
@@ -332,7 +340,7 @@ class PopProcessor(RequestProcessor):
     async def _wait_for_news(self, changed: trio.Event, waits: list) -> None:
         """Until a message arrives beyond one of `waits` or the group's
         checkpoints change (`changed`: an ack may free a FIFO queue)."""
-        arrivals = self.store.cq.dispatcher.arrivals
+        arrivals = self.dispatcher.arrivals
         async with trio.open_nursery() as nursery:
             async def one(wait) -> None:
                 await wait()
@@ -357,7 +365,7 @@ class PopProcessor(RequestProcessor):
         return main + retry
 
     async def _pop_once(self, h: PopHeader, topic_cfg, sub: Subscription, max_times: int) -> _Popped:
-        self.store.gate.check_writable()
+        self.gate.check_writable()
         pop_time = self.clock_ms()
         popped = _Popped(pop_time)
         taken: list = []
@@ -378,8 +386,8 @@ class PopProcessor(RequestProcessor):
                     cks.append((ck, raws))
             if cks:
                 bodies = dead + [self.metadata.encode(PopCheckpointOp(ck)) for ck, _ in cks]
-                self.store.gate.check_writable()
-                placed = await self.store.replica.append(bodies)
+                self.gate.check_writable()
+                placed = await self.replica.append(bodies)
                 await self.metadata.wait_applied(placed[-1][0])
         finally:
             for key in taken:
@@ -421,7 +429,7 @@ class PopProcessor(RequestProcessor):
     def _read_queue(self, h: PopHeader, topic: str, queue_id: int, left: int, pop_time: int, sub: Subscription,
                     popped: _Popped) -> tuple[PopCheckpoint | None, list]:
         state = self.metadata.state
-        cq = self.store.cq.engine.cqs.get(topic, queue_id)
+        cq = self.queues.cqs.get(topic, queue_id)
         offset = state.offsets.query(topic, h.group, queue_id)
         if cq is None:
             popped.waits.append((topic, queue_id, 0))
@@ -447,29 +455,35 @@ class PopProcessor(RequestProcessor):
         if left <= 0:
             popped.rest += rest
             return None, []
-        result = read_messages(self.store.cq, topic, queue_id, offset, left, self.max_transfer_bytes,
+        result = read_messages(self.cq, topic, queue_id, offset, left, self.max_transfer_bytes,
                                None if sub.codes is None else set(sub.codes), correct_offsets=True,
                                accept=_sql_accept(sub.sql) if sub.is_sql else None)
         popped.rest += max(result.max_offset - result.next_begin_offset, 0)
         if result.status is GetMessageStatus.FOUND:
             invisible = h.invisible_time
-            ck = PopCheckpoint(h.group, topic, queue_id, offset, pop_time, invisible, tuple(result.queue_offsets),
-                               result.next_begin_offset, h.order, ORDER_REVIVE_QID if h.order else 0, attempts)
+            ck = PopCheckpoint(group=h.group, topic=topic, queue_id=queue_id, start_offset=offset, pop_time=pop_time,
+                               invisible_time=invisible, offsets=tuple(result.queue_offsets),
+                               next_offset=result.next_begin_offset, order=h.order,
+                               revive_qid=ORDER_REVIVE_QID if h.order else 0, attempts=attempts)
             return ck, _split(result.records)
         if max(result.next_begin_offset, offset) >= result.max_offset:  # caught up: wait for the next one
             popped.waits.append((topic, queue_id, max(result.next_begin_offset, offset)))
         if result.next_begin_offset > offset:  # filtered out or moved: only the offset moves
             popped.moved = popped.moved or result.next_begin_offset < result.max_offset
-            return PopCheckpoint(h.group, topic, queue_id, offset, pop_time, h.invisible_time, (),
-                                 result.next_begin_offset, h.order), []
+            return PopCheckpoint(group=h.group, topic=topic, queue_id=queue_id, start_offset=offset, pop_time=pop_time,
+                                 invisible_time=h.invisible_time, offsets=(),
+                                 next_offset=result.next_begin_offset, order=h.order), []
         return None, []
 
     @staticmethod
     def _with_receipt(raw: bytes, ck: PopCheckpoint, ttype: str, topic: str, broker_name: str) -> bytes:
         rec = M.decode(raw)
         props = dict(rec.properties)
-        props[PROPERTY_POP_CK] = str(Receipt(ck.start_offset, ck.pop_time, ck.invisible_time, ck.revive_qid, ttype,
-                                             broker_name, ck.queue_id, rec.queue_offset))
+        props[PROPERTY_POP_CK] = str(Receipt(ck_queue_offset=ck.start_offset, pop_time=ck.pop_time,
+                                             invisible_time=ck.invisible_time, revive_qid=ck.revive_qid,
+                                             topic_type=ttype,
+                                             broker_name=broker_name, queue_id=ck.queue_id,
+                                             queue_offset=rec.queue_offset))
         return M.encode(attrs.evolve(rec, topic=topic, properties=props,
                                      reconsume_times=rec.reconsume_times + ck.attempts, magic=None))
 
@@ -497,7 +511,7 @@ class PopProcessor(RequestProcessor):
             raise PopError(ResponseCode.MESSAGE_ILLEGAL, f"queueId[{queue_id}] is illegal, topic:[{topic}] "
                            f"topicConfig.readQueueNums:[{topic_cfg.read_queue_nums}]")
         real = real_topic(topic, group, receipt.topic_type)
-        cq = self.store.cq.engine.cqs.get(real, receipt.queue_id)
+        cq = self.queues.cqs.get(real, receipt.queue_id)
         lo, hi = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
         if offset < lo or offset > hi or (change and offset >= hi):
             raise PopError(ResponseCode.NO_MESSAGE,
@@ -516,7 +530,7 @@ class PopProcessor(RequestProcessor):
                    offsets: list[int]) -> bool:
         """Append the ack of `offsets` if its checkpoint still holds them
         unacked; False (and nothing appended) otherwise."""
-        self.store.gate.check_writable()
+        self.gate.check_writable()
         locks, key = ((self.queue_locks, (group, topic, queue_id)) if order
                       else (self.ck_locks, (group, topic, queue_id, start, pop_time)))
         async with locks.hold(key):
@@ -524,15 +538,16 @@ class PopProcessor(RequestProcessor):
             fresh = [] if ck is None else [o for o in offsets if o in ck.offsets and o not in ck.acked]
             if not fresh:
                 return False
-            op = PopAckOp(group, topic, queue_id, ck.start_offset, ck.pop_time, tuple(fresh), order)
+            op = PopAckOp(group=group, topic=topic, queue_id=queue_id, start_offset=ck.start_offset,
+                          pop_time=ck.pop_time, offsets=tuple(fresh), order=order)
             await self._append([op])
         self.stats["acked"] += len(fresh)
         self.state_changed(group)
         return True
 
     async def _append(self, ops) -> int:
-        self.store.gate.check_writable()
-        placed = await self.store.replica.append([self.metadata.encode(op) for op in ops])
+        self.gate.check_writable()
+        placed = await self.replica.append([self.metadata.encode(op) for op in ops])
         return await self.metadata.wait_applied(placed[-1][0])
 
     async def batch_ack(self, request: RemotingCommand) -> RemotingCommand:
@@ -559,7 +574,7 @@ class PopProcessor(RequestProcessor):
             raise PopError(ResponseCode.INVALID_PARAMETER,
                            f"invisibleTime {invisible} is not in [0, {limit}] (popInvisibleTimeMaxMillis)")
         real, qid = self._where(group, topic, queue_id, receipt, offset, change=True)
-        self.store.gate.check_writable()
+        self.gate.check_writable()
         order = receipt.order
         locks, key = ((self.queue_locks, (group, real, qid)) if order
                       else (self.ck_locks, (group, real, qid, receipt.ck_queue_offset, receipt.pop_time)))
@@ -573,8 +588,10 @@ class PopProcessor(RequestProcessor):
             if not order:
                 while table.find(group, real, qid, offset, now, False) is not None:
                     now += 1  # one checkpoint per (offset, popTime)
-            await self._append([PopChangeOp(group, real, qid, ck.start_offset, ck.pop_time, offset, now, invisible,
-                                            ck.revive_qid, order)])
+            await self._append([PopChangeOp(group=group, topic=real, queue_id=qid, start_offset=ck.start_offset,
+                                            pop_time=ck.pop_time, offset=offset, new_pop_time=now,
+                                            invisible_time=invisible,
+                                            revive_qid=ck.revive_qid, order=order)])
         self.stats["changed"] += 1
         self.state_changed(group)
         if order:
@@ -596,7 +613,7 @@ def _split(records: bytes) -> list[bytes]:
     return out
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class BatchAck:
     group: str
     topic: str
@@ -639,9 +656,12 @@ def parse_batch_ack(body: bytes) -> list[BatchAck]:
         retry = str(a.get("r", a.get("retry", "0")))
         if retry not in ("0", "1", "2"):
             raise RequestError(ResponseCode.INVALID_PARAMETER, f"BatchAck: bad retry {retry!r}")
-        out.append(BatchAck(get("c", "consumerGroup", str), get("t", "topic", str), retry, so,
-                            get("q", "queueId", int), get("rq", "reviveQueueId", int), get("pt", "popTime", int),
-                            get("it", "invisibleTime", int), [so + i for i in decode_bitset(raw)]))
+        out.append(BatchAck(group=get("c", "consumerGroup", str), topic=get("t", "topic", str), retry=retry,
+                            start_offset=so,
+                            queue_id=get("q", "queueId", int), revive_qid=get("rq", "reviveQueueId", int),
+                            pop_time=get("pt", "popTime", int),
+                            invisible_time=get("it", "invisibleTime", int),
+                            offsets=[so + i for i in decode_bitset(raw)]))
     return out
 
 

@@ -39,13 +39,16 @@ from broker.common.permissions import PERM_READ, PERM_WRITE
 from broker.common.values import InvalidMetadataError
 from broker.config import LiveConfig
 from broker.metadata.pop import PopCheckpoint, PopReviveOp
+from broker.metadata.service import MetadataService
 from broker.processors.pop import PopProcessor
 from broker.processors.pop_receipt import original_topic, pop_retry_topic, revived
 from broker.processors.retry import DLQ_NUMS_PER_GROUP, dlq_topic, ensure_group, ensure_topic
-from broker.store.broker_store import BrokerStore
+from broker.store.gate import RoleGate
 from commitlog.errors import CommitLogError, NotLeaderError, QuorumTimeoutError
+from commitlog.replica import ReplicaNode
 from consumequeue import record as M
 from consumequeue.reader import GetMessageStatus, read_messages
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.pop")
 
@@ -53,11 +56,14 @@ REVIVE_BATCH = 16  # checkpoints per append (up to 32 messages each)
 ERROR_BACKOFF_S = 1.0
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class PopReviveService:
     config: LiveConfig
-    bs: BrokerStore
-    pop: PopProcessor
+    gate: RoleGate  # revives run on the writable master, for one term at a time
+    metadata: MetadataService  # the checkpoints; revive ops
+    replica: ReplicaNode  # revived messages and ops are appended through it
+    cq: ConsumeQueueService  # the messages to revive
+    pop: PopProcessor  # its checkpoint locks; it wakes held pops
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     revived: int = 0  # messages put back (retry or DLQ) by this node
     to_dlq: int = 0
@@ -73,7 +79,7 @@ class PopReviveService:
             self._wakeup.set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        gate = self.bs.gate
+        gate = self.gate
         task_status.started(self)
         while True:
             await gate.wait_writable()
@@ -88,7 +94,7 @@ class PopReviveService:
 
     async def _serve(self) -> None:
         while True:
-            table = self.bs.metadata.state.pop
+            table = self.metadata.state.pop
             now = self.clock_ms()
             due = [ck for ck in table.expired(now, REVIVE_BATCH)]
             if due:
@@ -104,7 +110,7 @@ class PopReviveService:
         """Put the unacked messages of `due` back, under their locks."""
         locks = self.pop.ck_locks
         async with _hold_all(locks, [ck.key for ck in due]):
-            table = self.bs.metadata.state.pop
+            table = self.metadata.state.pop
             now = self.clock_ms()
             live = [ck for ck in due if table.cks.get(ck.key) is ck and ck.deadline <= now]
             if not live:
@@ -115,15 +121,16 @@ class PopReviveService:
                     for rec in await self._plan(ck, now):
                         dlq += rec.topic.startswith("%DLQ%")
                         records.append(M.encode(rec))
-                    ops.append(PopReviveOp(ck.group, ck.topic, ck.queue_id, ck.start_offset, ck.pop_time))
-                bodies = records + [self.bs.metadata.encode(op) for op in ops]
-                self.bs.gate.check_writable()
-                placed = await self.bs.replica.append(bodies)
-                await self.bs.metadata.wait_applied(placed[-1][0])
+                    ops.append(PopReviveOp(group=ck.group, topic=ck.topic, queue_id=ck.queue_id,
+                                           start_offset=ck.start_offset, pop_time=ck.pop_time))
+                bodies = records + [self.metadata.encode(op) for op in ops]
+                self.gate.check_writable()
+                placed = await self.replica.append(bodies)
+                await self.metadata.wait_applied(placed[-1][0])
             except NotLeaderError:
                 await trio.sleep_forever()  # the role watcher cancels us
             except QuorumTimeoutError as exc:
-                await self.bs.replica.committed.wait_for(exc.index)  # they may still commit
+                await self.replica.committed.wait_for(exc.index)  # they may still commit
                 return
             except (CommitLogError, InvalidMetadataError) as exc:
                 log.warning("pop revive failed, retrying in %.0f s: %s", ERROR_BACKOFF_S, exc)
@@ -136,13 +143,13 @@ class PopReviveService:
             self.pop.state_changed(group)
 
     async def _plan(self, ck: PopCheckpoint, now: int) -> list[M.MessageRecord]:
-        metadata, cfg = self.bs.metadata, self.config.current
+        metadata, cfg = self.metadata, self.config.current
         group_cfg = await ensure_group(metadata, cfg, ck.group)
         max_times = group_cfg.retry_max_times if group_cfg is not None else 16
         topic = original_topic(ck.topic, ck.group)
         out = []
         for offset in ck.unacked:
-            result = read_messages(self.bs.cq, ck.topic, ck.queue_id, offset, 1)
+            result = read_messages(self.cq, ck.topic, ck.queue_id, offset, 1)
             if result.status is not GetMessageStatus.FOUND or result.queue_offsets[0] != offset:
                 log.warning("pop revive: %s@%d offset %d of %s is gone (%s): skipped", ck.topic, ck.queue_id,
                             offset, ck.group, result.status.value)

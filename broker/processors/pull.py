@@ -92,11 +92,15 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.containment import exception_desc
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
-from broker.store.broker_store import BrokerStore
+from broker.metadata.service import MetadataService
+from broker.store.gate import RoleGate
 from commitlog.errors import CommitLogError
 from commitlog.raft.state import Role
+from commitlog.replica import ReplicaNode
+from consumequeue.dispatcher import DispatchEngine, Dispatcher
 from consumequeue.reader import DEFAULT_MAX_BYTES, GetMessageStatus, PullResult, pull_response_code, read_messages
 from consumequeue.record import MessageFormatError, decode
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.pull")
 
@@ -179,12 +183,17 @@ class Hold:
     timeout: float
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class PullProcessor:
     """The RequestDispatcher processor for PULL_MESSAGE."""
 
     config: LiveConfig
-    store: BrokerStore
+    gate: RoleGate  # master or slave: who may correct an offset
+    metadata: MetadataService  # topic configs, pull's commitOffset
+    replica: ReplicaNode  # commit index and quorum contact; the followers' match indexes
+    cq: ConsumeQueueService  # what pulls read
+    queues: DispatchEngine  # the consume queues, the dispatch position
+    dispatcher: Dispatcher  # arrivals wake held pulls; how far dispatch got
     clients: ClientManager  # the subscriptions heartbeats registered
     long_polling_enable: bool = True
     short_polling_ms: int = SHORT_POLLING_MS
@@ -243,7 +252,7 @@ class PullProcessor:
         except (PullError, SubscriptionError) as e:
             return request.make_response(e.code, e.remark)
 
-        leader = self.store.gate.writable
+        leader = self.gate.writable
         judge = self._may_correct(leader)
         result = self._read(header, sub, judge)
         code = self._code(result, header.queue_offset, judge)
@@ -263,7 +272,7 @@ class PullProcessor:
 
     def finish(self, request: RemotingCommand, hold: Hold) -> RemotingCommand:
         """The answer to a held pull: a fresh read."""
-        judge = self._may_correct(self.store.gate.writable)
+        judge = self._may_correct(self.gate.writable)
         result = self._read(hold.header, hold.sub, judge)
         return self._response(request, result, self._code(result, hold.header.queue_offset, judge))
 
@@ -275,13 +284,13 @@ class PullProcessor:
         self.held_in_tasks += 1
         try:
             with trio.move_on_after(hold.timeout):
-                await self.store.cq.dispatcher.arrivals.wait_beyond(h.topic, h.queue_id, h.queue_offset)
+                await self.dispatcher.arrivals.wait_beyond(h.topic, h.queue_id, h.queue_offset)
         finally:
             self.held_in_tasks -= 1
         return self.finish(request, hold)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.store.cq.engine.cqs.get(topic, queue_id)
+        cq = self.queues.cqs.get(topic, queue_id)
         return -1 if cq is None else cq.max_offset
 
     # --- steps ------------------------------------------------------------------
@@ -297,8 +306,8 @@ class PullProcessor:
         continued after SIGSTOP, or cut off, still writable until its
         check-quorum ticks run, while a newer master took writes); either
         way moving it to 0 redelivered whole queues."""
-        replica = self.store.replica
-        if not leader or self.store.cq.dispatcher.dispatched.value < replica.committed.value:
+        replica = self.replica
+        if not leader or self.dispatcher.dispatched.value < replica.committed.value:
             return False
         return replica.has_quorum_contact(replica.core.config.election_timeout_min * replica.tick_seconds)
 
@@ -306,7 +315,7 @@ class PullProcessor:
         cfg = self.config.current
         if not cfg.broker_permission & PERM_READ:
             raise PullError(ResponseCode.NO_PERMISSION, f"the broker[{cfg.broker_ip1}] pulling message is forbidden")
-        topic_cfg = self.store.metadata.topic_config(h.topic)
+        topic_cfg = self.metadata.topic_config(h.topic)
         if topic_cfg is None:
             raise PullError(ResponseCode.TOPIC_NOT_EXIST,
                             f"topic[{h.topic}] not exist, apply first please!")
@@ -344,7 +353,7 @@ class PullProcessor:
         max_bytes = self.max_transfer_bytes
         if h.max_msg_bytes is not None and h.max_msg_bytes > 0:
             max_bytes = min(max_bytes, h.max_msg_bytes)
-        return read_messages(self.store.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
+        return read_messages(self.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
                              None if sub.codes is None else set(sub.codes), correct_offsets=leader,
                              accept=_sql_accept(sub.sql) if sub.is_sql else None)
 
@@ -357,7 +366,7 @@ class PullProcessor:
 
     def _commit(self, h: PullHeader) -> None:
         try:
-            self.store.metadata.stage_offsets([(h.topic, h.consumer_group, h.queue_id, h.commit_offset)])
+            self.metadata.stage_offsets([(h.topic, h.consumer_group, h.queue_id, h.commit_offset)])
         except (CommitLogError, InvalidMetadataError) as e:
             log.debug("pull's commitOffset %s@%s/%d=%d not stored: %s", h.topic, h.consumer_group, h.queue_id,
                       h.commit_offset, e)
@@ -367,20 +376,20 @@ class PullProcessor:
         (see the header)."""
         if not result.phy_offsets:
             return MASTER_ID
-        behind = self.store.cq.engine.pos - result.phy_offsets[-1]
+        behind = self.queues.pos - result.phy_offsets[-1]
         if behind <= self.slave_read_lag_bytes:
             return MASTER_ID
-        if not self.store.gate.writable:
-            return self.store.broker_id  # stay on this follower while still far behind
+        if not self.gate.writable:
+            return self.gate.broker_id  # stay on this follower while still far behind
         return self._best_follower_id()
 
     def _best_follower_id(self) -> int:
-        replica = self.store.replica
+        replica = self.replica
         peers = replica.status().get("peers", {})
         best = max(((p["matchIndex"], pid) for pid, p in peers.items() if pid != replica.node_id), default=None)
         if best is None:
             return MASTER_ID
-        rc = self.store.cfg.replication
+        rc = self.config.current.replication
         return broker_id_for(Role.FOLLOWER, best[1], rc.peer_ids)
 
     def _response(self, request: RemotingCommand, result: PullResult, code: int) -> RemotingCommand:
@@ -406,7 +415,7 @@ def _sql_accept(sql):
 # --- long polls parked by connection (see the header) -----------------------------
 
 
-@attrs.define(eq=False, slots=True)
+@attrs.define(eq=False, slots=True, kw_only=True)
 class Parked:
     """One pull held for a connection."""
 
@@ -578,7 +587,8 @@ class PullHoldService:
         # not the request's fields and body, which a client chooses.
         bare = RemotingCommand.trusted(request.code, request.language, request.version, request.opaque,
                                        request.flag, None, {}, b"", request.serialize_type)
-        p = Parked(next(self._seq), conn, address, bare, hold, self._clock() + hold.timeout, on_answer)
+        p = Parked(seq=next(self._seq), conn=conn, address=address, request=bare, hold=hold,
+                   deadline=self._clock() + hold.timeout, on_answer=on_answer)
         self.table.add(p)
         watch = self._watches.get(p.key)
         if watch is None:
@@ -634,7 +644,7 @@ class PullHoldService:
 
     async def _watch(self, key: tuple[str, int], watch: _Watch) -> None:
         topic, queue_id = key
-        arrivals = self.processor.store.cq.dispatcher.arrivals
+        arrivals = self.processor.dispatcher.arrivals
         with watch.scope:
             while True:
                 parked = self.table.on_queue(key)

@@ -51,7 +51,7 @@ from commitlog.replica import ReplicaNode
 from commitlog.retention import RETENTION_CHECK_SECONDS, retention_pass, serve_retention
 from commitlog.flusher import serve_flusher
 from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of
-from commitlog.transport.tcp import serve_peer_transport
+from commitlog.transport.tcp import PeerTransport, serve_peer_transport
 from consumequeue.dispatcher import DispatchConfig
 from consumequeue.migrated import DividedLog, legacy_floor, legacy_retention_pass, load_marker, open_migrated_engine
 from consumequeue.service import ConsumeQueueService, begin_position, open_engine
@@ -59,7 +59,7 @@ from consumequeue.service import ConsumeQueueService, begin_position, open_engin
 log = logging.getLogger("ledgermq.broker.store")
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class BrokerStore:
     """What serve_broker_store hands to its starter."""
 
@@ -69,7 +69,7 @@ class BrokerStore:
     cq: ConsumeQueueService
     metadata: MetadataService
     gate: RoleGate
-    transport: object
+    transport: PeerTransport
     migrated: DividedLog | None = None  # the store continues an old master-slave commitlog
 
     @property
@@ -178,7 +178,8 @@ async def run_broker_store(cfg: BrokerConfig, transport, *, store_config: StoreC
         store.add_retention_floor(lambda: cq.dispatcher.dispatched.value + 1)
         if marker is not None:
             store.add_retention_floor(legacy_floor(engine.source))
-        bs = BrokerStore(cfg, store, replica, cq, metadata, gate, transport, marker)
+        bs = BrokerStore(cfg=cfg, store=store, replica=replica, cq=cq, metadata=metadata, gate=gate,
+                         transport=transport, migrated=marker)
         async with trio.open_nursery() as nursery:
             await nursery.start(cq.run)
             await nursery.start(metadata.run)

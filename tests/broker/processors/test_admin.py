@@ -25,6 +25,13 @@ from tests.broker.processors.test_send import BORN, processor, v2
 from tests.broker.store.test_gate import Group
 
 
+def admin_processor(m) -> AdminProcessor:
+    """As broker.server wires it: the member's config and its store's parts."""
+    bs = m.bs
+    return AdminProcessor(config=LiveConfig(m.cfg), gate=bs.gate, metadata=bs.metadata, replica=bs.replica,
+                          log=bs.store, cq=bs.cq, queues=bs.cq.engine)
+
+
 def req(code, fields=None, body=b"") -> RemotingCommand:
     return RemotingCommand.create_request(code, fields, body=body, opaque=5)
 
@@ -92,7 +99,7 @@ def test_parse_attributes_and_mq_map_encoding():
 async def test_update_create_and_delete_topic(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, _ = await rig(tmp_path, nursery)
-        p, fp = AdminProcessor(LiveConfig(leader.cfg), leader.bs), AdminProcessor(LiveConfig(follower.cfg), follower.bs)
+        p, fp = admin_processor(leader), admin_processor(follower)
 
         ok = await p(None, topic_req(attributes="+queue.type=BatchCQ"))
         assert (ok.code, ok.opaque, ok.is_response) == (ResponseCode.SUCCESS, 5, True), ok.remark
@@ -162,7 +169,7 @@ async def test_view_and_query_message(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, sent = await rig(tmp_path, nursery)
         for m in (leader, follower):
-            p = AdminProcessor(LiveConfig(m.cfg), m.bs)
+            p = admin_processor(m)
             _, phy = parse_offset_msg_id(sent[1].ext_fields["msgId"])
             resp = await p(None, req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy, "topic": TOPIC}))
             assert resp.code == ResponseCode.SUCCESS
@@ -200,7 +207,7 @@ async def test_view_and_query_message(tmp_path, autojump_clock):
 async def test_runtime_info_and_stats(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, sent = await rig(tmp_path, nursery)
-        p, fp = AdminProcessor(LiveConfig(leader.cfg), leader.bs), AdminProcessor(LiveConfig(follower.cfg), follower.bs)
+        p, fp = admin_processor(leader), admin_processor(follower)
 
         resp = await p(None, req(RequestCode.GET_BROKER_RUNTIME_INFO))
         table = json.loads(resp.body)["table"]
@@ -251,7 +258,7 @@ async def test_runtime_info_and_stats(tmp_path, autojump_clock):
 async def test_subscription_groups(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader, follower, _ = await rig(tmp_path, nursery)
-        p, fp = AdminProcessor(LiveConfig(leader.cfg), leader.bs), AdminProcessor(LiveConfig(follower.cfg), follower.bs)
+        p, fp = admin_processor(leader), admin_processor(follower)
         cfg = {"groupName": "gA", "consumeEnable": True, "retryMaxTimes": 5, "brokerId": 0,
                "consumeBroadcastEnable": False, "groupRetryPolicy": {"type": "CUSTOMIZED"}}
         body = json.dumps(cfg).encode()

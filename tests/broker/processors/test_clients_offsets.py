@@ -32,6 +32,11 @@ from tests.broker.processors.test_send import BORN, v2
 from tests.broker.store.test_gate import Group
 
 
+def offsets_processor(bs) -> ConsumerOffsetProcessor:
+    """As broker.server wires it."""
+    return ConsumerOffsetProcessor(gate=bs.gate, metadata=bs.metadata, queues=bs.cq.engine)
+
+
 class FakeConn:
     def __init__(self, name: str):
         self.remote_address = name
@@ -91,8 +96,8 @@ async def test_query_and_update_consumer_offset(tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:
         g, leader = await loaded(tmp_path, nursery)
         follower = next(m for m in g.alive() if m is not leader)
-        p = ConsumerOffsetProcessor(leader.bs)
-        fp = ConsumerOffsetProcessor(follower.bs)
+        p = offsets_processor(leader.bs)
+        fp = offsets_processor(follower.bs)
         q = {"consumerGroup": "cg", "topic": TOPIC, "queueId": 1}
 
         # nothing committed, the queue starts at 0: SUCCESS 0 (quirk #7)
@@ -144,7 +149,7 @@ async def test_max_min_search_and_earliest_time(tmp_path, autojump_clock):
             assert (await sp.process(v2(TOPIC, f"t{i}".encode(), queue_id=1), BORN)).code == ResponseCode.SUCCESS
         await g.settle()
         for m in g.alive():
-            p = ConsumerOffsetProcessor(m.bs)
+            p = offsets_processor(m.bs)
             q = {"topic": TOPIC, "queueId": 1}
 
             async def offset(code, **extra):
@@ -285,7 +290,7 @@ async def test_register_plugs_every_code(tmp_path, autojump_clock):
         g, leader = await loaded(tmp_path, nursery, n=1)
         d = RequestDispatcher()
         mgr = ClientManager()
-        ConsumerOffsetProcessor(leader.bs).register(d)
+        offsets_processor(leader.bs).register(d)
         ClientProcessor(mgr, RetryTopics(LiveConfig(leader.cfg), leader.bs.metadata, leader.bs.gate)).register(d)
         assert set(ConsumerOffsetProcessor.CODES) | set(ClientProcessor.CODES) <= d.codes
         c = FakeConn("c")

@@ -40,7 +40,9 @@ TOPIC = "TopicP"
 
 def pull_processor(m, clients: ClientManager | None = None, **kw) -> PullProcessor:
     """As broker.server wires it: the member's config, its store and a client registry."""
-    return PullProcessor(LiveConfig(m.cfg), m.bs, clients or ClientManager(), **kw)
+    bs = m.bs
+    return PullProcessor(config=LiveConfig(m.cfg), gate=bs.gate, metadata=bs.metadata, replica=bs.replica, cq=bs.cq,
+                         queues=bs.cq.engine, dispatcher=bs.cq.dispatcher, clients=clients or ClientManager(), **kw)
 
 
 @attrs.define(eq=False)
@@ -584,7 +586,7 @@ class Shelf:
         from consumequeue.arrivals import QueueArrivals
         self.top: dict[tuple[str, int], int] = {}
         self.arrivals = QueueArrivals(self.max_offset)
-        self.store = SimpleNamespace(cq=SimpleNamespace(dispatcher=SimpleNamespace(arrivals=self.arrivals)))
+        self.dispatcher = SimpleNamespace(arrivals=self.arrivals)
         self.config = SimpleNamespace(current=SimpleNamespace(
             long_polling_max_held_per_connection=100, long_polling_max_held_per_address=100,
             long_polling_max_held=100))
