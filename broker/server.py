@@ -158,10 +158,12 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
                                               acl.may_check_back if acl is not None else None)
     timer = TimerService(bs, config.current)
     # POP: the revive service hooks itself to the processor (new checkpoints wake it).
-    pop = PopProcessor(config, bs)
+    pop = PopProcessor(config=config, gate=bs.gate, metadata=bs.metadata, replica=bs.replica, cq=bs.cq,
+                       queues=bs.cq.engine, dispatcher=bs.cq.dispatcher)
     return Processors(
         pop=pop,
-        pop_revive=PopReviveService(config, bs, pop),
+        pop_revive=PopReviveService(config=config, gate=bs.gate, metadata=bs.metadata, replica=bs.replica,
+                                    cq=bs.cq, pop=pop),
         timer=timer,
         recall=RecallProcessor(config, bs.gate, bs.metadata, timer),
         end_transaction=end_transaction,
@@ -169,12 +171,15 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
         locks=QueueLockProcessor(config, bs.metadata),
         send=send,
         send_back=SendBackProcessor(send, bs.cq),
-        pull=PullProcessor(config, bs, clients),
+        pull=PullProcessor(config=config, gate=bs.gate, metadata=bs.metadata, replica=bs.replica, cq=bs.cq,
+                           queues=bs.cq.engine, dispatcher=bs.cq.dispatcher, clients=clients),
         clients=ClientProcessor(clients, RetryTopics(config, bs.metadata, bs.gate),
                                 property_filter=lambda: config.current.enable_property_filter),
-        offsets=ConsumerOffsetProcessor(bs),
-        admin=AdminProcessor(config, bs, stats=stats if stats is not None else StatsBook()),
-        admin_clients=ClientsAdminProcessor(config, bs, clients),
+        offsets=ConsumerOffsetProcessor(gate=bs.gate, metadata=bs.metadata, queues=bs.cq.engine),
+        admin=AdminProcessor(config=config, gate=bs.gate, metadata=bs.metadata, replica=bs.replica, log=bs.store,
+                             cq=bs.cq, queues=bs.cq.engine, stats=stats if stats is not None else StatsBook()),
+        admin_clients=ClientsAdminProcessor(config=config, gate=bs.gate, metadata=bs.metadata, queues=bs.cq.engine,
+                                            replica=bs.replica, clients=clients),
         admin_dledger=DLedgerAdminProcessor(config, bs),
         schedule=ScheduleService(bs, config.current),
         forwarder=forwarder,
@@ -471,7 +476,8 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         sends, pulls = MeteredSends(processors.send), MeteredPulls(processors.pull)
         sends.register(dispatcher)
         pulls.register(dispatcher)
-        broker.metrics = BrokerMetrics(config, bs, server, sends, pulls, stats, requests=requests)
+        broker.metrics = BrokerMetrics(config=config, store=bs, server=server, sends=sends, pulls=pulls, stats=stats,
+                                       clients=clients, queues=bs.cq.engine.cqs, requests=requests)
         broker.metrics_server = await nursery.start(serve_broker_metrics, broker.metrics, cfg.metrics, cfg.broker_ip1)
         for service in (clients, *processors.services()):
             await nursery.start(service.run)
