@@ -212,7 +212,8 @@ def replay_result(backend, batch):
         ffi.memmove(recs, raw, len(raw))
     else:
         recs[:len(raw)] = raw
-    return blob, ScanResult(backend, recs, n, consumed, entries, last_index, STOP_FULL, 0, 0, bad, first_bad)
+    return blob, ScanResult(backend=backend, recs=recs, n=n, consumed=consumed, entries=entries, last_index=last_index,
+                            stop=STOP_FULL, err_code=0, err_offset=0, bad=bad, first_bad=first_bad)
 
 
 # --- plain summaries ---------------------------------------------------------------
