@@ -166,7 +166,7 @@ class RaftCore:
         # must follow a leader its log does not yet list (a promoted learner
         # that won), and a joining node knows nobody.  Votes are where
         # membership is checked (vote_decision), responses are matched
-        # against the leader's replicators.
+        # against the leader's progress records.
         if msg.term > self.term:
             if isinstance(msg, VoteResponse) and msg.pre_vote and msg.granted:
                 pass  # a granted pre-vote carries the proposed term, not the voter's
@@ -355,7 +355,7 @@ class RaftCore:
         assert self._follower_append is None and self._leader_append is None
         self._follower_append = batch
         # Configuration entries travel in batches of their own (the leader's
-        # replicator cuts batches there; the store refuses one inside a
+        # progress record cuts batches there; the store refuses one inside a
         # larger batch), so a look at the first header finds every one.
         if batch.count == 1 and is_config_entry(batch.raw):
             try:

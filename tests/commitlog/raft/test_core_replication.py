@@ -258,8 +258,8 @@ def test_a_leader_with_nothing_to_reset_from_appends_a_noop():
 def test_a_stale_ack_that_empties_the_window_keeps_the_stream_going():
     """Regression (found by the membership chaos runs): an acknowledgement
     of a push older than the current round raises the match index and may
-    empty the window; the replicator used to wait for an answer that the
-    network had lost, and nothing was ever sent again."""
+    empty the window; the leader's progress record used to wait for an
+    answer that the network had lost, and nothing was ever sent again."""
     a, out = replicating_leader(attrs.evolve(FAST, max_inflight_pushes=1))
     ack(a, pushes(out, "b")[0])
     a.core.propose([b"m"] * 20)
