@@ -217,3 +217,43 @@ def test_cli_hash_password_line_and_users_errors(tmp_path):
     assert parse_users_text(line, "out")["alice"].matches(PASSWORD)
     result = CliRunner().invoke(dashboard, ["-n", "127.0.0.1:9876", "--users", str(tmp_path / "none")])
     assert result.exit_code == 2 and "--users" in result.output and "cannot read" in result.output
+
+
+async def test_daily_page_requests_are_bounded(nursery):
+    """Bad or oversized requests to the new pages get a 400/404 with the
+    reason (logged in, so the login is not what refuses them); the console
+    never connects to an address a request names."""
+    ns = await nursery.start(serve_namesrv, NamesrvConfig(listen_port=0, bind_address="127.0.0.1"))
+    url = await nursery.start(serve_dashboard, DashboardConfig(ns.address, port=0, period_s=0.5,
+                                                               users={"alice": hash_password(PASSWORD)}))
+    port = int(url.rsplit(":", 1)[1])
+    _, headers, _ = await request(port, "POST", "/api/login", {"user": "alice", "password": PASSWORD})
+    cookie = session_cookie(headers)
+    cases = [
+        ("GET", "/api/messages/range?topic=T&limit=100000", None, 400, "limit"),
+        ("GET", "/api/messages/range?topic=T&begin=yesterday", None, 400, "whole number"),
+        ("GET", "/api/messages/range?topic=T&begin=2000&end=1000", None, 400, "before its begin"),
+        ("GET", "/api/messages/range?topic=a%20b", None, 400, "not a valid name"),
+        ("GET", "/api/dlq?group=" + "g" * 300, None, 400, "not a valid name"),
+        ("GET", "/api/routes?topic=../../etc", None, 400, "not a valid name"),
+        ("GET", "/api/brokers/config?addr=10.255.255.1:10911", None, 404, "not a broker registered"),
+        ("GET", "/api/producers?group=", None, 400, "required"),
+        ("POST", "/api/messages/resend", {"messages": [{"topic": "T"}] * 101, "confirmed": True}, 400, "1..100"),
+        ("POST", "/api/messages/resend", {"messages": [{"topic": "T", "brokerName": "b"}], "confirmed": True},
+         400, "queueId"),
+        ("POST", "/api/groups", {"group": "G", "cluster": "C", "retryQueueNums": 10**9, "confirmed": True},
+         400, "retryQueueNums"),
+        ("POST", "/api/groups", {"group": "G", "cluster": "C", "consumeEnable": "maybe", "confirmed": True},
+         400, "consumeEnable"),
+        ("POST", "/api/groups", {"group": "G", "cluster": "C"}, 400, "not confirmed"),
+        ("POST", "/api/topics/delete", {"topic": "T;rm", "cluster": "C", "confirmed": True}, 400, "valid name"),
+        ("POST", "/api/login", {"user": "alice", "password": "p" * (1 << 20)}, 400, "larger than"),
+    ]
+    for method, path, body, status, why in cases:
+        got, _, answer = await request(port, method, path, body, cookie)
+        assert got == status and why in answer.get("error", ""), (path, got, answer)
+    # a long password is checked (and fails) without costing more than a short one's hash
+    got, _, answer = await request(port, "POST", "/api/login", {"user": "alice", "password": "p" * 5000})
+    assert got == 401
+    assert (await request(port, "GET", "/api/snapshot"))[0] == 200
+    nursery.cancel_scope.cancel()
