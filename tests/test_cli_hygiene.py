@@ -111,3 +111,28 @@ def test_entry_point_answers_help_and_refuses_an_unknown_option_cause_first(modu
     lines = err.splitlines()
     assert lines and lines[0].startswith("Error: No such option") and "--no-such-option" in lines[0], err
     assert any(line.startswith("Usage: ") for line in lines[1:]) and "Traceback" not in err + out, err
+
+
+def test_run_command_returns_the_callbacks_status(capsys):
+    """tools.cli.run_command: click's standalone mode would exit 0 whatever
+    the callback returned (a failed soak or nemesis run must exit 1)."""
+    from tools.cli import CONTEXT, run_command
+
+    @click.command(context_settings=CONTEXT)
+    @click.option("--status", type=int, default=0)
+    @click.option("--fail", is_flag=True)
+    @click.option("--interrupt", is_flag=True)
+    def command(status: int, fail: bool, interrupt: bool) -> int:
+        if fail:
+            raise click.ClickException("the store at /x: no such directory")
+        if interrupt:
+            raise KeyboardInterrupt
+        return status
+
+    assert run_command(command, ["--status", "1"], "t") == 1
+    assert run_command(command, [], "t") == 0
+    assert run_command(command, ["--fail"], "t") == 1
+    assert capsys.readouterr().err == "Error: the store at /x: no such directory\n"
+    assert run_command(command, ["--interrupt"], "t") == 130
+    assert run_command(command, ["--status", "x"], "t") == 2
+    assert capsys.readouterr().err.splitlines()[-3].startswith("Error: Invalid value for '--status'")
