@@ -1,13 +1,15 @@
 # Owns how one pytest process takes its share of the tests when
-# tests/run_suite.py runs the slow ones as shards side by side (a pytest
-# plugin: `-p tests.sharding --shard I/N`).  Every shard collects the same
+# tests/run_suite.py runs each half of the suite (the tests marked slow,
+# and the quick ones) as shards side by side (a pytest plugin:
+# `-p tests.sharding --shard I/N --shard-kind slow|quick`).  Every shard collects the same
 # tests and splits them the same way, so the shards never overlap and
 # together run every selected test:
 #   * whole files, so that a module's fixtures (a cluster for the module)
 #     start once;
 #   * balanced by each file's seconds in the last run (--shard-known, a JSON
-#     map file -> seconds that run_suite keeps), else the SEED below, else
-#     DEFAULT: longest first, each to the shard with the least so far;
+#     map file -> seconds that run_suite keeps per half), else that half's
+#     seed below (SEED, QUICK_SEED), else its default: longest first, each
+#     to the shard with the least so far;
 #   * with --shard-times PATH, the shard writes how long each of its tests
 #     took (setup + call + teardown) there, for run_suite's report and its
 #     next split.
@@ -48,10 +50,20 @@ SEED = {
 }
 DEFAULT = 8.0
 
+# The same for the tests not marked slow (seconds of each file's quick
+# tests, measured in one process under nice beside other work); a file not
+# named here takes QUICK_DEFAULT.
+QUICK_SEED: dict[str, float] = {
+}
+QUICK_DEFAULT = 1.0
+SEEDS = {"slow": (SEED, DEFAULT), "quick": (QUICK_SEED, QUICK_DEFAULT)}
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("ledgermq shards")
     group.addoption("--shard", default=None, metavar="I/N", help="run the I-th (0-based) of N shards of the tests")
+    group.addoption("--shard-kind", default="slow", choices=sorted(SEEDS),
+                    help="which half's seed weights to use for files with no recorded time")
     group.addoption("--shard-known", default=None, metavar="PATH", help="JSON file -> seconds of the last run")
     group.addoption("--shard-times", default=None, metavar="PATH", help="write this shard's test durations here")
 
@@ -94,7 +106,8 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"--shard wants I/N with 0 <= I < N, not {spec!r}") from None
     files = list(dict.fromkeys(_file(it) for it in items))
     known = _known(config.getoption("--shard-known"))
-    owner = split(files, {f: known.get(f, SEED.get(f, DEFAULT)) for f in files}, n)
+    seed, default = SEEDS[config.getoption("--shard-kind")]
+    owner = split(files, {f: known.get(f, seed.get(f, default)) for f in files}, n)
     keep = [it for it in items if owner[_file(it)] == i]
     if len(keep) < len(items):
         config.hook.pytest_deselected(items=[it for it in items if owner[_file(it)] != i])

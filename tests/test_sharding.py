@@ -1,6 +1,7 @@
-# Owns the checks of tests/sharding.py, the split of the slow tests into
-# shards that tests/run_suite.py runs side by side: every shard computes the
-# same split, whole files, disjoint, and together every selected test.
+# Owns the checks of tests/sharding.py, the split of each half of the suite
+# (slow, quick) into shards that tests/run_suite.py runs side by side: every
+# shard computes the same split, whole files, disjoint, and together every
+# selected test; and of run_suite's arrangement, report and exit code.
 import json
 import os
 import subprocess
@@ -36,29 +37,53 @@ def test_shards_run_every_test_once(tmp_path):
     assert seen == {0: {"test_four.py"}, 1: {"test_one.py", "test_two.py", "test_three.py"}}
 
 
-def _suite(tmp_path, tests: dict[str, str]) -> tuple[int, str, dict]:
-    """python -m tests.run_suite over a directory of `tests` (name -> source)."""
+def _suite(tmp_path, tests: dict[str, str], **env) -> tuple[int, str, dict, dict]:
+    """python -m tests.run_suite over a directory of `tests` (name -> source);
+    its exit code, output and the times it kept for each half."""
     suite = tmp_path / "suite"
     suite.mkdir()
     for name, source in tests.items():
         (suite / name).write_text(source)
     times = tmp_path / "times.json"
     env = {**os.environ, "LEDGERMQ_SUITE_PATHS": str(suite), "LEDGERMQ_SLOW_SHARDS": "2",
-           "LEDGERMQ_SLOW_TIMES": str(times)}
+           "LEDGERMQ_QUICK_SHARDS": "2", "LEDGERMQ_SLOW_TIMES": str(times), **env}
+    env.pop("LEDGERMQ_QUICK_TIMES", None)
     r = subprocess.run([sys.executable, "-m", "tests.run_suite"], capture_output=True, text=True, cwd=REPO_ROOT,
                        env=env, check=False)
-    return r.returncode, r.stdout + r.stderr, json.loads(times.read_text()) if times.exists() else {}
+    quick = tmp_path / "times-quick.json"
+
+    def kept(path):
+        return {k.rsplit("/", 1)[-1]: v for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+    return r.returncode, r.stdout + r.stderr, kept(times), kept(quick)
 
 
 SLOW = "import pytest\npytestmark = pytest.mark.slow\n"
 
 
 def test_run_suite_runs_every_part_reports_and_fails_when_a_background_shard_fails(tmp_path):
-    code, out, times = _suite(tmp_path, {
-        "test_a.py": SLOW + "def test_a():\n    pass\n",                         # shard 0 (the one that streams)
-        "test_b.py": SLOW + "def test_b():\n    assert False, 'shard failure'\n",  # shard 1
-        "test_quick.py": "def test_q():\n    pass\n"})
-    assert code == 1 and "shard failure" in out, out
-    assert "slow shard 0: exit 0; slow shard 1: exit 1; the others: exit 0" in out
-    assert "slowest 15 slow tests" in out and "test_a.py::test_a" in out and "test_b.py::test_b" in out
-    assert sorted(k.rsplit("/", 1)[-1] for k in times) == ["test_a.py", "test_b.py"]  # kept for the next split
+    code, out, slow, quick = _suite(tmp_path, {
+        "test_a.py": SLOW + "def test_a():\n    pass\n",                         # slow shard 0 (the one that streams)
+        "test_b.py": SLOW + "def test_b():\n    assert False, 'shard failure'\n",  # slow shard 1
+        "test_q1.py": "def test_q1():\n    pass\n",                              # quick shard 0
+        "test_q2.py": "def test_q2():\n    assert False, 'quick failure'\n"})    # quick shard 1
+    assert code == 1 and "shard failure" in out and "quick failure" in out, out
+    assert "slow shard 0: exit 0; slow shard 1: exit 1; quick shard 0: exit 0; quick shard 1: exit 1" in out
+    for n in range(2):
+        assert f"the tests not marked slow, quick shard {n} of 2" in out
+    top = out.split("slowest 15 tests", 1)[1]
+    assert all(f"{t}.py::{t}" in top for t in ("test_a", "test_b", "test_q1", "test_q2")), out
+    assert sorted(slow) == ["test_a.py", "test_b.py"] and sorted(quick) == ["test_q1.py", "test_q2.py"]
+
+
+def test_run_suite_with_one_shard_each_runs_two_processes(tmp_path):
+    """LEDGERMQ_SLOW_SHARDS=1 and LEDGERMQ_QUICK_SHARDS=1: the arrangement
+    as it was, one process per half; the quick one's exit code counts."""
+    code, out, slow, quick = _suite(tmp_path, {
+        "test_a.py": SLOW + "def test_a():\n    pass\n",
+        "test_q1.py": "def test_q1():\n    pass\n",
+        "test_q2.py": "def test_q2():\n    assert False, 'quick failure'\n"},
+        LEDGERMQ_SLOW_SHARDS="1", LEDGERMQ_QUICK_SHARDS="1")
+    assert code == 1, out
+    assert out.rstrip().endswith("slow shard 0: exit 0; quick shard 0: exit 1"), out
+    assert "quick shard 0 of 1" in out and "1 failed, 1 passed" in out
+    assert sorted(slow) == ["test_a.py"] and sorted(quick) == ["test_q1.py", "test_q2.py"]
