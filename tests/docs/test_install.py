@@ -240,21 +240,28 @@ async def test_readme_install_steps_then_the_units_start_a_group(tmp_path):
     procs: list[tuple[str, trio.Process]] = []
     logs = tmp_path / "logs"
     logs.mkdir()
+
+    async def start_unit(service: str, instance: str, pre: list[str], start: str) -> None:
+        for line in pre:
+            argv = in_root(root, line.replace("%i", instance)).split()
+            r = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, env=env)
+            assert r.returncode == 0, (service, argv, r.stderr.decode())
+        argv = in_root(root, start.replace("%i", instance)).split()
+        with open(logs / f"{service}.err", "wb") as err:
+            proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, stderr=err, env=env)
+        procs.append((service, proc))
+        line = await first_line(proc, 30, logs / f"{service}.err")
+        if instance:
+            assert json.loads(line)["selfId"] == instance, line
+        else:
+            assert "The Name Server boot success" in line, line
+
     try:
-        for service, instance, pre, start, _ in plans:
-            for line in pre:
-                argv = in_root(root, line.replace("%i", instance)).split()
-                r = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, env=env)
-                assert r.returncode == 0, (service, argv, r.stderr.decode())
-            argv = in_root(root, start.replace("%i", instance)).split()
-            with open(logs / f"{service}.err", "wb") as err:
-                proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, stderr=err, env=env)
-            procs.append((service, proc))
-            line = await first_line(proc, 30, logs / f"{service}.err")
-            if instance:
-                assert json.loads(line)["selfId"] == instance, line
-            else:
-                assert "The Name Server boot success" in line, line
+        # As systemd does: the name server first (the brokers are After= it), then the brokers side by side.
+        await start_unit(*plans[0][:4])
+        async with trio.open_nursery() as nursery:
+            for plan in plans[1:]:
+                nursery.start_soon(start_unit, *plan[:4])
 
         # The group answers: a master and both slaves registered, then the check block as written.
         ns_addr = f"127.0.0.1:{ports[9876]}"
