@@ -44,7 +44,8 @@ native: $(STAMP)
 # The layer contract (pyproject.toml, import-linter) first: an upward import
 # fails the suite before any test runs.  The suite runs as pytest processes
 # side by side (tests/run_suite.py: the `slow` tests in two shards, and the
-# others under nice); PYTEST_ARGS="..." runs plain `pytest ...` instead.
+# others in two shards under nice; LEDGERMQ_SLOW_SHARDS / LEDGERMQ_QUICK_SHARDS
+# set the counts); PYTEST_ARGS="..." runs plain `pytest ...` instead.
 test: setup native
 	$(VENV)/bin/lint-imports
 	$(VPY) -m tests.run_suite $(PYTEST_ARGS)
