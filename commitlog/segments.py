@@ -190,11 +190,6 @@ class Segment:
             return True
         return False
 
-    def datasync(self) -> None:
-        if self._fd >= 0:
-            os.fdatasync(self._fd)
-        self.dirty = False
-
     def release_below(self, offset: int) -> None:
         """release_below() of this segment's read map, if it has one."""
         if self._map is not None:

@@ -351,9 +351,6 @@ class SegmentedStore(StoreReads, StoreDurability):
         retention pass)."""
         self._retention_floors.append(fn)
 
-    def remove_retention_floor(self, fn) -> None:
-        self._retention_floors.remove(fn)
-
     def retention_floor(self) -> int | None:
         floors = [f() for f in self._retention_floors]
         return min(floors) if floors else None

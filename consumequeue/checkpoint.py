@@ -42,13 +42,6 @@ class StoreCheckpoint:
     dispatched_phy_offset: int = -1
     dispatched_index: int = -1
 
-    def min_timestamp(self) -> int:
-        """getMinTimestamp: the abnormal-recovery bound (3 s of slack)."""
-        return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - 3000)
-
-    def min_timestamp_index(self) -> int:
-        return min(self.min_timestamp(), self.index_msg_timestamp)
-
     def pack(self) -> bytes:
         head = _LAYOUT.pack(*attrs.astuple(self), EXT_MAGIC)
         return head + struct.pack(">I", zlib.crc32(head)) + bytes(CHECKPOINT_SIZE - len(head) - 4)

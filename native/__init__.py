@@ -20,10 +20,3 @@ else:
         LOAD_ERROR = f"native extension not built ({exc}); run `make native`"
 
 NATIVE_LOADED = lib is not None
-
-
-def require_native() -> None:
-    """Raise if the C helpers are unavailable (for benchmarks and tools that
-    would be meaningless on the fallback)."""
-    if not NATIVE_LOADED:
-        raise RuntimeError(f"ledgermq native helpers unavailable: {LOAD_ERROR}")

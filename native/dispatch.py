@@ -224,9 +224,6 @@ class NativeBackend(Backend):
     def stage_set_bad(self, stage, qid: int) -> None:
         lib.lmq_stage_set_bad(stage.ptr, qid)
 
-    def stage_count(self, stage) -> int:
-        return lib.lmq_stage_count(stage.ptr)
-
     def index_put(self, mm, slot_num: int, index_num: int, hdr: IndexHeader, buf,
                   res: ScanResult, rec_from: int, key_from: int) -> tuple[int, int]:
         h = ffi.new("lmq_index_header *", attrs.astuple(hdr))

@@ -158,7 +158,7 @@ class Backend:
     group(buf, res), order_slice(g, a, b), cq_pack(res, g, a, b),
     cq_pack_groups(res, g), cq_valid_units(buf),
     new_stage(), cq_pack_stage(buf, res, g, stage, limit), stage_take(stage, id, consume),
-    stage_set_bad(stage, id), stage_count(stage), stage_trim(stage),
+    stage_set_bad(stage, id), stage_trim(stage),
     index_put(mm, slot_num, index_num, header, buf, res, rec_from, key_from).
 
     delay_levels is the broker's messageDelayLevel in ms (level n is entry

@@ -363,9 +363,6 @@ class PythonBackend(Backend):
     def stage_set_bad(self, stage, qid: int) -> None:
         stage.queues[qid][0] = True
 
-    def stage_count(self, stage) -> int:
-        return len(stage.queues)
-
     def stamp_offsets(self, out, start: int, res: ScanResult, g: Grouping, first, first_index: int,
                       stamps) -> None:
         """The append hook's stamping (see lmq_stamp_offsets): group g's

@@ -107,13 +107,6 @@ class SendEnv:
         self.env, self._keep = env, keep
 
 
-def record_props_len(scan: SendScan, i: int, env: SendEnv) -> int:
-    """The length the stored record's properties will have."""
-    r = scan.reqs[i]
-    e = env.env
-    return r.props_len + (0 if r.uniq_len else 9 + e.uniq_prefix_len + 13) + 9 + e.cluster_len
-
-
 def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array,
                  env: SendEnv, n: int | None = None) -> tuple[object, array, array, array, array, int]:
     """The records of the requests `which` (indexes into the scan, 'i'),
@@ -121,7 +114,7 @@ def encode_sends(scan: SendScan, which: array, queue_ids: array, sysflags: array
     larger than the records, which lie back to back from 0 --, record
     offsets, record lengths, UNIQ_KEY offsets and lengths in the buffer,
     the UNIQ_KEY counter after the keys it made).  The caller has checked
-    the property lengths (record_props_len).  n: only the first n of the
+    the property lengths.  n: only the first n of the
     arrays (all by default)."""
     n = len(which) if n is None else n
     e = env.env

@@ -25,9 +25,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import attrs
 import anyio
 import anyio.abc
+import attrs
 
 from broker.acl.signing import Credentials
 from broker.client.errors import ClientError, InvalidArgumentError, NoRouteError, check_response, from_remoting
@@ -107,7 +107,6 @@ class _RouteSlot:
     route: TopicRoute | None = None
     version: int = 0
     lock: anyio.Lock = attrs.Factory(anyio.Lock)
-    changed: anyio.Event = attrs.Factory(anyio.Event)
     error: RemotingError | None = None  # issue 17: why the last ask failed (named in NoRouteError)
 
 
@@ -240,12 +239,8 @@ class ClientInstance:
                 slot.error = e  # issue 17
                 return slot.route
             slot.error = None  # issue 17
-            old = slot.route
             slot.version += 1
             slot.route = None if data is None else TopicRoute.build(topic, data, slot.version)
-            if old is None or slot.route is None or old.data != slot.route.data:
-                slot.changed.set()
-                slot.changed = anyio.Event()
             return slot.route
 
     async def _template_route(self) -> TopicRouteData | None:
@@ -283,10 +278,6 @@ class ClientInstance:
         slot = self._routes.get(topic)
         if slot is not None and slot.route is None and not slot.lock.locked():
             del self._routes[topic]
-
-    def route_changed(self, topic: str) -> anyio.Event:
-        """Set when the topic's route next changes."""
-        return self._slot(topic).changed
 
     def topics(self) -> list[str]:
         return list(self._routes)

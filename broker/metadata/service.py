@@ -46,12 +46,11 @@ from broker.metadata.records import (
     GroupDelete,
     GroupUpsert,
     OffsetCommit,
-    OffsetDelete,
     OffsetReset,
     QueueLockBatch,
     QueueUnlockBatch,
-    TopicDelete,
     TimerDone,
+    TopicDelete,
     TopicUpsert,
     encode_op,
     is_internal_topic,
@@ -310,12 +309,6 @@ class MetadataService:
             if not staged:
                 del table[key]
         return await self._append([OffsetReset({key: dict(offsets)})])
-
-    async def delete_offsets(self, topic: str, group: str) -> int:
-        key = offset_key(check_topic_name(topic), check_group_name(group))
-        for table in self._pending_tables():
-            table.pop(key, None)
-        return await self._append([OffsetDelete((key,))])
 
     def _drop_staged(self, doomed) -> None:
         for table in self._pending_tables():

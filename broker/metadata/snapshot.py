@@ -36,7 +36,6 @@
 #
 # Retention rule: the commitlog may only delete entries at or below the
 # index of the last DURABLE snapshot (min_retained_index() in service.py).
-import json
 import os
 
 import attrs
@@ -48,10 +47,10 @@ from broker.metadata.tables import (
     ConsumerOffsetTable,
     DelayOffsetTable,
     MetadataState,
-    TimerProgress,
     QueueLockTable,
     SubscriptionGroupConfig,
     SubscriptionGroupTable,
+    TimerProgress,
     TopicConfigTable,
     split_offset_key,
 )
@@ -250,8 +249,3 @@ def read_config_dir(root: str) -> dict[str, object]:
         except ValueError as exc:
             raise ValueError(f"{os.path.join(cdir, name)}: {exc}") from None
     return out
-
-
-def dumps_state(state: MetadataState) -> dict:
-    """A plain-JSON view of the whole state (tests and mqadmin diffs)."""
-    return {name: json.loads(data) for name, data in render(state).items()}
