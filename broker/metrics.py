@@ -49,17 +49,17 @@ import struct
 import sys
 import time
 from array import array
-from typing import Any, Awaitable, Callable, Iterable, Protocol, Sized
+from typing import Any, Callable, Iterable, Protocol, Sized
 
 import attrs
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from broker.common.values import ConsumeType, MessageModel
 from broker.config import LiveConfig
 from broker.metadata.records import is_internal_topic
 from broker.metadata.tables import split_offset_key
-from broker.common.values import ConsumeType, MessageModel
 from broker.processors.admin import SYSTEM_TOPICS, VERSION_DESC, disk_ratio
 from broker.processors.client_manager import ClientManager
 from broker.processors.retry import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
@@ -122,7 +122,7 @@ class Dispatcher(Protocol):
 
     def serves(self, code: int) -> bool: ...
 
-    def __call__(self, conn, request) -> Awaitable[Any]: ...
+    async def __call__(self, conn, request) -> Any: ...
 
 
 class Puller(Protocol):
@@ -131,7 +131,7 @@ class Puller(Protocol):
 
     CODES: tuple[int, ...]
 
-    def __call__(self, conn, request, on_late: Callable[[Any], None]) -> Awaitable[Any]: ...
+    async def __call__(self, conn, request, on_answer: Callable[[Any], None] | None = None) -> Any: ...
 
 
 class ServedConnections(Protocol):

@@ -53,13 +53,13 @@ import trio
 from broker.common.values import FILTER_TYPES, InvalidMetadataError, TopicConfig, check_group_name, check_topic_name
 from broker.config import BrokerConfig, LiveConfig
 from broker.metadata.records import is_internal_topic
+from broker.metadata.service import MetadataService
 from broker.metadata.tables import SubscriptionGroupConfig
 from broker.processors.base import RequestProcessor
 from broker.remoting.codes import CURRENT_VERSION, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader, decode_json, encode_json
-from broker.metadata.service import MetadataService
 from broker.store.gate import RoleGate
 from broker.telemetry import stats as S
 from commitlog.replica import ReplicaNode
@@ -67,8 +67,8 @@ from commitlog.store import SegmentedStore
 from consumequeue.dispatcher import DispatchEngine
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import MAX_QUERY_NUM, message_at, query_by_key
-from consumequeue.service import ConsumeQueueService, positions
 from consumequeue.record import MessageFormatError
+from consumequeue.service import ConsumeQueueService, positions
 
 log = logging.getLogger("ledgermq.admin")
 

@@ -42,6 +42,7 @@ import trio
 
 from broker.config import KEYS as BROKER_KEYS
 from broker.config import LiveConfig
+from broker.metadata.service import MetadataService
 from broker.processors.admin import encode_mq_map
 from broker.processors.base import RequestProcessor
 from broker.processors.client_manager import ClientManager
@@ -49,7 +50,6 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.errors import RemotingError, RequestError
 from broker.remoting.header import HeaderReader, encode_json
-from broker.metadata.service import MetadataService
 from broker.store.gate import RoleGate
 from commitlog.config import KEYS as REPLICATION_KEYS
 from commitlog.config import ConfigError, Peer, iter_properties

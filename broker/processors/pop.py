@@ -92,7 +92,7 @@ from broker.processors.pop_receipt import (
     revived,
     topic_type,
 )
-from broker.processors.pull import _sql_accept, client_address
+from broker.processors.pull import _sql_accept
 from broker.processors.retry import DLQ_NUMS_PER_GROUP, dlq_topic, ensure_group, ensure_topic
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand

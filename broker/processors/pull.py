@@ -86,13 +86,13 @@ from broker.common.subscription import (
 )
 from broker.common.values import InvalidMetadataError
 from broker.config import LiveConfig, broker_id_for
+from broker.metadata.service import MetadataService
 from broker.processors.client_manager import ClientManager
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.containment import exception_desc
 from broker.remoting.errors import RequestError
 from broker.remoting.header import HeaderReader
-from broker.metadata.service import MetadataService
 from broker.store.gate import RoleGate
 from commitlog.errors import CommitLogError
 from commitlog.raft.state import Role

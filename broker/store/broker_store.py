@@ -45,11 +45,11 @@ from broker.store.gate import RoleGate
 from broker.store.migrated import MigrationImport, needs_upgrade
 from broker.store.migrated import log_identity as migrated_identity
 from broker.store.upgrade import apply as apply_upgrade
+from commitlog.flusher import serve_flusher
 from commitlog.node import raft_config_for, replica_on_store, store_config_for
 from commitlog.raft.state import RaftConfig
 from commitlog.replica import ReplicaNode
 from commitlog.retention import RETENTION_CHECK_SECONDS, retention_pass, serve_retention
-from commitlog.flusher import serve_flusher
 from commitlog.store import SegmentedStore, StoreConfig, data_segment_size_of
 from commitlog.transport.tcp import PeerTransport, serve_peer_transport
 from consumequeue.dispatcher import DispatchConfig
