@@ -71,7 +71,8 @@ def _ip(key: str, value: object) -> str:
                                       "STOREHOST and in offset message ids)") from None
 
 
-def _namesrv(key: str, value: object) -> tuple[str, ...]:
+def parse_namesrv_addr(key: str, value: object) -> tuple[str, ...]:
+    """namesrvAddr: host:port;host:port (the mqbroker -n option too)."""
     addrs = tuple(a.strip() for a in _text(key, value).split(";") if a.strip())
     for a in addrs:
         host, _, port = a.rpartition(":")
@@ -103,7 +104,7 @@ KEYS = {
     "brokerName": ("broker_name", _nonempty),
     "brokerId": ("broker_id", _int(0, 2**63 - 1)),
     "listenPort": ("listen_port", _int(0, 65535)),
-    "namesrvAddr": ("namesrv_addr", _namesrv),
+    "namesrvAddr": ("namesrv_addr", parse_namesrv_addr),
     "brokerIP1": ("broker_ip1", _ip),
     "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
     "autoCreateSubscriptionGroup": ("auto_create_subscription_group", _bool),

@@ -573,8 +573,8 @@ def main(argv=None) -> None:
         try:
             cfg, warnings = load_broker_config(config_file)
             if namesrv_addr is not None:
-                from broker.config import _namesrv
-                cfg = attrs.evolve(cfg, namesrv_addr=_namesrv("namesrvAddr", namesrv_addr))
+                from broker.config import parse_namesrv_addr
+                cfg = attrs.evolve(cfg, namesrv_addr=parse_namesrv_addr("namesrvAddr", namesrv_addr))
         except (ConfigError, OSError) as e:
             raise click.ClickException(f"{config_file}: {getattr(e, 'strerror', None) or e}") from None
         if check_config:
