@@ -14,7 +14,8 @@
 # instead of queueing without bound; submitted requests (no task waits) end
 # in their callbacks: answer, timeout or the connection's end, once each; a
 # malformed or oversized response frame closes that connection only, its
-# waiters told why; requests pushed past max_pushed are answered SYSTEM_BUSY.
+# waiters told why; requests pushed past max_pushed are answered SYSTEM_BUSY;
+# dial errors and a silent port's timeout read the same on both loops.
 import socket
 import struct
 import threading
@@ -29,7 +30,7 @@ from broker.remoting.client import open_remoting_client
 from broker.remoting.codec import NEED_DATA, CommandDecoder, encode_command
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.errors import RemotingConnectionLostError, RemotingTimeoutError
+from broker.remoting.errors import RemotingConnectError, RemotingConnectionLostError, RemotingTimeoutError
 from broker.remoting.server import serve_remoting
 from tests.broker.remoting.helpers import ECHO, ONEWAY_SINK, REFUSE, SLOW, EchoService
 
@@ -189,6 +190,24 @@ async def test_one_transport_serves_a_trio_and_an_asyncio_caller(anyio_backend):
 
 async def _set(event) -> None:
     event.set()
+
+
+async def test_dial_errors_and_a_silent_port_read_the_same_on_both_backends():
+    """mqadmin prints these: a refused dial names the address and the
+    errno's words (asyncio's own differ from trio's), and a port that
+    accepts but never answers is named as such in the timeout."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    async with open_remoting_client() as client:
+        with pytest.raises(RemotingConnectError) as e:
+            await client.invoke(f"127.0.0.1:{port}", RemotingCommand(CODE), 5)
+        assert str(e.value) == (f"connect to 127.0.0.1:{port} failed: "
+                                f"Error connecting to ('127.0.0.1', {port}): Connection refused")
+        with socket.create_server(("127.0.0.1", 0)) as mute:  # the kernel accepts; nothing is ever read or sent
+            addr = "127.0.0.1:%d" % mute.getsockname()[1]
+            with pytest.raises(RemotingTimeoutError) as t:
+                await client.invoke(addr, RemotingCommand(CODE), 0.2)
+            assert t.value.silent and t.value.addr == addr and "has sent nothing back" in str(t.value)
 
 
 BAD_ANSWERS = {
