@@ -1,7 +1,9 @@
 # Tests of RemotingClient on real TCP: one shared connection per address,
 # clean errors (connect refused, timeout, connection lost, unencodable
 # request), a late response after a timeout, redialing after the server
-# went away and came back on the same port, and the ROCKETMQ override.
+# went away and came back on the same port, and the ROCKETMQ override --
+# on trio, as the broker and mqadmin run it.  The same client on asyncio and
+# trio alike, and its hostile-input bounds: tests/broker/client/test_transport.py.
 import socket
 
 import pytest
