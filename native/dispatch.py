@@ -18,7 +18,6 @@ import attrs
 
 from native import NATIVE_LOADED, ffi, lib
 from native.dispatch_layout import (  # re-exported: callers import these from here
-    _FIELDS,
     BAD_BODYLEN,
     BAD_DELAY,
     BAD_HOSTS,
@@ -47,6 +46,7 @@ from native.dispatch_layout import (  # re-exported: callers import these from h
     REC_NO_INDEX,
     REC_PHY_MISMATCH,
     REC_SIZE,
+    RECORD_FIELDS,
     SCAN_CHECK_CRC,
     STOP_BLANK,
     STOP_CORRUPT,
@@ -144,7 +144,7 @@ class NativeBackend(Backend):
 
     def record(self, recs, i: int) -> DispatchRecord:
         r = recs[i]
-        return DispatchRecord(*(getattr(r, f) for f in _FIELDS))
+        return DispatchRecord(*(getattr(r, f) for f in RECORD_FIELDS))
 
     def topic_queue(self, recs, i: int) -> tuple[int, int, int]:
         """(topic_off, topic_len, queue_id) of record i: what the append

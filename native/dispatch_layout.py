@@ -39,12 +39,12 @@ BAD_TEXT = {BAD_TOTALSIZE: "TOTALSIZE differs from the entry body size or is too
 REC = struct.Struct("=6q4i6I2i")
 REC_SIZE = REC.size  # 96
 UNIT = struct.Struct(">qiq")
-_I64BE = struct.Struct(">q")
+I64BE = struct.Struct(">q")
 UNIT_SIZE = 20
 
-_MAGIC_V1, _MAGIC_V2, _BLANK = -626843481, -626843477, -875286124
-_MIN_RECORD = 91
-_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+RECORD_MAGIC_V1, RECORD_MAGIC_V2, BLANK_MAGIC = -626843481, -626843477, -875286124
+MIN_RECORD_SIZE = 91
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 @attrs.frozen
@@ -74,7 +74,7 @@ class DispatchRecord:
         return bytes(buf[self.topic_off:self.topic_off + self.topic_len]).decode("utf-8", "replace")
 
 
-_FIELDS = [a.name for a in attrs.fields(DispatchRecord)]
+RECORD_FIELDS = [a.name for a in attrs.fields(DispatchRecord)]
 
 
 @attrs.define

@@ -8,14 +8,6 @@ import zlib
 from collections.abc import Sequence
 
 from native.dispatch_layout import (
-    _BLANK,
-    _FIELDS,
-    _I64BE,
-    _INT32_MAX,
-    _INT32_MIN,
-    _MAGIC_V1,
-    _MAGIC_V2,
-    _MIN_RECORD,
     BAD_BODYLEN,
     BAD_DELAY,
     BAD_HOSTS,
@@ -23,6 +15,7 @@ from native.dispatch_layout import (
     BAD_PROPSLEN,
     BAD_TOPICLEN,
     BAD_TOTALSIZE,
+    BLANK_MAGIC,
     ERR_CHANNEL,
     ERR_ENTRY_MAGIC,
     ERR_ENTRY_SIZE,
@@ -31,6 +24,10 @@ from native.dispatch_layout import (
     ERR_RECORD,
     ERR_RECORD_MAGIC,
     ERR_TOO_LARGE,
+    I64BE,
+    INT32_MAX,
+    INT32_MIN,
+    MIN_RECORD_SIZE,
     MODE_DLEDGER,
     MODE_PLAIN,
     REC,
@@ -41,6 +38,9 @@ from native.dispatch_layout import (
     REC_NO_INDEX,
     REC_PHY_MISMATCH,
     REC_SIZE,
+    RECORD_FIELDS,
+    RECORD_MAGIC_V1,
+    RECORD_MAGIC_V2,
     SCAN_CHECK_CRC,
     STOP_BLANK,
     STOP_CORRUPT,
@@ -77,7 +77,7 @@ def _parse_java_int(s: bytes) -> int | None:
     if not body or any(c < 0x30 or c > 0x39 for c in body):
         return None
     v = int(s)
-    return v if _INT32_MIN <= v <= _INT32_MAX else None
+    return v if INT32_MIN <= v <= INT32_MAX else None
 
 
 def _py_parse_record(buf, off: int, L: int, options: int, delay_levels, r: dict) -> int:
@@ -86,9 +86,9 @@ def _py_parse_record(buf, off: int, L: int, options: int, delay_levels, r: dict)
     rd64 = lambda p: struct.unpack_from(">q", buf, off + p)[0]  # noqa: E731
     total, magic = rd32(0), rd32(4)
     r["size"] = total
-    if L < _MIN_RECORD or total != L:
+    if L < MIN_RECORD_SIZE or total != L:
         return BAD_TOTALSIZE
-    v2 = magic == _MAGIC_V2
+    v2 = magic == RECORD_MAGIC_V2
     r["queue_id"] = rd32(12)
     r["queue_offset"] = rd64(20)
     stored_phy = rd64(28)
@@ -167,7 +167,7 @@ def _py_parse_record(buf, off: int, L: int, options: int, delay_levels, r: dict)
 
 
 def _new_rec(index: int, entry_pos: int, phy: int) -> dict:
-    r = dict.fromkeys(_FIELDS, 0)
+    r = dict.fromkeys(RECORD_FIELDS, 0)
     r.update(entry_index=index, entry_pos=entry_pos, phy_offset=phy)
     return r
 
@@ -214,7 +214,7 @@ class PythonBackend(Backend):
                               bad=bad_count, first_bad=first_bad)
 
         def put(r):
-            REC.pack_into(recs, n * REC_SIZE, *(r[f] for f in _FIELDS))
+            REC.pack_into(recs, n * REC_SIZE, *(r[f] for f in RECORD_FIELDS))
 
         if size > 0xFFFFFFFF:
             return done(STOP_CORRUPT, ERR_TOO_LARGE)
@@ -228,11 +228,11 @@ class PythonBackend(Backend):
                 return done(STOP_PARTIAL, 0, off)
             a, b = struct.unpack_from(">ii", buf, off)
             if mode == MODE_PLAIN:
-                if b == _BLANK:
+                if b == BLANK_MAGIC:
                     return done(STOP_BLANK)
                 if a == 0 and b == 0:
                     return done(STOP_ZERO)
-                if b not in (_MAGIC_V1, _MAGIC_V2):
+                if b not in (RECORD_MAGIC_V1, RECORD_MAGIC_V2):
                     return done(STOP_CORRUPT, ERR_RECORD_MAGIC, off)
                 if a < 8:
                     return done(STOP_CORRUPT, ERR_RECORD, off)
@@ -269,7 +269,7 @@ class PythonBackend(Backend):
                 return done(STOP_PARTIAL, 0, off)
             if a == 1 and body_size >= 8:
                 mm = struct.unpack_from(">i", buf, off + 52)[0]
-                if mm in (_MAGIC_V1, _MAGIC_V2):
+                if mm in (RECORD_MAGIC_V1, RECORD_MAGIC_V2):
                     r = _new_rec(index, pos, pos + 48)
                     bad = _py_parse_record(buf, off + 48, body_size, options, delay_levels, r)
                     if bad:
@@ -370,14 +370,14 @@ class PythonBackend(Backend):
         each its own position as PHYSICALOFFSET."""
         for i in range(res.n):
             r = self._rec(res.recs, i)
-            _I64BE.pack_into(out, r.phy_offset - start + 28, r.phy_offset)
+            I64BE.pack_into(out, r.phy_offset - start + 28, r.phy_offset)
             if r.flags & REC_NO_CQ:
-                _I64BE.pack_into(out, r.phy_offset - start + 20, 0)
+                I64BE.pack_into(out, r.phy_offset - start + 20, 0)
                 stamps[r.entry_index - first_index] = 0
         for k in range(g.ngroups):
             for qo, i in enumerate(g.order[g.starts[k]:g.starts[k + 1]], first[k]):
                 r = self._rec(res.recs, i)
-                _I64BE.pack_into(out, r.phy_offset - start + 20, qo)
+                I64BE.pack_into(out, r.phy_offset - start + 20, qo)
                 stamps[r.entry_index - first_index] = qo
 
     def cq_valid_units(self, buf) -> int:
@@ -424,7 +424,7 @@ class PythonBackend(Backend):
 def py_put_key(mm, slot_num: int, hdr: IndexHeader, hash32: int, phy: int, ts: int) -> None:
     """IndexFile.putKey, given the key's 32-bit Java hash (twin of put_key)."""
     key_hash = _s32(hash32)
-    key_hash = 0 if key_hash == _INT32_MIN else abs(key_hash)
+    key_hash = 0 if key_hash == INT32_MIN else abs(key_hash)
     slot_pos = 40 + (key_hash % slot_num) * 4
     slot_value = struct.unpack_from(">i", mm, slot_pos)[0]
     if slot_value <= 0 or slot_value > hdr.index_count:
@@ -433,8 +433,8 @@ def py_put_key(mm, slot_num: int, hdr: IndexHeader, hash32: int, phy: int, ts: i
     diff = -(-diff // 1000) if diff < 0 else diff // 1000  # Java truncates toward zero
     if hdr.begin_timestamp <= 0:
         diff = 0
-    elif diff > _INT32_MAX:
-        diff = _INT32_MAX
+    elif diff > INT32_MAX:
+        diff = INT32_MAX
     elif diff < 0:
         diff = 0
     item = 40 + slot_num * 4 + hdr.index_count * 20

@@ -52,23 +52,23 @@ def _shown(value: object) -> str:
     return text if len(text) <= 64 else text[:64] + "..."
 
 
-def _int32(_inst, attr, value):
+def check_int32(_inst, attr, value):
     if isinstance(value, bool) or not isinstance(value, int) or not _INT32[0] <= value <= _INT32[1]:
         raise InvalidMetadataError(f"{attr.name} must be a 32-bit int, got {_shown(value)}")
 
 
-def _nonneg32(inst, attr, value):
-    _int32(inst, attr, value)
+def check_nonneg32(inst, attr, value):
+    check_int32(inst, attr, value)
     if value < 0:
         raise InvalidMetadataError(f"{attr.name} must not be negative, got {value}")
 
 
-def _bool(_inst, attr, value):
+def check_bool(_inst, attr, value):
     if not isinstance(value, bool):
         raise InvalidMetadataError(f"{attr.name} must be a boolean, got {_shown(value)}")
 
 
-def _str_map(value) -> dict:
+def string_map(value) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
@@ -76,7 +76,7 @@ def _str_map(value) -> dict:
     return dict(sorted(value.items()))
 
 
-def _extra(value) -> dict:
+def sorted_extra(value) -> dict:
     return dict(sorted((value or {}).items()))
 
 
@@ -112,14 +112,14 @@ class TopicConfig:
     """org.apache.rocketmq.common.TopicConfig."""
 
     topic_name: str = attrs.field(validator=lambda i, a, v: check_topic_name(v))
-    read_queue_nums: int = attrs.field(default=16, validator=_nonneg32)
-    write_queue_nums: int = attrs.field(default=16, validator=_nonneg32)
+    read_queue_nums: int = attrs.field(default=16, validator=check_nonneg32)
+    write_queue_nums: int = attrs.field(default=16, validator=check_nonneg32)
     perm: int = attrs.field(default=PERM_READ | PERM_WRITE)
     topic_filter_type: str = attrs.field(default="SINGLE_TAG")
-    topic_sys_flag: int = attrs.field(default=0, validator=_int32)
-    order: bool = attrs.field(default=False, validator=_bool)
-    attributes: dict = attrs.field(factory=dict, converter=_str_map)
-    extra: dict = attrs.field(factory=dict, converter=_extra, repr=False)
+    topic_sys_flag: int = attrs.field(default=0, validator=check_int32)
+    order: bool = attrs.field(default=False, validator=check_bool)
+    attributes: dict = attrs.field(factory=dict, converter=string_map)
+    extra: dict = attrs.field(factory=dict, converter=sorted_extra, repr=False)
 
     @perm.validator
     def _perm(self, _attr, value):

@@ -23,13 +23,13 @@ from broker.common.values import (
     DataVersion,
     InvalidMetadataError,
     TopicConfig,
-    _bool,
-    _extra,
-    _int32,
-    _nonneg32,
-    _str_map,
+    check_bool,
     check_group_name,
+    check_int32,
+    check_nonneg32,
     from_camel_json,
+    sorted_extra,
+    string_map,
     to_camel_json,
 )
 from broker.metadata.pop import PopTable
@@ -44,19 +44,19 @@ class SubscriptionGroupConfig:
     (the scalar fields; 5.x objects such as groupRetryPolicy ride in `extra`)."""
 
     group_name: str = attrs.field(validator=lambda i, a, v: check_group_name(v))
-    consume_enable: bool = attrs.field(default=True, validator=_bool)
-    consume_from_min_enable: bool = attrs.field(default=True, validator=_bool)
-    consume_broadcast_enable: bool = attrs.field(default=True, validator=_bool)
-    consume_message_orderly: bool = attrs.field(default=False, validator=_bool)
-    retry_queue_nums: int = attrs.field(default=1, validator=_nonneg32)
-    retry_max_times: int = attrs.field(default=16, validator=_int32)
-    broker_id: int = attrs.field(default=0, validator=_nonneg32)
-    which_broker_when_consume_slowly: int = attrs.field(default=1, validator=_nonneg32)
-    notify_consumer_ids_changed_enable: bool = attrs.field(default=True, validator=_bool)
-    group_sys_flag: int = attrs.field(default=0, validator=_int32)
-    consume_timeout_minute: int = attrs.field(default=15, validator=_int32)
-    attributes: dict = attrs.field(factory=dict, converter=_str_map)
-    extra: dict = attrs.field(factory=dict, converter=_extra, repr=False)
+    consume_enable: bool = attrs.field(default=True, validator=check_bool)
+    consume_from_min_enable: bool = attrs.field(default=True, validator=check_bool)
+    consume_broadcast_enable: bool = attrs.field(default=True, validator=check_bool)
+    consume_message_orderly: bool = attrs.field(default=False, validator=check_bool)
+    retry_queue_nums: int = attrs.field(default=1, validator=check_nonneg32)
+    retry_max_times: int = attrs.field(default=16, validator=check_int32)
+    broker_id: int = attrs.field(default=0, validator=check_nonneg32)
+    which_broker_when_consume_slowly: int = attrs.field(default=1, validator=check_nonneg32)
+    notify_consumer_ids_changed_enable: bool = attrs.field(default=True, validator=check_bool)
+    group_sys_flag: int = attrs.field(default=0, validator=check_int32)
+    consume_timeout_minute: int = attrs.field(default=15, validator=check_int32)
+    attributes: dict = attrs.field(factory=dict, converter=string_map)
+    extra: dict = attrs.field(factory=dict, converter=sorted_extra, repr=False)
 
     _FIELDS = {"groupName": "group_name", "consumeEnable": "consume_enable",
                "consumeFromMinEnable": "consume_from_min_enable",

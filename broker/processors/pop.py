@@ -92,7 +92,7 @@ from broker.processors.pop_receipt import (
     revived,
     topic_type,
 )
-from broker.processors.pull import _sql_accept
+from broker.processors.pull import sql_accept
 from broker.processors.retry import DLQ_NUMS_PER_GROUP, dlq_topic, ensure_group, ensure_topic
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -457,7 +457,7 @@ class PopProcessor(RequestProcessor):
             return None, []
         result = read_messages(self.cq, topic, queue_id, offset, left, self.max_transfer_bytes,
                                None if sub.codes is None else set(sub.codes), correct_offsets=True,
-                               accept=_sql_accept(sub.sql) if sub.is_sql else None)
+                               accept=sql_accept(sub.sql) if sub.is_sql else None)
         popped.rest += max(result.max_offset - result.next_begin_offset, 0)
         if result.status is GetMessageStatus.FOUND:
             invisible = h.invisible_time

@@ -355,7 +355,7 @@ class PullProcessor:
             max_bytes = min(max_bytes, h.max_msg_bytes)
         return read_messages(self.cq, h.topic, h.queue_id, h.queue_offset, max(h.max_msg_nums, 1), max_bytes,
                              None if sub.codes is None else set(sub.codes), correct_offsets=leader,
-                             accept=_sql_accept(sub.sql) if sub.is_sql else None)
+                             accept=sql_accept(sub.sql) if sub.is_sql else None)
 
     @staticmethod
     def _code(result: PullResult, offset: int, leader: bool) -> int:
@@ -399,7 +399,7 @@ class PullProcessor:
         return request.make_response(code, result.status.value, fields, body)
 
 
-def _sql_accept(sql):
+def sql_accept(sql):
     """The reader's record predicate for a SQL92 subscription: the record's
     properties (TAGS, KEYS and the user's) against the expression.  A record
     that does not decode is passed on: the client reports it, we do not hide it."""
