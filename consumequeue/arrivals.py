@@ -3,7 +3,7 @@
 # notifyMessageArriving.  Long-polling pulls and the delay-level services
 # park here instead of on the dispatched watermark, so a commit wakes only
 # the waiters of the queues it touched, not every held pull and every delay
-# level (18 tasks per commit before: most of a one-message round's CPU).
+# level (waking them all took most of a one-message round's CPU).
 #
 # The dispatcher calls check() after each dispatch step (the consume queues
 # are complete then); it looks only at queues somebody waits on.  reset()

@@ -1,5 +1,5 @@
 # Owns reading a plain (master-slave) RocketMQ store, read-only: the
-# groundwork of migrating a master-slave broker onto ledgermq (issue 7/8).
+# groundwork of migrating a master-slave broker onto ledgermq.
 #
 # ${root}/commitlog/ holds fixed-size segments named by their 20-digit start
 # offset, message records back to back and, where the next record does not

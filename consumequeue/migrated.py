@@ -1,6 +1,6 @@
-# Owns the read side of a store migrated from master-slave (issue 7, spec
-# §6.6): the DLedger commitlog continues the old plain commitlog at the
-# divided offset, in one physical offset space.
+# Owns the read side of a store migrated from master-slave (spec §6.6): the
+# DLedger commitlog continues the old plain commitlog at the divided offset,
+# in one physical offset space.
 #
 #   dledger-<id>/ledgermq-divided.json   the marker `migrate apply` (and the
 #       broker's upgrade on start, broker.store.upgrade) writes last:

@@ -20,7 +20,7 @@
 # several broker groups, latency fault tolerance (latency.py, on by default)
 # keeps sends away from a group that just failed or answered slowly.
 #
-# Per-send cost (issue 28 part 5).  A send's request is a wire.SendRequest,
+# Per-send cost.  A send's request is a wire.SendRequest,
 # its header assembled from pre-encoded pieces (byte-identical to the
 # general encoding, tests/broker/client/test_wire.py); send() and
 # send_async() make their first attempt inline when nothing has to wait

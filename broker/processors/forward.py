@@ -1,5 +1,5 @@
 # Owns the hand-over of writes a broker of the group cannot store itself
-# right now (issue 29): a master that just stepped down (a leadership
+# right now: a master that just stepped down (a leadership
 # transfer, a lost election), a leader still catching up, a leader in the
 # middle of a transfer.  Clients learn the new master from the name server
 # seconds later (a Java client polls every 30 s), and RocketMQ clients retry
@@ -20,7 +20,7 @@
 #     that each think the other leads).  A client that sets the bit itself
 #     only loses the hand-over.
 #   - At most `sendForwardMaxInFlight` writes are held or being handed on at
-#     once; past it, and past the hold time, the write gets today's refusal.
+#     once; past it, and past the hold time, the write is refused as without it.
 #   - The request goes over a connection of its own client, with the
 #     original signature and body: the master authorizes it (ACL) and stores
 #     it exactly as if the producer had sent it (its storeHost in the msgId,

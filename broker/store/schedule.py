@@ -21,8 +21,8 @@
 #                   metadata record) in one append.  A new leader starts from
 #                   the replicated offsets: nothing is lost, and at most the
 #                   last batch of a dying leader (delivered, offset record not
-#                   committed) is delivered twice -- at-least-once, as the
-#                   issue allows.  The offsets are snapshotted as RocketMQ's
+#                   committed) is delivered twice -- at-least-once.  The
+#                   offsets are snapshotted as RocketMQ's
 #                   config/delayOffset.json (broker/metadata/snapshot.py).
 #
 # No polling: a level task with nothing to deliver parks on the dispatch
