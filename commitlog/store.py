@@ -84,7 +84,7 @@ from native.entries import (
 log = logging.getLogger("ledgermq.store")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AppendBatch:
     """What an append hook sees: the bytes of one leader append from
     `start` on, entry headers laid out (index, term, pos assigned), CRCs not
@@ -392,7 +392,8 @@ class SegmentedStore(StoreReads, StoreDurability):
         layout_fill(out, b"".join(bodies), lens, positions, start, first, term, magic)
         stamps = None
         if self._hooks:
-            batch = AppendBatch(memoryview(out), start, first, term, magic, positions, lens)
+            batch = AppendBatch(out=memoryview(out), start=start, first_index=first, term=term, magic=magic,
+                                positions=positions, lens=lens)
             for hook in self._hooks:
                 got = hook(batch)
                 if got is not None:

@@ -110,8 +110,10 @@ class ConsumerApi:
             log.warning("%s: %s says offset %d of %s is illegal (min %s, max %s, next %s)", self.group, addr, offset,
                         mq, f.get("minOffset"), f.get("maxOffset"), f.get("nextBeginOffset"))
         messages = filter_by_tags(decode_records(resp.body, mq), sub) if status is PullStatus.FOUND else []
-        return PullResult(status, int(f.get("nextBeginOffset", offset)), int(f.get("minOffset", 0)),
-                          int(f.get("maxOffset", 0)), messages, int(f.get("suggestWhichBrokerId", 0)))
+        return PullResult(status=status, next_begin_offset=int(f.get("nextBeginOffset", offset)),
+                          min_offset=int(f.get("minOffset", 0)),
+                          max_offset=int(f.get("maxOffset", 0)), messages=messages,
+                          suggest_broker_id=int(f.get("suggestWhichBrokerId", 0)))
 
     # --- offsets ----------------------------------------------------------------------
 

@@ -221,7 +221,7 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SendResult:
     status: SendStatus
     msg_id: str  # the unique key (UNIQ_KEY), what consumers see as msg_id
@@ -263,7 +263,7 @@ class PullStatus(enum.Enum):
     OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PullResult:
     status: PullStatus
     next_begin_offset: int

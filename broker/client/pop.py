@@ -62,7 +62,7 @@ class PopMessage:
         return self.message.record.reconsume_times
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PopResult:
     status: PopStatus
     messages: list  # [PopMessage]
@@ -92,7 +92,8 @@ class PopClient:
         invisible_ms; with poll_ms the broker holds the request that long
         when there is nothing to hand out."""
         fields = {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "maxMsgNums": str(max_nums),
-                  "invisibleTime": str(invisible_ms), "pollTime": str(poll_ms), "bornTime": str(int(time.time() * 1000)),
+                  "invisibleTime": str(invisible_ms), "pollTime": str(poll_ms),
+                  "bornTime": str(int(time.time() * 1000)),
                   "initMode": str(init_mode), "expType": expression_type, "exp": expression,
                   "order": "true" if order else "false"}
         if attempt_id is not None:
@@ -108,8 +109,9 @@ class PopClient:
                 parts = receipt.split(" ")
                 queue = MessageQueue(m.record.topic, parts[5] if len(parts) > 5 else "", m.record.queue_id)
                 messages.append(PopMessage(attrs.evolve(m, queue=queue), receipt))
-        return PopResult(status, messages, int(f.get("popTime", 0)), int(f.get("invisibleTime", 0)),
-                         int(f.get("reviveQid", 0)), int(f.get("restNum", 0)))
+        return PopResult(status=status, messages=messages, pop_time=int(f.get("popTime", 0)),
+                         invisible_time=int(f.get("invisibleTime", 0)),
+                         revive_qid=int(f.get("reviveQid", 0)), rest_num=int(f.get("restNum", 0)))
 
     async def ack(self, broker_addr: str, group: str, topic: str, receipt: str) -> None:
         """ACK_MESSAGE for the message of `receipt` (SUCCESS also when it was

@@ -376,8 +376,9 @@ class Producer:
         first = int(f.get("queueOffset", -1))
         ids = (f.get("msgId") or "").split(",")
         status = _STATUS[resp.code]
-        return [SendResult(status, uniq, ids[i] if i < len(ids) else "", queue, first + i if first >= 0 else -1,
-                           f.get("MSG_REGION")) for i, uniq in enumerate(uniqs)]
+        return [SendResult(status=status, msg_id=uniq, offset_msg_id=ids[i] if i < len(ids) else "", queue=queue,
+                           queue_offset=first + i if first >= 0 else -1,
+                           region_id=f.get("MSG_REGION")) for i, uniq in enumerate(uniqs)]
 
     def _result1(self, resp: RemotingCommand, mq: MessageQueue, uniq: str) -> SendResult:
         """_result of a one-message send."""

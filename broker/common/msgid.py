@@ -41,7 +41,7 @@ def parse_offset_msg_id(msg_id: str) -> tuple[HostAddr, int]:
     return HostAddr(raw[:ip_len], port), phys
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class UniqKeyInfo:
     ip: bytes
     pid: int
@@ -59,7 +59,7 @@ def parse_uniq_key(key: str) -> UniqKeyInfo:
         raise MessageFormatError(f"UNIQ_KEY has {len(raw)} bytes; expected 16 or 28")
     ip_len = len(raw) - 12
     pid, cl, diff, counter = struct.unpack_from(">hiih", raw, ip_len)
-    return UniqKeyInfo(raw[:ip_len], pid, cl, diff, counter)
+    return UniqKeyInfo(ip=raw[:ip_len], pid=pid, class_loader_hash=cl, ms_since_month_start=diff, counter=counter)
 
 
 def _month_start_ms(now_ms: int) -> int:

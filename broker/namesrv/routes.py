@@ -66,7 +66,7 @@ def _obj(value: object, what: str) -> Mapping:
     return value
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class QueueData:
     broker_name: str
     read_queue_nums: int
@@ -85,8 +85,10 @@ class QueueData:
         flag = _get(obj, "topicSysFlag", int, None, "queueData")
         if flag is None:
             flag = _get(obj, "topicSynFlag", int, 0, "queueData")
-        return cls(_get(obj, "brokerName", str, "", "queueData"), _get(obj, "readQueueNums", int, 0, "queueData"),
-                   _get(obj, "writeQueueNums", int, 0, "queueData"), _get(obj, "perm", int, 0, "queueData"), flag)
+        return cls(broker_name=_get(obj, "brokerName", str, "", "queueData"),
+                   read_queue_nums=_get(obj, "readQueueNums", int, 0, "queueData"),
+                   write_queue_nums=_get(obj, "writeQueueNums", int, 0, "queueData"),
+                   perm=_get(obj, "perm", int, 0, "queueData"), topic_sys_flag=flag)
 
 
 @attrs.define
@@ -246,7 +248,8 @@ class RouteInfoManager:
     def _apply_topics(self, broker_name: str, configs: Mapping[str, TopicConfig]) -> None:
         mask = ~PERM_WRITE if broker_name in self.write_wiped else -1
         for topic, tc in configs.items():
-            qd = QueueData(broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm & mask, tc.topic_sys_flag)
+            qd = QueueData(broker_name=broker_name, read_queue_nums=tc.read_queue_nums,
+                           write_queue_nums=tc.write_queue_nums, perm=tc.perm & mask, topic_sys_flag=tc.topic_sys_flag)
             per_broker = self.topic_queue_table.setdefault(topic, {})
             if per_broker.get(broker_name) != qd:
                 if broker_name in per_broker:

@@ -73,7 +73,7 @@ def _bad_enum(enum_type, value):
     raise RequestError(ResponseCode.SYSTEM_ERROR, f"bad {enum_type.__name__}: {value!r}")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SubscriptionData:
     topic: str
     sub_string: str
@@ -105,10 +105,11 @@ def _parse_subscription_data(d: dict) -> SubscriptionData:
         version = int(d.get("subVersion") or 0)
     except (TypeError, ValueError):
         raise RequestError(ResponseCode.SYSTEM_ERROR, "heartbeat subscription with bad codeSet/subVersion") from None
-    return SubscriptionData(d["topic"], sub, tags, codes, version, str(d.get("expressionType") or "TAG"))
+    return SubscriptionData(topic=d["topic"], sub_string=sub, tags=tags, codes=codes, sub_version=version,
+                            expression_type=str(d.get("expressionType") or "TAG"))
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class ClientChannel:
     client_id: str
     conn: ClientConnection
@@ -210,7 +211,8 @@ class ClientManager:
             info.consume_type, info.message_model, info.consume_from_where = ctype, model, cfw
             old = info.channels.get(client_id)
             joined = old is None or not self._alive(old, now)
-            info.channels[client_id] = ClientChannel(client_id, conn, request.language, request.version, now)
+            info.channels[client_id] = ClientChannel(client_id=client_id, conn=conn, language=request.language,
+                                                     version=request.version, last_update_ms=now)
             # updateSubscription: the heartbeat's set replaces the group's.
             # (A Java broker keeps the newer subVersion per topic.)
             fresh = {}
@@ -224,7 +226,7 @@ class ClientManager:
                 self._notify(group, exclude=client_id)
         for group in producer_groups:
             self.producers.setdefault(group, {})[conn] = ClientChannel(
-                client_id, conn, request.language, request.version, now)
+                client_id=client_id, conn=conn, language=request.language, version=request.version, last_update_ms=now)
 
     def unregister(self, conn: ClientConnection, client_id: str, *, producer_group: str | None = None,
                    consumer_group: str | None = None) -> None:

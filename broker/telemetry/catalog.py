@@ -35,7 +35,7 @@ RMQ5 = ("cluster", "node_type", "node_id", "broker")
 RUNTIME = ("cluster", "brokerIP", "brokerHost", "des", "boottime", "broker_version", "broker")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Spec:
     name: str  # as exposed (counters end in _total)
     kind: str
@@ -51,7 +51,7 @@ class Spec:
 
 
 def _s(name, kind, labels, origin, scope, doc) -> Spec:
-    return Spec(name, kind, tuple(labels), origin, scope, doc)
+    return Spec(name=name, kind=kind, labels=tuple(labels), origin=origin, scope=scope, doc=doc)
 
 
 _RUNTIME_GAUGES = (

@@ -152,7 +152,9 @@ def test_response_codes_become_typed_errors():
 
 def test_route_queue_lists():
     data = TopicRouteData(
-        (QueueData("b2", 2, 2, 6), QueueData("b1", 3, 3, 6), QueueData("b3", 2, 2, 4)),
+        (QueueData(broker_name="b2", read_queue_nums=2, write_queue_nums=2, perm=6),
+         QueueData(broker_name="b1", read_queue_nums=3, write_queue_nums=3, perm=6),
+         QueueData(broker_name="b3", read_queue_nums=2, write_queue_nums=2, perm=4)),
         (BrokerData("c", "b1", {0: "m1:1", 1: "s1:1"}), BrokerData("c", "b2", {2: "s2:1"}),
          BrokerData("c", "b3", {0: "m3:1"})))
     route = TopicRoute.build("T", data, 1)

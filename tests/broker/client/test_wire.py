@@ -236,7 +236,9 @@ def test_send_result_is_the_frozen_class_built_cheaply():
     from broker.client.model import SendResult, SendStatus, send_result
     q = MessageQueue("T", "b", 1)
     fast = send_result(SendStatus.SEND_OK, "U", "O", q, 5, None)
-    assert fast == SendResult(SendStatus.SEND_OK, "U", "O", q, 5) and type(fast) is SendResult
-    assert hash(fast) == hash(SendResult(SendStatus.SEND_OK, "U", "O", q, 5, None))
+    assert fast == SendResult(status=SendStatus.SEND_OK, msg_id="U", offset_msg_id="O", queue=q,
+                              queue_offset=5) and type(fast) is SendResult
+    assert hash(fast) == hash(SendResult(status=SendStatus.SEND_OK, msg_id="U", offset_msg_id="O", queue=q,
+                                         queue_offset=5, region_id=None))
     with pytest.raises(AttributeError):
         fast.queue_offset = 6
