@@ -186,7 +186,7 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
     )
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Broker:
     """What serve_broker hands to its starter."""
 
@@ -465,8 +465,10 @@ async def serve_broker(cfg: BrokerConfig, *, bind_host: str | None = None, seed:
         processors = wire_processors(config, bs, clients, stats, acl)
         # Handed-on writes keep the producer's own signature: a client without the broker's rpc hook.
         processors.forwarder.client = RemotingClient(nursery, tls=cfg.client_tls)
-        broker = Broker(config, bs, dispatcher, server, remoting, clients, processors,
-                        NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard, acl)
+        broker = Broker(config=config, store=bs, dispatcher=dispatcher, server=server, remoting=remoting,
+                        clients=clients, processors=processors,
+                        namesrv=NamesrvClient(remoting, cfg.namesrv_addr) if cfg.namesrv_addr else None, guard=guard,
+                        acl=acl)
         processors.send.topics_announced = broker.topics_announced
         processors.register(dispatcher)
         forget.append(processors.pull.forget)
