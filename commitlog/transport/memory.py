@@ -151,8 +151,8 @@ class MemoryNetwork:
             raise TransportError(f"node {self_id!r} is already running on this network")
         self._incarnations[self_id] += 1
         async with trio.open_nursery() as nursery:
-            transport = MemoryTransport(self, self_id, group, peer_ids, nursery,
-                                        self._incarnations[self_id])
+            transport = MemoryTransport(network=self, self_id=self_id, group=group, peer_ids=peer_ids,
+                                        nursery=nursery, incarnation=self._incarnations[self_id])
             self._nodes[self_id] = transport
             self._notify()
             for link in transport._links.values():
@@ -169,7 +169,7 @@ class MemoryNetwork:
 class MemoryTransport:
     """One node's endpoint on a MemoryNetwork; see base.Transport."""
 
-    def __init__(self, network: MemoryNetwork, self_id: str, group: str,
+    def __init__(self, *, network: MemoryNetwork, self_id: str, group: str,
                  peer_ids: Iterable[str], nursery: trio.Nursery, incarnation: int) -> None:
         self.network = network
         self.self_id = self_id

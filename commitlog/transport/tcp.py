@@ -99,7 +99,7 @@ class PeerTransport:
     """The TCP transport of one node.  Create it with open_peer_transport()
     or serve_peer_transport(); see base.Transport for the API contract."""
 
-    def __init__(self, cfg: TransportConfig, self_id: str, group: str,
+    def __init__(self, *, cfg: TransportConfig, self_id: str, group: str,
                  peers: Mapping[str, tuple[str, int]], rng: random.Random,
                  identity: Mapping[str, str] | None = None, auth: PeerAuth | None = None) -> None:
         self.cfg = cfg
@@ -514,7 +514,8 @@ async def serve_peer_transport(cfg: TransportConfig, self_id: str,
             raise UnknownPeerError(self_id, tuple(peers))
         host, port = peers[self_id]
         listeners = await trio.open_tcp_listeners(port, host=host)
-    transport = PeerTransport(cfg, self_id, group, peers, rng or random.Random(), identity, auth)
+    transport = PeerTransport(cfg=cfg, self_id=self_id, group=group, peers=peers, rng=rng or random.Random(),
+                              identity=identity, auth=auth)
     transport.listen_addresses = [tuple(l.socket.getsockname()[:2]) for l in listeners]
     try:
         async with trio.open_nursery() as nursery:
