@@ -4,6 +4,7 @@
 from collections.abc import Callable, Sequence
 
 import attrs
+import trio
 
 
 @attrs.define(eq=False)
@@ -22,7 +23,7 @@ class AppendRequest:
 
     bodies: Sequence[bytes]
     deadline: float  # trio time after which the caller gets QuorumTimeoutError
-    task: object = None  # the waiter's trio.lowlevel.Task while parked
+    task: trio.lowlevel.Task | None = None  # the waiter's, while parked
     on_done: Callable[["AppendRequest"], None] | None = None
     done: bool = False
     term: int = -1
@@ -31,7 +32,7 @@ class AppendRequest:
     # where they start in it (no per-request copy until the caller asks);
     # the store hooks' per-entry stamps of that write (queue offsets), if any.
     placed: list | None = None
-    stamps: object = None
+    stamps: Sequence[int] | None = None
     offset: int = 0
     error: BaseException | None = None
 

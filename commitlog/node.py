@@ -38,7 +38,7 @@ from commitlog.replica import ReplicaNode
 from commitlog.retention import retention_pass, serve_retention
 from commitlog.stallwatch import instruments_from_env
 from commitlog.store import SegmentedStore, StoreConfig
-from commitlog.transport.tcp import serve_peer_transport
+from commitlog.transport.tcp import PeerTransport, serve_peer_transport
 
 log = logging.getLogger("ledgermq.node")
 
@@ -115,7 +115,7 @@ class RunningNode:
 
     replica: ReplicaNode
     store: SegmentedStore
-    transport: object
+    transport: PeerTransport
     admin_port: int | None
 
 
@@ -158,7 +158,7 @@ class _AdminView:
 
     replica: ReplicaNode
     store: SegmentedStore
-    transport: object
+    transport: PeerTransport
 
     def status(self) -> dict:
         st = self.replica.status()

@@ -17,7 +17,7 @@ from commitlog.entry import HEADER, INDEX_UNIT, MAGIC_NORMAL, EntryHeader
 from commitlog.entry import INDEX_UNIT_SIZE as UNIT
 from commitlog.errors import CommitLogError, NotAStoreError
 from commitlog.metafiles import read_base, read_checkpoint
-from commitlog.segments import SegmentList, infer_segment_size, list_segment_files, tail_is_zero
+from commitlog.segments import Segment, SegmentList, infer_segment_size, list_segment_files, tail_is_zero
 from native.entries import (
     F_CHECK_CRC,
     F_SEGMENT,
@@ -104,7 +104,7 @@ def resolve_store_dir(root: str, self_id: str | None = None) -> str:
 class _Chunk:
     """Up to CHUNK consecutive entries of one segment that verified."""
 
-    seg: object
+    seg: Segment
     first_index: int
     count: int
     units: memoryview  # count index units, as the data says they must be

@@ -22,6 +22,7 @@ import attrs
 from commitlog.entry import MAGIC_NORMAL
 from consumequeue.record import POS_PHYSICALOFFSET, POS_QUEUEOFFSET
 from native.dispatch import MODE_DLEDGER, REC, REC_BAD, REC_NO_CQ, STOP_BLANK, STOP_END, STOP_FULL, default_backend
+from native.dispatch_layout import Backend
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ _I64 = struct.Struct(">q")
 class QueueOffsetTable:
     _next: dict[tuple[str, int], int] = attrs.field(factory=dict)
     assigned: int = 0  # offsets handed out since the last rebuild
-    _backend: object = attrs.field(factory=default_backend)
+    _backend: Backend = attrs.field(factory=default_backend)
     _names: dict[bytes, str] = attrs.field(factory=dict)  # topic bytes -> str, for the hook
     _recs: object = None  # the hook's scan records, grown to the largest append
     _recs_cap: int = 0

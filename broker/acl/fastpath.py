@@ -58,11 +58,11 @@ class ScanChecks:
     OK (admitted), GENERAL (ask the general path) or a refusal, whose
     AclDenied refusal(i) makes.  `principals`: the accessKeys admitted."""
 
-    scan: object
+    scan: sendpath.SendScan
     rules: AclRules
     lo: int
-    verdict: object  # array('i') over the whole scan
-    checked: object = None  # native ScanVerdicts (None: a globally whitelisted address)
+    verdict: array  # array('i') over the whole scan
+    checked: native_acl.ScanVerdicts | None = None  # (None: a globally whitelisted address)
     reasons: dict = attrs.Factory(dict)  # pair -> AclDenied (DENIED)
     principals: frozenset = frozenset()
 

@@ -48,6 +48,7 @@ from native.dispatch import (
     STOP_NAMES,
     default_backend,
 )
+from native.dispatch_layout import Backend
 from native.hashing import java_hash_str
 
 log = logging.getLogger("ledgermq.metadata")
@@ -108,7 +109,7 @@ class MetadataApplier:
     log: AppliedLog
     committed: Watermark
     state: MetadataState = attrs.Factory(MetadataState)
-    backend: object = attrs.Factory(default_backend)
+    backend: Backend = attrs.Factory(default_backend)
     max_batch_entries: int = 4096
     max_batch_bytes: int = 4 << 20
     applied: Watermark = attrs.field(init=False)

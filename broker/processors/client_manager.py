@@ -32,7 +32,7 @@ import trio
 
 from broker.common.subscription import Subscription, parse_subscription
 from broker.common.values import ConsumeFromWhere, ConsumeType, MessageModel
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.connection import ClientConnection
 from broker.remoting.errors import RemotingError, RequestError
@@ -113,7 +113,7 @@ def _parse_subscription_data(d: dict) -> SubscriptionData:
 class ClientChannel:
     client_id: str
     conn: ClientConnection
-    language: object
+    language: LanguageCode
     version: int
     last_update_ms: int
 

@@ -24,6 +24,7 @@
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import attrs
 
@@ -42,8 +43,8 @@ class DiskGuard:
     max_used_ratio: float                  # diskMaxUsedSpaceRatio / 100
     reserve_bytes: int = DEFAULT_RESERVE
     interval: float = DEFAULT_INTERVAL
-    clock: object = time.monotonic
-    statvfs: object = os.statvfs   # injectable: tests script the file system
+    clock: Callable[[], float] = time.monotonic
+    statvfs: Callable[[str], os.statvfs_result] = os.statvfs   # injectable: tests script the file system
     _checked_at: float | None = None
     _full: DiskFullError | None = None
     _roomy_until: float | None = None  # check_reserve: room measured until then
