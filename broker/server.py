@@ -89,6 +89,7 @@ from broker.store.gate import RoleGate
 from broker.store.schedule import ScheduleService
 from broker.store.timer import TimerService
 from broker.store.transaction import TransactionService
+from broker.telemetry.exporter import MetricsServer
 from broker.telemetry.stats import StatsBook
 from commitlog.replica import ReplicaNode
 from commitlog.watermark import Watermark
@@ -208,7 +209,7 @@ class Broker:
     _registered_topics: Watermark = attrs.Factory(Watermark)  # topics data version of the last round sent
     registered: "trio.Event" = attrs.Factory(trio.Event)  # set after the first round
     metrics: BrokerMetrics | None = None
-    metrics_server: object = None  # MetricsServer while metricsExporterType=PROM
+    metrics_server: MetricsServer | None = None  # while metricsExporterType=PROM
 
     # --- what callers read ---------------------------------------------------------
 
