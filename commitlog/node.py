@@ -101,7 +101,8 @@ def replica_on_store(store: SegmentedStore, transport, self_id: str, peer_ids, r
     def persist_membership(history) -> None:
         write_members(store.store_dir, history)
 
-    node = ReplicaNode(core, store, transport, persist_hard_state, peer_addresses=addresses,
+    node = ReplicaNode(core=core, log=store, transport=transport, persist_hard_state=persist_hard_state,
+                       peer_addresses=addresses,
                        tick_seconds=tick_seconds, max_pending=max_pending,
                        max_wait_ack_ms=max_wait_ack_ms, persist_membership=persist_membership)
     if membership.latest_index >= 0:
@@ -109,7 +110,7 @@ def replica_on_store(store: SegmentedStore, transport, self_id: str, peer_ids, r
     return node
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class RunningNode:
     """What serve_node hands to its starter."""
 
@@ -146,7 +147,7 @@ async def serve_node(cfg: ReplicationConfig, *, admin_host: str = "127.0.0.1", a
             bound = None
             if port is not None:
                 bound = await nursery.start(serve_admin, _AdminView(replica, store, transport), admin_host, port)
-            task_status.started(RunningNode(replica, store, transport, bound))
+            task_status.started(RunningNode(replica=replica, store=store, transport=transport, admin_port=bound))
             await trio.sleep(math.inf)
     finally:
         store.close()

@@ -109,7 +109,7 @@ class ReplicaTransport(Protocol):
     def set_peers(self, peers: Mapping[str, tuple[str, int] | None]) -> None: ...
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class ReplicaNode(FaultRecovery, AppendResults):
     """Drives one RaftCore.  Construct, then `await nursery.start(node.run)`."""
 

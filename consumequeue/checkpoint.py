@@ -76,7 +76,7 @@ class StoreCheckpoint:
             os.close(fd)
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class DispatchState:
     phy: int  # next commitlog position to dispatch
     index: int  # last dispatched entry index, -1 before the first
@@ -102,9 +102,9 @@ class DispatchState:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         if zlib.crc32(text.encode()) != outer["crc"]:
             raise ValueError("dispatch state CRC mismatch")
-        return cls(int(body["phy"]), int(body["index"]),
-                   {(t, int(q)): (int(m), int(f)) for t, q, m, f in body["queues"]},
-                   [(n, int(c)) for n, c in body["indexFiles"]])
+        return cls(phy=int(body["phy"]), index=int(body["index"]),
+                   queues={(t, int(q)): (int(m), int(f)) for t, q, m, f in body["queues"]},
+                   index_files=[(n, int(c)) for n, c in body["indexFiles"]])
 
     @classmethod
     def load(cls, root: str) -> "DispatchState | None":

@@ -88,7 +88,7 @@ class PullResult:
         return len(self.phy_offsets)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class QueryMessageResult:
     records: bytes
     phy_offsets: list[int]
@@ -357,5 +357,6 @@ def query_by_key(target, topic: str, key: str, max_num: int = MAX_QUERY_NUM, beg
             phys.append(phy)
     finally:
         window.close()
-    return QueryMessageResult(b"".join(records), phys, res.index_last_update_timestamp,
-                              res.index_last_update_phy_offset)
+    return QueryMessageResult(records=b"".join(records), phy_offsets=phys,
+                              index_last_update_timestamp=res.index_last_update_timestamp,
+                              index_last_update_phy_offset=res.index_last_update_phy_offset)

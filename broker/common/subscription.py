@@ -42,7 +42,7 @@ class SubscriptionError(ValueError):
         self.code, self.remark = code, remark
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Subscription:
     """FilterAPI.buildSubscriptionData: `*` (every tag) or a set of tags;
     or a SQL92 expression (`sql`, every consume queue unit passes and the
@@ -72,7 +72,7 @@ def parse_subscription(expression: str | None, sub_version: int = 0,
     Raises SubscriptionError (NO_PERMISSION) for other expression types."""
     etype = (expression_type or TAG).strip().upper() or TAG
     if etype == SQL92:
-        return Subscription(expression or "", sub_version=sub_version, expression_type=SQL92,
+        return Subscription(sub_string=expression or "", sub_version=sub_version, expression_type=SQL92,
                             sql=_compiled(expression or ""))
     if etype != TAG:
         raise SubscriptionError(ResponseCode.NO_PERMISSION,
@@ -83,11 +83,12 @@ def parse_subscription(expression: str | None, sub_version: int = 0,
                                 f"parse the consumer's subscription[{text[:200]}...] failed: a tag expression of "
                                 f"{len(text)} characters exceeds {MAX_TAG_EXPRESSION_LENGTH}")
     if not text or text == SUB_ALL:
-        return Subscription(SUB_ALL, sub_version=sub_version)
+        return Subscription(sub_string=SUB_ALL, sub_version=sub_version)
     # Java keeps every non-empty trimmed tag; `*` is special only as the
     # whole expression, and an expression of separators alone matches nothing.
     tags = [t for t in (t.strip() for t in text.split("||")) if t]
-    return Subscription(text, frozenset(tags), frozenset(java_hash_str(t) for t in tags), sub_version)
+    return Subscription(sub_string=text, tags=frozenset(tags), codes=frozenset(java_hash_str(t) for t in tags),
+                        sub_version=sub_version)
 
 
 _CACHE_ENTRIES = 1024

@@ -358,7 +358,7 @@ def _mqs(value) -> tuple:
     return tuple(out)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class QueueLockBatch:
     """LOCK_BATCH_MQ: `client_id` asks for `mqs` of `group`."""
 
@@ -382,7 +382,7 @@ class QueueLockBatch:
         live = obj.get("maxLiveMs", 60000)
         if isinstance(live, bool) or not isinstance(live, int) or live <= 0:
             raise InvalidMetadataError(f"bad maxLiveMs {live!r}")
-        return cls(obj.get("group"), obj.get("clientId"), obj.get("mqs"), live)
+        return cls(group=obj.get("group"), client_id=obj.get("clientId"), mqs=obj.get("mqs"), max_live_ms=live)
 
     def apply_to(self, state: MetadataState, index: int, ts: int) -> None:
         state.locks.try_lock(self.group, self.client_id, self.mqs, ts, self.max_live_ms)

@@ -267,7 +267,7 @@ class MetadataService:
         """LOCK_BATCH_MQ: append the request and return the (topic, queueId)
         of `mqs` that `client_id` holds once it is applied (the applier,
         on every replica alike, decides who gets a contested queue)."""
-        index = await self._append([QueueLockBatch(group, client_id, mqs, max_live_ms)])
+        index = await self._append([QueueLockBatch(group=group, client_id=client_id, mqs=mqs, max_live_ms=max_live_ms)])
         del index
         locks = self.state.locks
         return {(t, q) for t, q in mqs if (lk := locks.locks.get((group, t, q))) is not None

@@ -84,15 +84,16 @@ class NamesrvClient:
             if isinstance(resp, RemotingError):
                 out[addr] = resp
             else:
-                out[addr] = RegisterResult(not resp.remark, resp.ext_fields.get("masterAddr"),
-                                           resp.ext_fields.get("haServerAddr"), resp.remark)
+                out[addr] = RegisterResult(accepted=not resp.remark, master_addr=resp.ext_fields.get("masterAddr"),
+                                           ha_server_addr=resp.ext_fields.get("haServerAddr"), reason=resp.remark)
         return out
 
     async def unregister_broker(self, cluster_name: str, broker_addr: str, broker_name: str,
                                 broker_id: int) -> dict[str, RemotingCommand | RemotingError]:
         return await self._all(protocol.unregister_request(cluster_name, broker_addr, broker_name, broker_id))
 
-    async def delete_topic(self, topic: str, cluster_name: str | None = None) -> dict[str, RemotingCommand | RemotingError]:
+    async def delete_topic(self, topic: str,
+                           cluster_name: str | None = None) -> dict[str, RemotingCommand | RemotingError]:
         return await self._all(protocol.delete_topic_request(topic, cluster_name))
 
     # --- reads (first name server that answers) -------------------------------------

@@ -91,7 +91,7 @@ class QueueData:
                    perm=_get(obj, "perm", int, 0, "queueData"), topic_sys_flag=flag)
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class BrokerData:
     cluster: str
     broker_name: str
@@ -99,7 +99,8 @@ class BrokerData:
     enable_acting_master: bool = False
 
     def copy(self) -> "BrokerData":
-        return BrokerData(self.cluster, self.broker_name, dict(self.broker_addrs), self.enable_acting_master)
+        return BrokerData(cluster=self.cluster, broker_name=self.broker_name, broker_addrs=dict(self.broker_addrs),
+                          enable_acting_master=self.enable_acting_master)
 
     @property
     def master_addr(self) -> str | None:
@@ -119,8 +120,9 @@ class BrokerData:
             parsed = {int(k): str(v) for k, v in addrs.items()}
         except ValueError:
             raise RouteDataError(f"brokerAddrs has a key that is not a broker id: {list(addrs)}") from None
-        return cls(_get(obj, "cluster", str, "", "brokerData"), _get(obj, "brokerName", str, "", "brokerData"),
-                   parsed, _get(obj, "enableActingMaster", bool, False, "brokerData"))
+        return cls(cluster=_get(obj, "cluster", str, "", "brokerData"),
+                   broker_name=_get(obj, "brokerName", str, "", "brokerData"), broker_addrs=parsed,
+                   enable_acting_master=_get(obj, "enableActingMaster", bool, False, "brokerData"))
 
 
 @attrs.frozen
@@ -158,7 +160,7 @@ class BrokerRegistration:
     enable_acting_master: bool = False
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RegisterResult:
     accepted: bool
     master_addr: str | None = None
@@ -211,10 +213,11 @@ class RouteInfoManager:
                               f"stateVersion {live.data_version.state_version} > "
                               f"{reg.data_version.state_version}; registration of {reg.broker_addr} ignored")
                     log.warning("%s", reason)
-                    return RegisterResult(False, reason=reason)
+                    return RegisterResult(accepted=False, reason=reason)
         self.cluster_addr_table.setdefault(reg.cluster_name, set()).add(reg.broker_name)
         if bd is None:
-            bd = self.broker_addr_table[reg.broker_name] = BrokerData(reg.cluster_name, reg.broker_name)
+            bd = self.broker_addr_table[reg.broker_name] = BrokerData(cluster=reg.cluster_name,
+                                                                      broker_name=reg.broker_name)
         bd.enable_acting_master = reg.enable_acting_master
         for bid, addr in list(bd.broker_addrs.items()):
             if addr == reg.broker_addr and bid != reg.broker_id:
@@ -242,8 +245,8 @@ class RouteInfoManager:
         if reg.broker_id != MASTER_ID and (master := bd.master_addr) is not None:
             master_live = self.broker_live_table.get((bd.cluster, master))
             if master_live is not None:
-                return RegisterResult(True, master, master_live.ha_server_addr)
-        return RegisterResult(True)
+                return RegisterResult(accepted=True, master_addr=master, ha_server_addr=master_live.ha_server_addr)
+        return RegisterResult(accepted=True)
 
     def _apply_topics(self, broker_name: str, configs: Mapping[str, TopicConfig]) -> None:
         mask = ~PERM_WRITE if broker_name in self.write_wiped else -1

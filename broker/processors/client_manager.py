@@ -87,10 +87,11 @@ class SubscriptionData:
         if self.expression_type.strip().upper() not in ("", "TAG"):  # SQL92: compiled (cached) there
             return parse_subscription(self.sub_string, self.sub_version, self.expression_type)
         if self.sub_string.strip() in ("", "*"):
-            return Subscription("*", sub_version=self.sub_version)
+            return Subscription(sub_string="*", sub_version=self.sub_version)
         if self.codes:
-            return Subscription(self.sub_string, frozenset(self.tags), frozenset(self.codes), self.sub_version,
-                                self.expression_type)
+            return Subscription(sub_string=self.sub_string, tags=frozenset(self.tags), codes=frozenset(self.codes),
+                                sub_version=self.sub_version,
+                                expression_type=self.expression_type)
         return parse_subscription(self.sub_string, self.sub_version, self.expression_type)
 
 

@@ -81,7 +81,7 @@ class Session:
     started: float = attrs.field(factory=time.monotonic)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TxRecord:
     broker_name: str | None
     addr: str | None
@@ -450,7 +450,8 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         if o.transactional:
             tx_id = o.message_id
             _host, phy = parse_offset_msg_id(result.offset_msg_id)
-            self._remember(o.topic, tx_id, TxRecord(result.queue.broker_name, None, result.queue_offset, phy))
+            self._remember(o.topic, tx_id, TxRecord(broker_name=result.queue.broker_name, addr=None,
+                                                    queue_offset=result.queue_offset, commitlog_offset=phy))
         return S.SendResultEntry(status=ok(), message_id=o.message_id, transaction_id=tx_id,
                                  offset=result.queue_offset, recall_handle=recall)
 
@@ -515,7 +516,8 @@ class MessagingService(ConsumeRpcs, pb.service_grpc.MessagingServiceServicer):
         if not live or not tx_id:
             self.checks_dropped += 1
             return
-        self._remember(topic, tx_id, TxRecord(None, conn.remote_address, queue_offset, phy))
+        self._remember(topic, tx_id, TxRecord(broker_name=None, addr=conn.remote_address, queue_offset=queue_offset,
+                                              commitlog_offset=phy))
         session = live[next(self._rr) % len(live)]
         command = S.TelemetryCommand()
         command.recover_orphaned_transaction_command.transaction_id = tx_id

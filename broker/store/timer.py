@@ -192,7 +192,7 @@ def due_of(rec: M.MessageRecord) -> int:
 
 # --- recall handles ------------------------------------------------------------------
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RecallHandle:
     topic: str
     broker_name: str
@@ -215,7 +215,7 @@ class RecallHandle:
         items = raw.split(" ")
         if items[0] != "v1" or len(items) < 5:
             raise ValueError("recall handle is invalid")
-        return cls(items[1], items[2], items[3], items[4])
+        return cls(topic=items[1], broker_name=items[2], timestamp=items[3], message_id=items[4])
 
 
 class TimerKey(str):
@@ -230,8 +230,8 @@ def timer_key(uniq: str | None, rec: M.MessageRecord, broker_name: str) -> str |
     if uniq is None or rec.topic != TIMER_TOPIC:
         return uniq
     key = TimerKey(uniq)
-    key.recall_handle = RecallHandle(rec.properties.get(PROPERTY_REAL_TOPIC, ""), broker_name,
-                                     rec.properties.get(PROPERTY_TIMER_OUT_MS, ""), uniq).encode()
+    key.recall_handle = RecallHandle(topic=rec.properties.get(PROPERTY_REAL_TOPIC, ""), broker_name=broker_name,
+                                     timestamp=rec.properties.get(PROPERTY_TIMER_OUT_MS, ""), message_id=uniq).encode()
     return key
 
 

@@ -86,7 +86,7 @@ def backoff_delay(cfg: TransportConfig, attempt: int, rng: random.Random) -> flo
     return base * rng.uniform(0.5, 1.0)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PeerStats:
     """One peer's counters as seen from this node.  Bytes count payloads
     only (not the 8-byte frame headers).  `writes` is the number of
@@ -160,7 +160,8 @@ class Counters:
 
     def snapshot(self, peer_id: str, *, connected: bool, queued_messages: int = 0,
                  queued_bytes: int = 0) -> PeerStats:
-        return PeerStats(peer_id, connected, queued_messages, queued_bytes,
+        return PeerStats(peer_id=peer_id, connected=connected, queued_messages=queued_messages,
+                         queued_bytes=queued_bytes,
                          **attrs.asdict(self))
 
 

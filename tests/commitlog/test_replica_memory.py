@@ -40,7 +40,8 @@ async def run_member(m: Member, net: MemoryNetwork, seed: int, *, task_status=tr
             def persist(hs, m=m):
                 m.hard = hs
 
-            m.node = ReplicaNode(core, m.log, transport, persist, peer_addresses={i: f"addr-{i}" for i in IDS},
+            m.node = ReplicaNode(core=core, log=m.log, transport=transport, persist_hard_state=persist,
+                                 peer_addresses={i: f"addr-{i}" for i in IDS},
                                  max_pending=max_pending, max_wait_ack_ms=max_wait_ack_ms)
             async with trio.open_nursery() as nursery:
                 await nursery.start(m.node.run)

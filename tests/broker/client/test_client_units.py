@@ -155,8 +155,9 @@ def test_route_queue_lists():
         (QueueData(broker_name="b2", read_queue_nums=2, write_queue_nums=2, perm=6),
          QueueData(broker_name="b1", read_queue_nums=3, write_queue_nums=3, perm=6),
          QueueData(broker_name="b3", read_queue_nums=2, write_queue_nums=2, perm=4)),
-        (BrokerData("c", "b1", {0: "m1:1", 1: "s1:1"}), BrokerData("c", "b2", {2: "s2:1"}),
-         BrokerData("c", "b3", {0: "m3:1"})))
+        (BrokerData(cluster="c", broker_name="b1", broker_addrs={0: "m1:1", 1: "s1:1"}),
+         BrokerData(cluster="c", broker_name="b2", broker_addrs={2: "s2:1"}),
+         BrokerData(cluster="c", broker_name="b3", broker_addrs={0: "m3:1"})))
     route = TopicRoute.build("T", data, 1)
     # writable: b1 only (b2 has no master now, b3 is read-only); readable: all, sorted
     assert route.write_queues == tuple(qs(3, broker="b1"))

@@ -86,7 +86,7 @@ async def test_sql92_selector(cluster, anyio_backend):
                 await pc.pull(queues[0], 0, 32, MessageSelector.by_sql("a >> 5"))
             # what the broker answers a bad expression (sent raw, past the client's check)
             with pytest.raises(SubscriptionError) as info:
-                await pc.api.pull(queues[0], 0, Subscription("a >> 5", expression_type="SQL92"))
+                await pc.api.pull(queues[0], 0, Subscription(sub_string="a >> 5", expression_type="SQL92"))
             assert info.value.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
             # and what a Java consumer asks at start (CHECK_CLIENT_CONFIG), on the master
             for expression, code in (("a > 5", ResponseCode.SUCCESS),

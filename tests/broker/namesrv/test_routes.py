@@ -164,7 +164,7 @@ def test_route_json_parsing_tolerates_4x_names():
         "queueDatas": [{"brokerName": "b", "perm": 6, "readQueueNums": 4, "writeQueueNums": 4,
                         "topicSynFlag": 3}]})
     assert route.queue_datas[0].topic_sys_flag == 3
-    assert route.broker_datas[0] == BrokerData("c", "b", {0: A, 1: B})
+    assert route.broker_datas[0] == BrokerData(cluster="c", broker_name="b", broker_addrs={0: A, 1: B})
 
 
 def test_wipe_write_perm_drains_a_group_until_add_write_perm_even_across_failover():

@@ -85,7 +85,7 @@ def test_what_stays_as_it_is_and_what_is_refused():
 
 
 def test_recall_handle_round_trip_and_the_send_answer_key():
-    h = RecallHandle("T", "bk", str(NOW + 10), "U1")
+    h = RecallHandle(topic="T", broker_name="bk", timestamp=str(NOW + 10), message_id="U1")
     text = h.encode()
     assert RecallHandle.decode(text) == h and RecallHandle.decode(text.rstrip("=")) == h
     import base64
@@ -96,7 +96,9 @@ def test_recall_handle_round_trip_and_the_send_answer_key():
             RecallHandle.decode(bad)
     parked = to_timer(msg(TIMER_DELIVER_MS=str(NOW + 100)), NOW, cfg())
     key = timer_key("U1", parked, "bk")
-    assert key == "U1" and RecallHandle.decode(key.recall_handle) == RecallHandle("T", "bk", str(NOW + 100), "U1")
+    assert key == "U1" and RecallHandle.decode(key.recall_handle) == RecallHandle(topic="T", broker_name="bk",
+                                                                                  timestamp=str(NOW + 100),
+                                                                                  message_id="U1")
     assert not hasattr(timer_key("U1", msg(), "bk"), "recall_handle")
 
 

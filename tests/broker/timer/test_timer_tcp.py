@@ -134,9 +134,12 @@ async def test_recall_refusals_over_remoting(tmp_path):
         def recall(topic=TOPIC, handle=r.recall_handle, **extra):
             return RemotingCommand.create_request(RequestCode.RECALL_MESSAGE, {
                 "producerGroup": "timer_pg", "topic": topic, "recallHandle": handle, **extra})
-        other = RecallHandle(TOPIC, "elsewhere", h.timestamp, h.message_id).encode()
-        gone = RecallHandle(TOPIC, "timerb", str(now_ms() - 1), h.message_id).encode()
-        unknown = RecallHandle(TOPIC, "timerb", h.timestamp, "0A0000000000000000000000DEADBEEF").encode()
+        other = RecallHandle(topic=TOPIC, broker_name="elsewhere", timestamp=h.timestamp,
+                             message_id=h.message_id).encode()
+        gone = RecallHandle(topic=TOPIC, broker_name="timerb", timestamp=str(now_ms() - 1),
+                            message_id=h.message_id).encode()
+        unknown = RecallHandle(topic=TOPIC, broker_name="timerb", timestamp=h.timestamp,
+                               message_id="0A0000000000000000000000DEADBEEF").encode()
         await broker.metadata.update_topic(TopicConfig("OtherT", 1, 1, 6))
         cases = [
             (recall(handle="not base64 !"), ResponseCode.ILLEGAL_OPERATION, "recall handle is invalid"),
