@@ -414,8 +414,8 @@ class DispatchEngine:
                 dirs.append(self.index.dir)
             # created files / the index dir itself (children before parents)
             dirs = sorted(set(dirs) | set(self.index.take_dirty_dirs()), key=len, reverse=True)
-        state = ck.DispatchState(self.pos, self.last_index, self.cqs.queue_table(),
-                                 self.index.file_counts() if self.config.index_enabled else [])
+        state = ck.DispatchState(phy=self.pos, index=self.last_index, queues=self.cqs.queue_table(),
+                                 index_files=self.index.file_counts() if self.config.index_enabled else [])
         full = [f for f in self.index.files if f.is_full]
         ts = self.last_store_timestamp
         point = ck.StoreCheckpoint(physic_msg_timestamp=ts, logics_msg_timestamp=ts,
@@ -486,6 +486,12 @@ class Dispatcher:
         self.checkpointed = Watermark(engine.last_index)  # durable dispatch progress
         self._last_checkpoint = time.monotonic()
         self._checkpointed_pos = engine.pos
+        # Seconds to let commits gather after one arrives before dispatching
+        # them together (0: at once).  A follower's consume queues serve no
+        # one until it leads, so it dispatches in batches (FOLLOWER_LINGER,
+        # set by ConsumeQueueService) instead of paying a dispatch round for
+        # every commit while the leader waits for CPU on the same cores.
+        self.linger = 0.0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -499,6 +505,9 @@ class Dispatcher:
             except trio.TooSlowError:
                 await self.checkpoint()
                 continue
+            if self.linger > 0:
+                await trio.sleep(self.linger)
+                committed = self.committed.value
             await self.dispatch_through(committed)
 
     async def dispatch_through(self, index: int) -> None:

@@ -114,6 +114,12 @@ def dispatch_committed(store, engine: DispatchEngine, *, progress=None) -> int:
     return engine.dispatch_to(positions(store).committed_pos, progress=progress)
 
 
+# How long a follower lets commits gather before it dispatches them (see
+# Dispatcher.linger): its queues are read by no one until it leads, and
+# become_leader dispatches at once from then on.
+FOLLOWER_LINGER = 0.02
+
+
 @attrs.define
 class ConsumeQueueService:
     """Consume queues + index for one broker store: the dispatcher task, and
@@ -137,6 +143,7 @@ class ConsumeQueueService:
             return entry_end(self.store, index)
 
         self.dispatcher = Dispatcher(self.engine, self.committed, end_of)
+        self.dispatcher.linger = FOLLOWER_LINGER  # (every node starts as a follower)
 
     @classmethod
     def open(cls, store, committed: Watermark, *, root: str | None = None,
@@ -160,6 +167,7 @@ class ConsumeQueueService:
         if not self._hooked:
             self.store.add_append_hook(self.offsets.append_hook)
             self._hooked = True
+        self.dispatcher.linger = 0.0  # consumers wait on the leader's queues
 
     def on_retention(self) -> tuple[int, int]:
         """After the store deleted head segments: drop consume queue and
@@ -191,6 +199,7 @@ class ConsumeQueueService:
         if self._hooked:
             self.store.remove_append_hook(self.offsets.append_hook)
             self._hooked = False
+        self.dispatcher.linger = FOLLOWER_LINGER
 
     def close(self) -> None:
         self.become_follower()

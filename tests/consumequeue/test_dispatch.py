@@ -168,6 +168,48 @@ def test_queries_by_key_and_by_time(tmp_path):
     store.close()
 
 
+async def test_a_follower_dispatches_commits_together_and_a_leader_at_once(tmp_path, autojump_clock):
+    """A follower lets commits gather for FOLLOWER_LINGER and dispatches
+    them in one round (its queues serve no one until it leads); once it
+    leads, every commit is dispatched without waiting."""
+    store, _table = leader_store(tmp_path, 0)  # (its hook stamps the records, as the leader did)
+    wm = Watermark(store.committed_index)
+    svc = ConsumeQueueService.open(store, wm, config=SMALL)
+    rounds = []
+    real = svc.engine.dispatch_to
+
+    def counted(end_pos, **kw):
+        rounds.append(end_pos)
+        return real(end_pos, **kw)
+
+    svc.engine.dispatch_to = counted
+    async with trio.open_nursery() as nursery:
+        await nursery.start(svc.run)
+        t0 = trio.current_time()
+        for i in range(5):  # five commits, one after the other
+            store.append_leader(bodies(1, i), term=1)
+            store.set_committed(i)
+            wm.advance(i)
+            await trio.testing.wait_all_tasks_blocked()
+        await svc.dispatcher.dispatched.wait_for(4)
+        assert len(rounds) == 1 and trio.current_time() - t0 >= service.FOLLOWER_LINGER
+        assert sum(svc.engine.cqs.max_offset_table().values()) == 5
+        svc.become_leader()
+        for i in range(5, 8):
+            t1 = trio.current_time()
+            store.append_leader(bodies(1, i), term=1)
+            store.set_committed(i)
+            wm.advance(i)
+            await svc.dispatcher.dispatched.wait_for(i)
+            assert trio.current_time() == t1  # no linger
+        assert len(rounds) == 4
+        svc.become_follower()
+        assert svc.dispatcher.linger == service.FOLLOWER_LINGER
+        nursery.cancel_scope.cancel()
+    svc.close()
+    store.close()
+
+
 async def test_become_follower_stops_stamping_and_old_indexes_are_skipped(tmp_path):
     store = open_store(tmp_path)
     wm = Watermark(store.committed_index)

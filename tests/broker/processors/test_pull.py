@@ -11,6 +11,7 @@
 # per connection, per address and in all (past them SYSTEM_BUSY at once),
 # and a closed connection's parked pulls dropped with their watchers.
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -274,14 +275,14 @@ async def test_long_poll_timeout_and_short_polling(tmp_path, autojump_clock):
         p = pull_processor(leader)
         t0 = trio.current_time()
         resp = await p.process(pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND, suspend_ms=5000))
-        assert trio.current_time() - t0 == 5.0
+        assert trio.current_time() - t0 == pytest.approx(5.0)
         assert (resp.code, resp.remark) == (ResponseCode.PULL_NOT_FOUND, "OFFSET_OVERFLOW_ONE")
         assert hdr(resp)["nextBeginOffset"] == 4
         # long polling off: held shortPollingTimeMills (1 s)
         t0 = trio.current_time()
         resp = await pull_processor(leader, long_polling_enable=False).process(
             pull_req(4, flag=FLAG_SUBSCRIPTION | FLAG_SUSPEND))
-        assert trio.current_time() - t0 == 1.0 and resp.code == ResponseCode.PULL_NOT_FOUND
+        assert trio.current_time() - t0 == pytest.approx(1.0) and resp.code == ResponseCode.PULL_NOT_FOUND
         # without SUSPEND: answered at once
         t0 = trio.current_time()
         resp = await p.process(pull_req(4))
@@ -474,7 +475,7 @@ async def test_parked_pulls_are_answered_by_arrival_or_deadline(tmp_path, autoju
         # The other one at its deadline, with a fresh (empty) read.
         answers = await conn.wait_answers(2)
         assert answers[1][0] == 2 and answers[1][1].code == ResponseCode.PULL_NOT_FOUND
-        assert trio.current_time() - t0 == 3.0 and p.holds.table.expired == 1
+        assert trio.current_time() - t0 == pytest.approx(3.0) and p.holds.table.expired == 1
         assert p.held == 0 and not p.holds._watches
         nursery.cancel_scope.cancel()
 
@@ -491,10 +492,10 @@ async def test_suspension_is_capped_by_the_broker(tmp_path, autojump_clock):
             assert await p(conn, suspended(4, opaque=i, suspend_ms=ms)) is None
         answers = await conn.wait_answers(3)
         assert [a[0] for a in answers] == [2, 0, 1]  # 1.5 s, then both capped at 2 s
-        assert trio.current_time() - t0 == 2.0
+        assert trio.current_time() - t0 == pytest.approx(2.0)
         # process() (held in the caller's task) is capped too.
         resp = await p.process(suspended(4, suspend_ms=120000))
-        assert resp.code == ResponseCode.PULL_NOT_FOUND and trio.current_time() - t0 == 4.0
+        assert resp.code == ResponseCode.PULL_NOT_FOUND and trio.current_time() - t0 == pytest.approx(4.0)
         assert LiveConfig(leader.cfg).current.long_polling_suspend_max_ms == 30000  # the default
         nursery.cancel_scope.cancel()
 
