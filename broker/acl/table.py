@@ -366,6 +366,9 @@ RULES: dict[int, Rule] = {
     C.SEND_REPLY_MESSAGE_V2: not_served(),
     C.PUSH_REPLY_MESSAGE_TO_CLIENT: not_served(),
     C.ADD_WRITE_PERM_OF_BROKER: admin(F.BROKER_NAME, NS_ADMIN),
+    # every producer group's clients, their addresses and ids (RocketMQ 5 files it under
+    # CLUSTER GET); GetAllProducerInfoRequestHeader has no field
+    C.GET_ALL_PRODUCER_INFO: admin(),
     C.GET_TOPIC_CONFIG: not_served(),
     C.LITE_PULL_MESSAGE: not_served(),
     C.QUERY_ASSIGNMENT: not_served(),
