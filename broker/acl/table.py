@@ -71,7 +71,7 @@ CARRIER_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_T
                             "rmq_sys_wheel_timer"})
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Resource:
     kind: str  # "topic" or "group"
     name: str
@@ -98,7 +98,7 @@ Lookup = Callable[[int], StoredMessage | None]
 Resources = Callable[[RemotingCommand, Lookup | None], list[Resource]]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Rule:
     kind: Kind
     needs: str  # README text: what is required, or why a signature is enough
@@ -117,16 +117,16 @@ def topic(name: str | None, perm: int) -> list[Resource]:
     if not name:
         return []
     if name.startswith(RETRY_PREFIX):  # a retry topic is its group, and needs SUB on it
-        return [Resource("group", name[len(RETRY_PREFIX):], SUB)]
-    return [Resource("topic", name, perm, REFUSE if name in CARRIER_TOPICS else ACCOUNT)]
+        return [Resource(kind="group", name=name[len(RETRY_PREFIX):], perm=SUB)]
+    return [Resource(kind="topic", name=name, perm=perm, unnamed=REFUSE if name in CARRIER_TOPICS else ACCOUNT)]
 
 
 def group(name: str | None) -> list[Resource]:
-    return [Resource("group", name, SUB)] if name else []
+    return [Resource(kind="group", name=name, perm=SUB)] if name else []
 
 
 def producer_group(name: str | None) -> list[Resource]:
-    return [Resource("group", name, ANY, ALLOW)] if name else []
+    return [Resource(kind="group", name=name, perm=ANY, unnamed=ALLOW)] if name else []
 
 
 def _f(cmd: RemotingCommand, name: str) -> str | None:
@@ -218,7 +218,7 @@ def _stored(cmd: RemotingCommand, lookup: Lookup | None, field: str) -> tuple[St
 
 def _message_topics(msg: StoredMessage, perm: int, shown: str) -> list[Resource]:
     if not msg.topic:
-        return [Resource("topic", "", perm, shown=shown)]  # nobody holds a permission on ""
+        return [Resource(kind="topic", name="", perm=perm, shown=shown)]  # nobody holds a permission on ""
     names = [msg.topic] + ([msg.real_topic] if msg.real_topic and msg.real_topic != msg.topic else [])
     return [attrs.evolve(r, shown=shown) for name in names for r in topic(name, perm)]
 
@@ -253,19 +253,19 @@ ADMIN = "an admin account"
 
 
 def admin(fields=F.NONE, namesrv=None) -> Rule:
-    return Rule(Kind.ADMIN, ADMIN, None, fields, namesrv)
+    return Rule(kind=Kind.ADMIN, needs=ADMIN, resources=None, fields=fields, namesrv=namesrv)
 
 
 def needs(text: str, resources: Resources, fields) -> Rule:
-    return Rule(Kind.RESOURCES, text, resources, fields)
+    return Rule(kind=Kind.RESOURCES, needs=text, resources=resources, fields=fields)
 
 
 def signature(reason: str, fields=F.NONE, namesrv=None) -> Rule:
-    return Rule(Kind.SIGNATURE, reason, None, fields, namesrv)
+    return Rule(kind=Kind.SIGNATURE, needs=reason, resources=None, fields=fields, namesrv=namesrv)
 
 
 def not_served(namesrv=None, fields=None, why: str = "") -> Rule:
-    return Rule(Kind.SIGNATURE, NOT_SERVED + why, None, fields, namesrv)
+    return Rule(kind=Kind.SIGNATURE, needs=NOT_SERVED + why, resources=None, fields=fields, namesrv=namesrv)
 
 
 _SEND = "topic PUB (a `%RETRY%G` topic: group G SUB)"
