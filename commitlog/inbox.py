@@ -25,7 +25,7 @@ from commitlog.ratelog import LogBudget
 log = logging.getLogger("ledgermq.replica")
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class PeerInbox:
     """Admitted peer messages waiting for the driver, oldest first."""
 

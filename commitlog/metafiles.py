@@ -157,7 +157,7 @@ def write_checkpoint(directory: str, end_index: int, committed_index: int) -> No
 
 # --- ledgermq-base ---------------------------------------------------------
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class StoreBase:
     """The lower boundary of a log: its first entry is `index`, at data
     position `pos`; the entry before it (deleted, or only on the leader) had
@@ -174,8 +174,8 @@ def read_base(directory: str) -> StoreBase | None:
     props = read_properties(path)
     if props is None:
         return None
-    return StoreBase(_long(props, "beginIndex", 0, path), _long(props, "beginPos", 0, path),
-                     _long(props, "prevTerm", -1, path), _long(props, "prevChainCrc", 0, path))
+    return StoreBase(index=_long(props, "beginIndex", 0, path), pos=_long(props, "beginPos", 0, path),
+                     prev_term=_long(props, "prevTerm", -1, path), prev_chain_crc=_long(props, "prevChainCrc", 0, path))
 
 
 def write_base(directory: str, base: StoreBase) -> None:

@@ -171,7 +171,8 @@ class ReplicaNode(FaultRecovery, AppendResults):
         self.committed.advance(self.core.commit_index)
         self.soft_state = self.core.soft_state()
         self._durable_hard = HardState(self.core.term, self.core.voted_for)  # as loaded from disk
-        self.inbox = PeerInbox(lambda: self.core, self._peer_spoke, self.stats, self._log_budget)
+        self.inbox = PeerInbox(core=lambda: self.core, wake=self._peer_spoke, stats=self.stats,
+                               log_budget=self._log_budget)
 
     # ------------------------------------------------------------------
     # public API

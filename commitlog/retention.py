@@ -106,7 +106,8 @@ def delete_expired(store, now_ms: int, disk_used_ratio_now: float | None = None)
         return []
     new_head = segs[len(doomed)]
     begin = _first_index(new_head)
-    store._set_boundary(StoreBase(begin, new_head.start, store.term_at(begin - 1), store.chain_crc_at(begin - 1)))
+    store._set_boundary(StoreBase(index=begin, pos=new_head.start, prev_term=store.term_at(begin - 1),
+                                  prev_chain_crc=store.chain_crc_at(begin - 1)))
     deleted = [data.remove(seg, sync=False) for seg in doomed]
     fsync_dir(data.directory)
     for seg in list(store.index.segments):

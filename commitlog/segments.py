@@ -99,7 +99,7 @@ def tail_is_zero(fd: int, view, offset: int) -> bool:
     return first_nonzero(view[data:]) < 0
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Segment:
     """One segment file covering [start, start + size) of its address space."""
 
@@ -227,7 +227,7 @@ class SegmentList:
     def load(cls, directory: str, seg_size: int, *, readonly: bool = False) -> "SegmentList":
         sl = cls(directory, seg_size, readonly)
         for start, path, _ in list_segment_files(directory):
-            sl.segments.append(Segment(path, start, seg_size, readonly, owner=sl))
+            sl.segments.append(Segment(path=path, start=start, size=seg_size, readonly=readonly, owner=sl))
         return sl
 
     def _touch(self, seg: Segment) -> None:
@@ -286,7 +286,7 @@ class SegmentList:
         finally:
             os.close(fd)
         fsync_dir(self.directory)
-        seg = Segment(path, start, self.seg_size, owner=self)
+        seg = Segment(path=path, start=start, size=self.seg_size, owner=self)
         self.segments.append(seg)
         self.segments.sort(key=lambda s: s.start)
         return seg

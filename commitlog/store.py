@@ -536,7 +536,7 @@ class SegmentedStore(StoreReads, StoreDurability):
             new_pos = self._unit(index)[1]
             term, chain = self._boundary(index - 1) or (-1, 0)  # unknown only below a stock log
             crc_mode = chain != 0
-            self._base = metafiles.StoreBase(index, new_pos, term, chain)
+            self._base = metafiles.StoreBase(index=index, pos=new_pos, prev_term=term, prev_chain_crc=chain)
             metafiles.write_base(self.store_dir, self._base)
         self.flush()  # whatever was written before becomes durable first
         for sl, off in ((self.data, new_pos), (self.index, index * UNIT)):
@@ -572,7 +572,8 @@ class SegmentedStore(StoreReads, StoreDurability):
         self._last_batch = self._fresh = None
         self.data.remove_all()
         self.index.remove_all()
-        self._base = metafiles.StoreBase(begin_index, begin_pos, prev_term, prev_chain_crc & 0xFFFFFFFF)
+        self._base = metafiles.StoreBase(index=begin_index, pos=begin_pos, prev_term=prev_term,
+                                         prev_chain_crc=prev_chain_crc & 0xFFFFFFFF)
         metafiles.write_base(self.store_dir, self._base)
         self._begin, self._end, self._end_term, self._end_pos = begin_index, begin_index - 1, prev_term, begin_pos
         self._end_chain, self._crc_mode = prev_chain_crc & 0xFFFFFFFF, prev_chain_crc != 0

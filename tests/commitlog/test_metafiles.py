@@ -55,8 +55,8 @@ def test_garbage_values_are_reported_with_the_file(tmp_path):
 
 def test_base_record(tmp_path):
     assert M.read_base(str(tmp_path)) is None
-    M.write_base(str(tmp_path), M.StoreBase(100, 5000, 3, 0xFFFFFFFF))
-    assert M.read_base(str(tmp_path)) == M.StoreBase(100, 5000, 3, 0xFFFFFFFF)
+    M.write_base(str(tmp_path), M.StoreBase(index=100, pos=5000, prev_term=3, prev_chain_crc=0xFFFFFFFF))
+    assert M.read_base(str(tmp_path)) == M.StoreBase(index=100, pos=5000, prev_term=3, prev_chain_crc=0xFFFFFFFF)
     M.remove_base(str(tmp_path))
     assert M.read_base(str(tmp_path)) is None
 

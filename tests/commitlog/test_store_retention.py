@@ -121,7 +121,8 @@ def test_recovery_finishes_an_interrupted_retention(tmp_path):
         s.set_committed(59)
         firsts = _segment_first_indexes(s)
         begin = firsts[3]
-        boundary = StoreBase(begin, s.pos_of(begin), s.term_at(begin - 1), s.chain_crc_at(begin - 1))
+        boundary = StoreBase(index=begin, pos=s.pos_of(begin), prev_term=s.term_at(begin - 1),
+                             prev_chain_crc=s.chain_crc_at(begin - 1))
     # Retention wrote the boundary, then the process died before deleting anything.
     write_base(os.path.join(tmp_path, "dledger-n0"), boundary)
     with SegmentedStore.open(cfg(tmp_path)) as s:
