@@ -13,6 +13,18 @@
 #                                     CONSUMER_NOT_ONLINE when nobody is in it
 #   GET_PRODUCER_CONNECTION_LIST 204  ProducerConnection JSON; SYSTEM_ERROR
 #                                     when the group has no producer here
+#   GET_ALL_PRODUCER_INFO 328         ProducerTableInfo JSON {"data": {group:
+#                                     [ProducerInfo{clientId, remoteIP,
+#                                     language, version,
+#                                     lastUpdateTimestamp}]}}, every live
+#                                     producer connection (remoteIP as Java's
+#                                     InetSocketAddress prints: "/ip:port");
+#                                     groups and clients sorted by name; at
+#                                     most MAX_PRODUCERS_LISTED clients and
+#                                     MAX_PRODUCER_TABLE_BYTES, the rest left
+#                                     out and said so in the remark
+#                                     (ext fields groupTotal, producerTotal
+#                                     always give the whole count)
 #   INVOKE_BROKER_TO_RESET_OFFSET 222 per write queue: the first offset stored
 #                                     at or after `timestamp` (-1: the max
 #                                     offset), taken when isForce or when it
@@ -62,6 +74,11 @@ log = logging.getLogger("ledgermq.admin.clients")
 HOT_KEYS = ("brokerPermission", "maxPendingRequestsNum", "maxWaitAckTimeMs")
 NOTIFY_TIMEOUT_S = 3.0
 CALL_CLIENT_TIMEOUT_S = 5.0  # RocketMQ's callClient waits 5 s too
+# GET_ALL_PRODUCER_INFO's bounds: clients listed, and the body's bytes (a
+# reader such as broker.remoting.header.decode_json takes 1 MiB at most; a
+# client id is whatever the heartbeat said).
+MAX_PRODUCERS_LISTED = 5_000
+MAX_PRODUCER_TABLE_BYTES = 900 << 10
 
 
 def _text(value) -> str:
@@ -119,11 +136,50 @@ def properties_text(props: dict[str, str]) -> str:
     return "".join(f"{k}={_escape(v)}\n" for k, v in props.items())
 
 
+def _language(ch) -> str:
+    return str(ch.language.name if isinstance(ch.language, enum.Enum) else ch.language)
+
+
 def _connection(ch) -> dict:
     addr = ch.conn.remote_address
-    language = ch.language.name if isinstance(ch.language, enum.Enum) else ch.language
     return {"clientId": ch.client_id, "clientAddr": "" if addr is None else str(addr),
-            "language": str(language), "version": ch.version}
+            "language": _language(ch), "version": ch.version}
+
+
+def _producer_info(ch) -> dict:
+    """ProducerInfo as fastjson writes it (fields in name order)."""
+    addr = ch.conn.remote_address
+    return {"clientId": ch.client_id, "language": _language(ch), "lastUpdateTimestamp": ch.last_update_ms,
+            "remoteIP": "" if addr is None else f"/{addr}", "version": ch.version}
+
+
+def producer_table(clients: ClientManager, limit: int = MAX_PRODUCERS_LISTED,
+                   max_bytes: int = MAX_PRODUCER_TABLE_BYTES) -> tuple[dict, int, int, int]:
+    """(ProducerTableInfo's data, clients listed, clients in all, groups
+    in all): every group with a live connection, by name, each group's
+    clients by client id; listing stops at `limit` clients or once the
+    body would pass `max_bytes`."""
+    data: dict[str, list[dict]] = {}
+    listed = total = groups = 0
+    size, full = len('{"data":{}}'), False
+    for group in sorted(clients.producers):
+        chans = sorted(clients.producer_channels(group), key=lambda ch: (ch.client_id, str(ch.conn.remote_address)))
+        if not chans:
+            continue
+        groups += 1
+        total += len(chans)
+        for ch in chans:
+            if full:
+                break
+            info = _producer_info(ch)
+            grow = len(encode_json(info)) + 1 + (0 if group in data else len(encode_json(group)) + 4)
+            if listed >= limit or size + grow > max_bytes:
+                full = True
+                break
+            data.setdefault(group, []).append(info)
+            size += grow
+            listed += 1
+    return data, listed, total, groups
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -138,7 +194,7 @@ class ClientsAdminProcessor(RequestProcessor):
     CODES = (RequestCode.GET_BROKER_CONFIG, RequestCode.UPDATE_BROKER_CONFIG,
              RequestCode.GET_CONSUMER_CONNECTION_LIST, RequestCode.GET_PRODUCER_CONNECTION_LIST,
              RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,
-             RequestCode.GET_CONSUMER_RUNNING_INFO)
+             RequestCode.GET_CONSUMER_RUNNING_INFO, RequestCode.GET_ALL_PRODUCER_INFO)
     not_leader_remark = "offsets are written on the DLedger leader (master)"
 
     def handlers(self) -> dict:
@@ -147,6 +203,7 @@ class ClientsAdminProcessor(RequestProcessor):
             RequestCode.UPDATE_BROKER_CONFIG: self.update_broker_config,
             RequestCode.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
             RequestCode.GET_PRODUCER_CONNECTION_LIST: self.producer_connections,
+            RequestCode.GET_ALL_PRODUCER_INFO: self.all_producer_info,
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: self.reset_offset,
             RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: self.consume_by_who,
             RequestCode.GET_CONSUMER_RUNNING_INFO: self.consumer_running_info,
@@ -223,6 +280,15 @@ class ClientsAdminProcessor(RequestProcessor):
             return request.make_response(ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
         body = {"connectionSet": [_connection(ch) for ch in chans]}
         return request.make_response(ResponseCode.SUCCESS, None, None, encode_json(body))
+
+    async def all_producer_info(self, request: RemotingCommand) -> RemotingCommand:
+        data, listed, total, groups = producer_table(self.clients)
+        remark = None
+        if listed < total:
+            remark = (f"{listed} of {total} producers listed ({len(data)} of {groups} groups): "
+                      f"an answer lists at most {MAX_PRODUCERS_LISTED} in {MAX_PRODUCER_TABLE_BYTES} bytes")
+        return request.make_response(ResponseCode.SUCCESS, remark, {"groupTotal": groups, "producerTotal": total},
+                                     encode_json({"data": data}))
 
     def groups_of_topic(self, topic: str) -> list[str]:
         online = {name for name, info in self.clients.consumers.items()

@@ -144,6 +144,7 @@ SAMPLES = {
     C.GET_TOPIC_STATS_INFO: ({"topic": "T"}, b"", ["topic:T (SUB)"]),
     C.GET_CONSUMER_CONNECTION_LIST: ({"consumerGroup": "G"}, b"", ["group:G (SUB)"]),
     C.GET_PRODUCER_CONNECTION_LIST: ({"producerGroup": "P"}, b"", "admin"),
+    C.GET_ALL_PRODUCER_INFO: ({}, b"", "admin"),
     C.DELETE_SUBSCRIPTIONGROUP: ({"groupName": "G", "removeOffset": True, "cleanOffset": True}, b"", "admin"),
     C.GET_CONSUME_STATS: ({"consumerGroup": "G", "topic": "T"}, b"", ["group:G (SUB)", "topic:T (SUB)"]),
     C.DELETE_TOPIC_IN_BROKER: ({"topic": "T"}, b"", "admin"),
