@@ -14,6 +14,7 @@
 #   POST /api/messages/resend   send messages again to their topic (or a DLQ's original)    [write]
 #   GET  /api/dlq               a group's %DLQ% messages; /api/dlq/export as JSON lines     [body]
 #   GET  /api/producers         a producer group's clients (version, language)
+#   GET  /api/producers/groups  every producer group of every master, with its clients
 #   GET  /api/routes            a topic's route
 #   GET  /api/brokers/config    a registered broker's effective config, secrets masked
 #   GET  /api/groups/config     a subscription group's config
@@ -330,6 +331,9 @@ def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient, auth: Auth | 
     async def producers(request: Request) -> Response:
         return json_response(await ops.producers(admin, _field(request.query_params, "group")))
 
+    async def producer_groups(request: Request) -> Response:
+        return json_response(await ops.producer_groups(admin))
+
     async def routes_(request: Request) -> Response:
         return json_response(await ops.topic_route(admin, _field(request.query_params, "topic")))
 
@@ -371,6 +375,7 @@ def create_app(admin: MQAdmin, hub: Hub, remoting: RemotingClient, auth: Auth | 
         Route("/api/dlq", dlq),
         Route("/api/dlq/export", dlq_export),
         Route("/api/producers", producers),
+        Route("/api/producers/groups", producer_groups),
         Route("/api/routes", routes_),
         Route("/api/brokers/config", broker_config),
         Route("/api/groups/config", group_config),

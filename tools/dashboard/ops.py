@@ -1,13 +1,14 @@
 # Owns what the console's daily pages do with the cluster, over MQAdmin
-# (and the client library's producer for resends): producer groups' clients
-# with their versions and languages, the dead-letter queue (browse, resend
+# (and the client library's producer for resends): every producer group of
+# every master and a named group's clients, with versions and languages, the dead-letter queue (browse, resend
 # to the original topic, export as JSON lines), messages by time range and
 # their resend, deleting topics and groups, creating a group and editing its
 # config, topic routes, and a broker's effective config with secrets masked.
 # Each returns JSON-ready values and raises AdminError (or BadInput for a
 # request that cannot be right); app.py translates both at its boundary.
 #
-# Bounds: a browse returns at most MAX_BROWSE messages, a resend takes at
+# Bounds: the producer list shows at most MAX_PRODUCER_ROWS clients (each
+# broker lists at most its own bound, and says when it cut), a resend takes at
 # most MAX_RESEND, an export at most MAX_EXPORT; a decompressed body is cut
 # at MAX_BODY; a broker config is only read from a registered broker (the
 # console never connects where a request tells it to).
@@ -27,6 +28,7 @@ from tools.mqadmin.adminapi import (
 )
 
 MAX_BROWSE = 500
+MAX_PRODUCER_ROWS = 5_000
 MAX_EXPORT = 2_000
 MAX_RESEND = 100
 MAX_BODY = 4 << 20
@@ -115,6 +117,39 @@ async def producers(admin: MQAdmin, group: str) -> dict:
     if not by_id and not errors:
         raise NotFoundError(f"producer group {group} has no producer connected to any master")
     return {"group": group, "connections": sorted(by_id.values(), key=lambda r: r["clientId"]), "errors": errors}
+
+
+async def producer_groups(admin: MQAdmin) -> dict:
+    """Every producer group connected to any master (GET_ALL_PRODUCER_INFO
+    of each), a client listed once per group with the masters it is
+    connected to; groups and clients in name order."""
+    masters = await admin.masters()
+    answers = await gather(sorted(masters.values()), admin.all_producer_info)
+    groups: dict[str, dict[str, dict]] = {}
+    errors, notes, rows = {}, {}, 0
+    for addr, ans in sorted(answers.items()):
+        if isinstance(ans, AdminError):
+            errors[addr] = str(ans)
+            continue
+        if ans.remark:
+            notes[addr] = ans.remark
+        for group, producers in ans.groups.items():
+            for p in producers:
+                cid = str(p.get("clientId", "?"))
+                row = groups.setdefault(str(group), {}).get(cid)
+                if row is None:
+                    if rows >= MAX_PRODUCER_ROWS:
+                        notes["console"] = f"the console shows at most {MAX_PRODUCER_ROWS} producer clients"
+                        continue
+                    rows += 1
+                    addr_text = str(p.get("remoteIP") or "")
+                    row = groups[str(group)][cid] = {
+                        **connection_row({**p, "clientAddr": addr_text[1:] if addr_text.startswith("/") else addr_text}),
+                        "lastUpdateTimestamp": p.get("lastUpdateTimestamp"), "brokers": []}
+                row["brokers"].append(addr)
+    return {"groups": [{"group": g, "connections": [clients[c] for c in sorted(clients)]}
+                       for g, clients in sorted(groups.items()) if clients],
+            "errors": errors, "notes": notes}
 
 
 # --- topics, routes, groups -------------------------------------------------------------------

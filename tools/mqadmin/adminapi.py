@@ -159,6 +159,26 @@ def message_json(r: M.MessageRecord, body: bytes | None = None) -> dict:
             "bodyHex": None if body_text is not None else body.hex()}
 
 
+def _int_or(value, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+@attrs.frozen(kw_only=True)
+class ProducerTable:
+    """One broker's GET_ALL_PRODUCER_INFO answer: group -> ProducerInfo
+    dicts (clientId, remoteIP, language, version, lastUpdateTimestamp);
+    the remark says when the broker listed only part of them."""
+
+    addr: str
+    groups: dict[str, list[dict]]
+    group_total: int
+    producer_total: int
+    remark: str | None = None
+
+
 @attrs.define
 class MQAdmin:
     remoting: RemotingClient
@@ -367,6 +387,21 @@ class MQAdmin:
         if resp.code != ResponseCode.SUCCESS:
             raise NotFoundError(resp.remark or f"producer group {group} not found")
         return json.loads(resp.body)
+
+    async def all_producer_info(self, addr: str) -> "ProducerTable":
+        """GET_ALL_PRODUCER_INFO: every producer group connected to one broker
+        (RocketMQ 5's ProducerTableInfo), as far as the broker lists them."""
+        resp = await self.call(addr, RequestCode.GET_ALL_PRODUCER_INFO)
+        try:
+            data = json.loads(resp.body or b"{}").get("data") or {}
+            groups = {str(g): [dict(p) for p in producers] for g, producers in data.items()}
+        except (ValueError, TypeError, AttributeError) as e:
+            raise AdminError(f"{addr}: an unreadable producer table: {e}") from None
+        fields = resp.ext_fields or {}
+        listed = sum(len(v) for v in groups.values())
+        return ProducerTable(addr=addr, groups=groups, remark=resp.remark,
+                             group_total=_int_or(fields.get("groupTotal"), len(groups)),
+                             producer_total=_int_or(fields.get("producerTotal"), listed))
 
     async def reset_offset(self, addr: str, topic: str, group: str, timestamp: int, force: bool) -> dict:
         resp = await self.call(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,

@@ -1,6 +1,6 @@
 # Owns mqadmin's consumer and producer commands: consumerProgress,
-# consumerConnection, producerConnection, resetOffsetByTime, updateSubGroup
-# and deleteSubGroup.  Consumer offsets and subscription groups are part of
+# consumerConnection, producerConnection, producer, resetOffsetByTime,
+# updateSubGroup and deleteSubGroup.  Consumer offsets and subscription groups are part of
 # each broker group's replicated metadata: they are read from and written to
 # the group's master; client connections are whatever clients heartbeat to.
 import click
@@ -184,6 +184,35 @@ async def producer_connection(admin: MQAdmin, out: Output, group, topic):
               [[i + 1, c["clientId"], c["clientAddr"], c["language"], c["version"]] for i, c in enumerate(rows)])
 
 
+@click.command("producer", epilog="""\b
+One line per producer client, as RocketMQ's `mqadmin producer` prints it:
+  producer group (GROUP) instance : clientId=...,remoteIP=/IP:PORT, language=JAVA, version=..., lastUpdateTimestamp=...
+Groups and clients in name order; a broker lists at most 5,000 clients (a
+note on stderr says when some were left out).  -n is not needed.
+Examples:
+  mqadmin producer -b 127.0.0.1:10911
+  mqadmin producer -b 127.0.0.1:10911 --json""")
+@click.option("-b", "--broker", "broker_addr", required=True, metavar="ADDR", help="broker address")
+@online(namesrv=False)
+async def producer(admin: MQAdmin, out: Output, broker_addr):
+    """Every producer group connected to a broker, with its clients'
+    addresses, languages and versions (GET_ALL_PRODUCER_INFO)."""
+    t = await admin.all_producer_info(broker_addr.strip())
+    if out.as_json:
+        out.json({"broker": t.addr, "data": t.groups, "groupTotal": t.group_total, "producerTotal": t.producer_total,
+                  "remark": t.remark})
+        return
+    for group, producers in t.groups.items():
+        if not producers:
+            out.line(f"producer group ({group}) instances are empty")
+        for p in producers:
+            out.line(f"producer group ({group}) instance : clientId={p.get('clientId')},remoteIP={p.get('remoteIP')}, "
+                     f"language={p.get('language')}, version={p.get('version')}, "
+                     f"lastUpdateTimestamp={p.get('lastUpdateTimestamp')}")
+    if t.remark:
+        out.note(f"mqadmin: {t.remark}")
+
+
 @click.command("resetOffsetByTime", epilog="""\b
 TIMESTAMP: ms since the epoch, yyyy-MM-dd#HH:mm:ss:SSS (local time), or now;
 -1 resets to the end of each queue.
@@ -276,7 +305,7 @@ async def delete_sub_group(admin: MQAdmin, out: Output, broker_addr, cluster, gr
 
 
 def register(group: click.Group) -> None:
-    for cmd in (consumer_progress, consumer_connection, producer_connection, reset_offset_by_time,
+    for cmd in (consumer_progress, consumer_connection, producer_connection, producer, reset_offset_by_time,
                 update_sub_group, delete_sub_group):
         group.add_command(cmd)
 

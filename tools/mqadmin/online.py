@@ -7,6 +7,9 @@
 #   @click.command("topicList")
 #   @online
 #   async def topic_list(admin: MQAdmin, out: Output): ...
+#
+# A command that talks to the broker it is given only (RocketMQ's
+# `producer -b ADDR`) is @online(namesrv=False): -n is then optional.
 import functools
 import sys
 import time
@@ -36,13 +39,16 @@ def _single_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-def online(fn):
+def online(fn=None, *, namesrv: bool = True):
     """Turn `async def fn(admin, out, **params) -> int | None` into a click
-    callback with -n/--namesrvAddr, --json and --timeout."""
+    callback with -n/--namesrvAddr, --json and --timeout (-n required
+    unless namesrv=False)."""
+    if fn is None:
+        return functools.partial(online, namesrv=namesrv)
 
     @functools.wraps(fn)
     def run(namesrv_addr, as_json, timeout, access_key, secret_key, tls, tls_trust, **params):
-        if not namesrv_addr:
+        if not namesrv_addr and namesrv:
             raise click.UsageError("no name server: give -n HOST:9876 or set NAMESRV_ADDR")
         out = Output(as_json)
         try:
@@ -58,7 +64,7 @@ def online(fn):
 
         async def main():
             async with open_remoting_client(rpc_hook=credentials, tls=client_tls) as rc:
-                return await fn(MQAdmin(rc, namesrv_addr, timeout=timeout), out, **params)
+                return await fn(MQAdmin(rc, namesrv_addr or "", timeout=timeout), out, **params)
 
         try:
             code = trio.run(main)

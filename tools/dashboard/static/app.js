@@ -33,6 +33,7 @@ function showTab() {
   const tab = (location.hash || "#cluster").slice(1);
   for (const s of document.querySelectorAll(".tab")) s.hidden = s.id !== "tab-" + tab;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.tab === tab);
+  if (tab === "producers") loadProducerGroups();
   if (snap) render();
 }
 window.addEventListener("hashchange", showTab);
@@ -279,6 +280,20 @@ function deleteGroup(group) {
 }
 
 // --- producers ------------------------------------------------------------------------------------
+async function loadProducerGroups() {
+  const r = await getJson("/api/producers/groups");
+  const errors = r.error ? [r.error] : Object.entries(r.errors).map(([a, e]) => a + ": " + e);
+  showError("prod-groups-error", errors.join("; "));
+  const note = document.getElementById("prod-groups-note");
+  note.textContent = r.error ? "" : Object.entries(r.notes).map(([a, n]) => a + ": " + n).join("; ");
+  note.hidden = !note.textContent;
+  const rows = r.error ? [] : r.groups.flatMap(g => g.connections.map(c => el("tr", {"data-group": g.group, "data-client": c.clientId},
+    el("td", {class: "group-name"}, g.group), el("td", {}, c.clientId), el("td", {}, c.clientAddr),
+    el("td", {class: "language"}, c.language), el("td", {class: "version"}, c.versionDesc), el("td", {}, c.brokers.join(", ")))));
+  if (!r.error && !rows.length) rows.push(el("tr", {}, el("td", {colspan: 6}, "no producer is connected to any master")));
+  document.querySelector("#prod-groups tbody").replaceChildren(...rows);
+}
+document.getElementById("prod-refresh").addEventListener("click", loadProducerGroups);
 document.getElementById("prod-form").addEventListener("submit", async ev => {
   ev.preventDefault();
   const r = await getJson("/api/producers?group=" + encodeURIComponent(document.getElementById("prod-group").value));
