@@ -4,7 +4,8 @@
 # anonymous write is refused on the page, the login dialog opens writes; a
 # topic is created through the Topics page's confirm dialog (and exists on
 # the name server after); a push consumer's group shows its member with
-# its language and version and lag 0, the producers page its producer's,
+# its language and version and lag 0, the producers page lists its
+# producer's group unasked and shows the same client looked up by name,
 # its lag rises to what was sent while it is stopped, and a reset by time
 # (confirm dialog) brings it back to 0; the replicas' chain CRCs agree with
 # the leader's own; a message found by key shows its body; the daily pages
@@ -166,15 +167,21 @@ async def test_console_pages_in_chromium(tmp_path):
                         f'#consumers-table tr[data-group="{GROUP}"] .members'))
                     assert f"(PYTHON, {version_desc(CURRENT_VERSION)})" in members, members
 
-                # --- producers: the producer group's client, its language and version ----------------
+                # --- producers: every group listed without a name (the producer's among them), then
+                # --- the by-name lookup: the group's client, its language and version
                 def producers_page(p):
                     p.goto(url + "/#producers")
+                    row = '#prod-groups tr[data-group="console_producer"]'
+                    p.wait_for_selector(row, timeout=WAIT)
+                    listed = p.eval_on_selector_all(row, """rs => rs.map(r => [
+                        r.querySelector('.language').textContent, r.querySelector('.version').textContent])""")
                     p.fill("#prod-group", "console_producer")
                     p.click("#prod-search")
                     p.wait_for_selector("#prod-table tbody tr", timeout=WAIT)
-                    return p.eval_on_selector_all("#prod-table tbody tr", """rs => rs.map(r => [
+                    return listed, p.eval_on_selector_all("#prod-table tbody tr", """rs => rs.map(r => [
                         r.querySelector('.language').textContent, r.querySelector('.version').textContent])""")
-                assert await browser.run(producers_page) == [["PYTHON", version_desc(CURRENT_VERSION)]]
+                listed, by_name = await browser.run(producers_page)
+                assert listed == by_name == [["PYTHON", version_desc(CURRENT_VERSION)]]
                 for i in range(25):
                     await producer.send(Message(TOPIC, f"later-{i}".encode()))
             await browser.run(lambda p: p.wait_for_function(f"""() => {{
