@@ -119,6 +119,10 @@ class MetadataApplier:
     topics_version: Watermark = attrs.field(init=False)
     error: BaseException | None = attrs.field(default=None, init=False)
     stats: collections.Counter = attrs.Factory(collections.Counter)
+    # Seconds to let commits gather before applying them (0: at once).  A
+    # follower's tables are read by no one's writes, so it applies in
+    # batches (MetadataService.follow) instead of a step per commit.
+    linger: float = attrs.field(default=0.0, init=False)
     _recs: object = attrs.field(init=False)
     _resumed: trio.Event = attrs.Factory(trio.Event)
 
@@ -218,6 +222,8 @@ class MetadataApplier:
                 await self._resumed.wait()
                 continue
             await self.committed.wait_for(self.state.applied_index + 1)
+            if self.linger > 0:
+                await trio.sleep(self.linger)
             try:
                 self.apply_available(max_batches=1)
             except (MetadataApplyError, MetadataRecordError, CommitLogError) as exc:

@@ -61,6 +61,9 @@ from consumequeue.record import LOCALHOST, HostAddr
 
 log = logging.getLogger("ledgermq.metadata")
 
+# How long a follower lets committed records gather before applying them.
+FOLLOWER_LINGER = 0.02
+
 
 class FlushAbortedError(Exception):
     """The service stopped before staged offset commits were appended."""
@@ -212,6 +215,12 @@ class MetadataService:
 
     async def wait_applied(self, index: int, timeout: float = math.inf) -> int:
         return await self.applier.wait_applied(index, timeout)
+
+    def follow(self, following: bool) -> None:
+        """Following a leader, committed records are applied in batches
+        (FOLLOWER_LINGER apart: the tables serve no writes here); leading,
+        at once (writes wait for their records to be applied)."""
+        self.applier.linger = FOLLOWER_LINGER if following else 0.0
 
     async def leader_barrier(self, timeout: float = math.inf) -> int:
         """Wait until the tables include every entry the log held when this

@@ -190,6 +190,8 @@ class RoleGate:
             self.closed_at = trio.current_time()
             log.info("%s: lost leadership in term %d; writes closed", self.replica.node_id, ss.term)
         self.cq.become_follower()  # idempotent; the hook is gone before the next append
+        if self.metadata is not None:
+            self.metadata.follow(True)
         self._bump()
 
     def close(self) -> None:
@@ -211,6 +213,8 @@ class RoleGate:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.replica.is_leader and not self._writable:
             self._pending_term = self.term
+        elif not self.replica.is_leader and self.metadata is not None:
+            self.metadata.follow(True)
         task_status.started(self)
         while True:
             if self._pending_term is None:
@@ -226,6 +230,8 @@ class RoleGate:
                     self._catch_up = None
 
     async def _become_writable(self, term: int) -> None:
+        if self.metadata is not None:
+            self.metadata.follow(False)  # (the barrier below and every write wait on the tables)
         store = self.cq.store
         target = store.end_index  # the ledger end as of election, NOOP included
         log.info("%s: leader of term %d; catching up to entry %d before accepting writes",
