@@ -383,7 +383,7 @@ class DispatchEngine:
                     cq.put_units(res.record(i).queue_offset, chunk[k * 20:(k + 1) * 20])
         if self.config.index_enabled:
             self.index.put_batch(view, res)
-        self.last_store_timestamp = res.record(res.n - 1).store_timestamp
+        self.last_store_timestamp = res.store_timestamp(res.n - 1)
 
     def _log_bad(self, res) -> None:
         self.stats.bad_messages += res.bad

@@ -152,6 +152,10 @@ class NativeBackend(Backend):
         r = recs[i]
         return r.topic_off, r.topic_len, r.queue_id
 
+    def store_timestamp(self, recs, i: int) -> int:
+        """Record i's store timestamp, without a whole DispatchRecord."""
+        return recs[i].store_timestamp
+
     def group(self, buf, res: ScanResult) -> Grouping:
         order = ffi.new("int32_t[]", max(res.n, 1))
         starts = ffi.new("int32_t[]", res.n + 1)

@@ -123,6 +123,11 @@ class ScanResult:
             raise IndexError(i)
         return self.backend.record(self.recs, i)
 
+    def store_timestamp(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.backend.store_timestamp(self.recs, i)
+
     def records(self) -> list[DispatchRecord]:
         raw = self.raw()
         return [DispatchRecord(*REC.unpack_from(raw, i * REC_SIZE)) for i in range(self.n)]

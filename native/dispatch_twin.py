@@ -201,6 +201,9 @@ class PythonBackend(Backend):
         r = self.record(recs, i)
         return r.topic_off, r.topic_len, r.queue_id
 
+    def store_timestamp(self, recs, i: int) -> int:
+        return self.record(recs, i).store_timestamp
+
     def scan(self, buf, base_pos: int, recs, *, mode: int = MODE_DLEDGER, options: int = 0,
              expect_index: int = -1, max_entries: int = -1, delay_levels: Sequence[int] = ()) -> ScanResult:
         cap = len(recs) // REC_SIZE
