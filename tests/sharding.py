@@ -5,7 +5,7 @@
 # tests and splits them the same way, so the shards never overlap and
 # together run every selected test:
 #   * whole files, so that a module's fixtures (a cluster for the module)
-#     start once;
+#     start once, and whole TOGETHER folders for a package's fixtures;
 #   * balanced by each file's seconds in the last run (--shard-known, a JSON
 #     map file -> seconds that run_suite keeps per half), else that half's
 #     seed below (SEED, QUICK_SEED), else its default: longest first, each
@@ -114,15 +114,30 @@ def _file(item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+# Folders whose files go to one shard together: they share a package-scoped
+# fixture that is costly to start twice (the pipeline's SparkSession, a JVM
+# of 5-10 s start that runs local[2] jobs).
+TOGETHER = ("tests/tools/pipeline/",)
+
+
+def _unit(f: str) -> str:
+    return next((d for d in TOGETHER if f.startswith(d)), f)
+
+
 def split(files: list[str], weights: dict[str, float], n: int) -> dict[str, int]:
-    """file -> shard: longest first, each to the least loaded shard (ties
-    by name and index, so every shard computes the same split)."""
+    """file -> shard: whole units (a file, or a TOGETHER folder's files),
+    longest first, each to the least loaded shard (ties by name and index,
+    so every shard computes the same split)."""
+    units: dict[str, list[str]] = defaultdict(list)
+    for f in files:
+        units[_unit(f)].append(f)
+    weight = {u: sum(weights[f] for f in fs) for u, fs in units.items()}
     load = [0.0] * n
     owner = {}
-    for f in sorted(files, key=lambda f: (-weights[f], f)):
+    for u in sorted(units, key=lambda u: (-weight[u], u)):
         k = min(range(n), key=lambda k: (load[k], k))
-        owner[f] = k
-        load[k] += weights[f]
+        owner.update(dict.fromkeys(units[u], k))
+        load[k] += weight[u]
     return owner
 
 

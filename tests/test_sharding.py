@@ -20,6 +20,16 @@ def test_split_balances_longest_first_and_is_the_same_everywhere():
     assert set(split(["x"], {"x": 1.0}, 3).values()) == {0}
 
 
+def test_a_together_folder_goes_to_one_shard():
+    """The pipeline's files share one SparkSession per process: split by
+    file, they would go two ways (a, y and x, b); as one unit of 32 s they stay together."""
+    weights = {"tests/tools/pipeline/test_a.py": 20.0, "tests/tools/pipeline/test_b.py": 12.0,
+               "tests/x.py": 18.0, "tests/y.py": 10.0}
+    owner = split(list(weights), weights, 2)
+    assert owner["tests/tools/pipeline/test_a.py"] == owner["tests/tools/pipeline/test_b.py"] == 0
+    assert owner["tests/x.py"] == owner["tests/y.py"] == 1
+
+
 def test_shards_run_every_test_once(tmp_path):
     for name, n in (("test_one.py", 3), ("test_two.py", 2), ("test_three.py", 1), ("test_four.py", 4)):
         (tmp_path / name).write_text("".join(f"def test_{i}():\n    pass\n" for i in range(n)))
