@@ -1,43 +1,29 @@
 # Owns the one remoting client, on anyio so asyncio and trio callers share
 # it (the client library, the broker's name-server registration and
-# forwarding, mqadmin, the dashboard, the tools): ClientConnection (one
-# dialed TCP connection: requests out with their opaque, responses matched
-# back to their waiter, requests the peer pushes -- NOTIFY_CONSUMER_IDS_
-# CHANGED, CHECK_TRANSACTION_STATE -- handed to a handler in their own task)
-# and RemotingClient (one cached connection per "host:port", shared by every
-# concurrent caller, redialed on the next call after it breaks).  The server
-# side of a connection is connection.py's.
+# forwarding, mqadmin, the dashboard, the tools): ClientConnection (one dialed
+# TCP connection: requests out with their opaque, responses matched back to
+# their waiter, requests the peer pushes -- NOTIFY_CONSUMER_IDS_CHANGED,
+# CHECK_TRANSACTION_STATE -- handed to a handler in their own task) and
+# RemotingClient (one cached connection per "host:port", shared by every
+# caller, redialed on the next call after it breaks).  The bytes are the
+# sans-IO codec's (encode_request, or a Framed request's own bytes; reads
+# decoded by responses.ResponseDecoder); this module only moves them.
 #
-#   async with open_remoting_client(handler=on_push) as client:
-#       response = await client.invoke("127.0.0.1:9876", request, timeout=3)
+# Errors (errors.py): RemotingConnectError, RemotingTimeoutError (`silent`
+# when the connection never received a byte), RemotingConnectionLostError
+# (broken, or a malformed frame, with the request in flight),
+# LocalProtocolError (the request cannot be encoded).  Callers translate them
+# at their own boundary.  Optional layers, as in NettyRemotingClient:
+# `rpc_hook` rewrites every request just before it is sent (the ACL signer:
+# a signature covers the final ext fields and body), `tls` dials with TLS.
 #
-# The bytes are the sans-IO codec's: requests are encoded by encode_request,
-# or by the request itself when it is not a RemotingCommand (a Framed:
-# broker/client/wire.py's SendRequest, the producer's cheap per-send form);
-# each read is decoded in one go by responses.ResponseDecoder.  This module
-# only moves them.
-#
-# Errors (broker/remoting/errors.py): RemotingConnectError (could not
-# connect within the timeout), RemotingTimeoutError (no response in time;
-# `silent` when the connection never received a byte), RemotingConnection-
-# LostError (the connection broke, or the peer sent a malformed frame, with
-# the request in flight), LocalProtocolError (the request cannot be
-# encoded).  Callers translate them at their own boundary.
-#
-# Two optional layers, as RocketMQ's NettyRemotingClient has them:
-# `rpc_hook` rewrites every request just before it is sent (the ACL signer,
-# broker/acl/signing.py: a signature covers the final ext fields and body),
-# and `tls` (tls.ClientTls) dials with TLS, the handshake part of the dial,
-# so a server certificate the client does not trust fails the dial.
-#
-# Budgets (what the peer sends is not trusted): a frame over max_frame_size,
-# or one the codec refuses, closes that connection (its waiters fail with
-# "malformed frame: ..."), and no other; the decoder holds at most one
-# unfinished frame; at most max_pushed requests pushed by the peer are
-# handled at once, the rest answered SYSTEM_BUSY (oneway ones dropped);
-# frames queued for the writer stop senders at OUTBOX_LIMIT bytes; a bug met
-# while serving a connection closes that connection and is logged, never
-# raised into the client's task group.
+# Budgets (the peer is not trusted): a frame over max_frame_size, or one the
+# codec refuses, closes that connection only (its waiters fail with
+# "malformed frame: ..."); the decoder holds at most one unfinished frame; at
+# most max_pushed pushed requests run at once, the rest answered SYSTEM_BUSY
+# (oneway ones dropped); senders stop at OUTBOX_LIMIT queued bytes; a bug met
+# while serving a connection closes it and is logged, never raised into the
+# client's task group.
 import itertools
 import logging
 import math

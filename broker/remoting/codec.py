@@ -1,46 +1,32 @@
 # Owns the byte layout of RocketMQ remoting frames (spec §8.1-8.4) and its
-# sans-IO codec: encode_command() turns a RemotingCommand into one frame;
-# CommandDecoder is fed bytes and hands back commands, never touching a
-# socket, so it is tested and fuzzed without I/O (the style of
-# commitlog/transport/framing.py).
+# sans-IO codec: encode_command() makes one frame of a RemotingCommand;
+# CommandDecoder is fed bytes and hands back commands, never touching a socket.
 #
 # Frame:  i32 length (bytes after this field) | i32 (serializeType << 24 |
 #         headerLen) | header | body
 # Header: JSON (type 0; fastjson-like: sorted keys, nulls omitted, enums by
 #         name) or ROCKETMQ binary (type 1; RocketMQSerializable).
 #
-# The size limit counts the whole frame including the length field, as
-# Netty's LengthFieldBasedFrameDecoder(16 MiB, 0, 4, 0, 4) does.  A length
-# over the limit is reported as soon as the header behind it has arrived (so
-# the error can carry the opaque and the server can answer it) but the body
-# is never buffered.  Decoding is tolerant where stock clients differ
-# (client-compat #1, #2): numeric strings for ints, any scalar JSON type in
-# extFields, unknown languages, missing fields with Java's defaults.
-#
-# Limits on outside bytes.  Each refusal is a RemoteProtocolError (with the
-# opaque when it could be read), which the connection answers with
-# SYSTEM_ERROR and then closes; no input raises anything else here.
-#   MAX_HEADER_SIZE  1 MiB per header, JSON or ROCKETMQ, refused from the
-#                    frame prefix: nothing of it is buffered or parsed.  The
-#                    largest a stock client writes is a send with 32 KiB of
-#                    properties, under 200 KiB even with every byte escaped.
-#   MAX_EXT_FIELDS   1024 extFields (a stock request carries under 30).
-#   MAX_VALUE_DEPTH  16 levels of arrays/objects in a non-text extFields
-#                    value or remark, checked before it is turned into text
-#                    (stock clients send numbers and booleans; the C
-#                    scanner skips values to the same depth).
-#   The JSON header as a whole nests at most 1024 deep: orjson refuses more
-#   while parsing, without recursion.  Fields nobody reads are not walked.
-#   Keys and values have no bound of their own below the header's (a
-#   ROCKETMQ key: its i16 length).  The common frame -- integers where they
-#   belong, every extFields value text -- takes the fast path below, which
-#   checks only the count; every other check is on the slow path.
-#
-# Raw sends: a decoder made with raw_sends=True scans the whole frames of
-# each read at once in C (native/sendpath.py); a plain SEND_MESSAGE_V2
-# comes out as a RawSend -- its header parsed there, no RemotingCommand --
-# for the send processor's native path.  Every other frame, and every send
-# the scanner declines, is decoded here exactly as without it.
+# Rules.  The size limit counts the whole frame with its length field (Netty's
+# LengthFieldBasedFrameDecoder(16 MiB, 0, 4, 0, 4)); an oversized length is
+# reported once the header behind it has arrived (so the answer carries the
+# opaque), the body never buffered.  Decoding is tolerant where stock clients
+# differ (client-compat #1, #2): numeric strings for ints, any scalar JSON in
+# extFields, unknown languages, Java's defaults for missing fields.  Every
+# refusal is a RemoteProtocolError (with the opaque when known), answered
+# SYSTEM_ERROR then closed; no input raises anything else.  Limits:
+#   MAX_HEADER_SIZE  1 MiB per header, refused from the frame prefix (a stock
+#                    send with 32 KiB of properties stays under 200 KiB);
+#   MAX_EXT_FIELDS   1024 extFields (a stock request carries under 30);
+#   MAX_VALUE_DEPTH  16 levels in a non-text extFields value or remark;
+#   JSON nesting     1024 (orjson refuses more, without recursion).
+# The common frame (integers where they belong, text extFields values) takes
+# the fast path, which checks only the count; every other check is on the
+# slow path.  raw_sends=True scans each read's frames in C (native/sendpath.py):
+# a plain SEND_MESSAGE_V2 comes out as a RawSend (a command.OneRequest, like a
+# RemotingCommand) and consecutive ones as a SendRun, which stays inside the
+# codec, the ACL fast path and the send pipeline; every other frame, and every
+# send the scanner declines, is decoded exactly as without it.
 import json
 import re
 import struct

@@ -1,46 +1,29 @@
-# Owns one remoting connection, the same object on both ends: the server
-# wraps each accepted socket in one, RemotingClient each dialed one.  It
+# Owns the server side of one remoting connection (the server wraps each
+# accepted socket in one; the client's connection is client.py's).  It
 #   * reads frames and routes them: responses to the invoke() waiting on that
 #     opaque, requests to the handler, each in its own task, so a slow
-#     request never blocks the requests behind it -- except that the
-#     requests of one read that a BurstHandler takes (the broker's sends) go
-#     to it together: its synchronous half runs right here, in arrival order,
-#     and its answers (answers.py) are written in one write by whichever
-#     task gives them -- the log's driver, for committed sends -- or by a
-#     task of their own when they need one;
-#   * writes whole frames under a lock (responses and requests interleave
-#     per frame, never within one); frames queued while the lock is held go
-#     out in the holder's write, one syscall for a burst of responses; an
-#     answer given later from outside the connection's tasks (a parked long
-#     poll, send_response_soon) goes the same way without waiting;
-#   * can send requests of its own either way (invoke, send_request_oneway):
-#     the broker pushes NOTIFY_CONSUMER_IDS_CHANGED to connected clients.
+#     request never blocks the ones behind it -- except the requests of one
+#     read a BurstHandler takes (the broker's sends): their synchronous half
+#     runs in the read loop, in arrival order, and their answers (answers.py)
+#     go out in one write from whichever task gives them;
+#   * writes whole frames under a lock (never interleaved within a frame);
+#     frames queued while the lock is held go out in the holder's write;
+#   * sends requests of its own (invoke, send_request_oneway): the broker
+#     pushes NOTIFY_CONSUMER_IDS_CHANGED to connected clients.
 #
-# Budgets a server gives its connections (streams.ServerLimits), which the
-# read loop keeps:
-#   * unfinished frames (intake.py): a read never buffers past max_unfinished
-#     bytes of frames not yet complete, what the decoder holds is reported to
-#     the server's FrameBudget before it is buffered (the budget may shed
-#     this connection or older ones), and the buffer under frames already
-#     decoded is freed at once;
-#   * how fast requests are handed over (pacing.py): an InFlightWindow of
-#     requests (count and bytes) not yet answered, past which the reader
-#     stops, and the server's Pacer, credits per scheduler round.
+# Budgets (streams.ServerLimits), kept by the read loop: unfinished frames
+# (intake.py: at most max_unfinished bytes per read, reported to the server's
+# FrameBudget before they are buffered, decoded frames' buffer freed at once);
+# requests handed over (pacing.py: an InFlightWindow of unanswered requests,
+# count and bytes, past which the reader stops; the server's Pacer credits).
 #
-# Failure policy: a malformed frame gets a SYSTEM_ERROR response when its
-# opaque could be read, then a lingering close (half-close, discard what the
-# peer still sends for a moment) so the response is not lost to a RST; the
-# in-flight handlers of that connection are cancelled.  A clean EOF gives
-# in-flight handlers `eof_grace` seconds (a oneway commit sent just before a
-# client closes is still applied).  A handler exception answers SYSTEM_ERROR
-# and the connection stays up.  Any other exception met while serving this
-# connection's bytes (the decoder, a burst handler, encoding an answer, a
-# bug) closes this connection, is logged once with the peer's address and
-# counted (containment.py); run() never raises it.  Nothing a peer sends
-# ends anything but its own connection.
-#
-# Round tracing (commitlog/roundtrace.py, tools/bench/round.py): the read
-# loop and the burst's write mark their hops; off, each costs one None test.
+# Failure policy: a malformed frame gets SYSTEM_ERROR when its opaque could be
+# read, then a lingering close so the answer is not lost to a RST, and the
+# connection's in-flight handlers are cancelled.  A clean EOF gives in-flight
+# handlers `eof_grace` seconds.  A handler exception answers SYSTEM_ERROR and
+# the connection stays up.  Anything else raised while serving this
+# connection's bytes closes it, logged once and counted (containment.py);
+# run() never raises it: nothing a peer sends ends more than its connection.
 import functools
 import itertools
 import logging

@@ -1,45 +1,31 @@
-# Owns what stands between an accepted socket and its Connection: the
-# limits a server enforces against hostile or broken clients (ServerLimits,
-# each a broker.conf / namesrv.conf key), the connection caps (ConnectionGate:
-# one Slot per admitted connection), the budget of unfinished frames
-# (FrameBudget), and the stream wrappers (StreamAdapter: replays sniffed
-# bytes and shows the socket under a TLS stream; GuardedStream: the timeouts).
+# Owns what stands between an accepted socket and its Connection: the limits a
+# server enforces against hostile or broken clients (ServerLimits, each a
+# broker.conf / namesrv.conf key), the connection caps (ConnectionGate, one
+# Slot per admitted connection), the budget of unfinished frames
+# (FrameBudget) and the stream wrappers (StreamAdapter replays sniffed bytes
+# and shows the socket under TLS; GuardedStream keeps the timeouts).
 #
-#   limit                      key                                         default
-#   frame size                 frameMaxLength                              16 MiB  (checked before the body is buffered)
-#   connections, in total      serverMaxConnections                        4096
-#   connections per address    serverMaxConnectionsPerAddress              256
-#   idle connection            serverChannelMaxIdleTimeSeconds             120 s   (nothing read or written)
-#   one frame, first byte      serverFrameReadTimeoutMillis                30 s    (slowloris: a frame
-#     to last                                                                       trickled byte by byte)
-#   one write                  serverWriteTimeoutMillis                    30 s    (a client that never reads)
-#   TLS handshake              serverTlsHandshakeTimeoutMillis             10 s
-#   requests per connection    serverMaxInFlightPerConnection              1024    (then the connection stops
-#                                                                                   reading: TCP pushes back)
-#   request bytes per conn.    serverMaxInFlightBytesPerConnection         16 MiB  (likewise)
-#   requests in the server     serverMaxInFlightRequests                   10000   (then SYSTEM_BUSY, guard.py)
-#   unfinished frames, bytes   serverMaxUnfinishedFrameBytes               64 MiB  (then the oldest are shed)
-#   ... per connection         serverMaxUnfinishedFrameBytesPerConnection  16 MiB  (reads never buffer past it)
-#   requests per round         serverRequestsPerRound                      128     (pacing.Pacer)
+#   frameMaxLength                              16 MiB  (checked before the body is buffered)
+#   serverMaxConnections / ...PerAddress        4096 / 256
+#   serverChannelMaxIdleTimeSeconds             120 s   (nothing read or written)
+#   serverFrameReadTimeoutMillis                30 s    (one frame, first byte to last: slowloris)
+#   serverWriteTimeoutMillis                    30 s    (one write: a client that never reads)
+#   serverTlsHandshakeTimeoutMillis             10 s
+#   serverMaxInFlightPerConnection              1024    (then the connection stops reading)
+#   serverMaxInFlightBytesPerConnection         16 MiB  (likewise)
+#   serverMaxInFlightRequests                   10000   (then SYSTEM_BUSY, guard.py)
+#   serverMaxUnfinishedFrameBytes               64 MiB  (then the oldest are shed)
+#   serverMaxUnfinishedFrameBytesPerConnection  16 MiB  (reads never buffer past it)
+#   serverRequestsPerRound                      128     (pacing.Pacer)
 #
-# Memory per connection is therefore bounded: the decoder holds at most
-# serverMaxUnfinishedFrameBytesPerConnection of frames not yet complete (and
-# all connections together serverMaxUnfinishedFrameBytes), at most
-# serverMaxInFlightPerConnection requests and about
-# serverMaxInFlightBytesPerConnection bytes of them wait for their answers,
-# and answers that cannot be written within serverWriteTimeoutMillis end the
-# connection.  A timeout ends only its own connection (it surfaces as a
-# broken stream, which Connection treats like a reset).  Timeouts of 0 are off.
-#
-# Caps shed, they do not refuse: a connection over serverMaxConnections(PerAddress)
-# is admitted and the least valuable connection (of its address, or of the
-# address holding the most) is closed instead -- one that never completed a
-# frame before one that did, then the one idle longest -- so a flood of
-# connections from one address cannot lock out the working clients there.
-# FrameBudget likewise closes the connections holding the oldest unfinished
-# frames when a read would take the total past the budget, never the
-# reader of a fresh small request because old big ones fill it; and
-# return_freed_memory makes what it frees go back to the system.
+# So memory per connection is bounded, and a timeout (0 = off) ends only its
+# own connection (a broken stream, treated like a reset).  Caps shed, they do
+# not refuse: a connection over a cap is admitted and the least valuable one
+# (of its address, or of the address holding the most) is closed -- one that
+# never completed a frame first, then the one idle longest -- so a flood from
+# one address cannot lock out the working clients there.  FrameBudget closes
+# the holders of the oldest unfinished frames, never the reader of a fresh
+# small request; return_freed_memory gives what it frees back to the system.
 import collections
 import contextlib
 import ctypes
