@@ -1,55 +1,36 @@
 # Owns the send path (RocketMQ's SendMessageProcessor over DLedgerCommitLog):
-# SEND_MESSAGE (10, full header names), SEND_MESSAGE_V2 (310, short names
-# a..n) and SEND_BATCH_MESSAGE (320, V2 header, body per spec §1.10), from
-# request RemotingCommand to response RemotingCommand.
+# SEND_MESSAGE (10, full header names), SEND_MESSAGE_V2 (310, short names a..n)
+# and SEND_BATCH_MESSAGE (320, V2 header, body per spec §1.10), from request to
+# response: parse the header (client-compat #1), the role gate (only a writable
+# leader takes writes), validation (TopicValidator, forbidden/internal topics,
+# maxMessageSize, properties length, queueId range), the topic config
+# (auto-created through metadata when allowed), the records (spec §1.8:
+# bornHost = the connection's peer, storeHost = brokerIP1:listenPort, masked
+# body CRC, the producer's sysFlag with the V6 bits from the hosts, UNIQ_KEY
+# added when missing, CLUSTER property), one append through the replica, and
+# the reply (offset msgId, comma-separated for a batch; queueId; the first
+# queueOffset; transactionId = UNIQ_KEY).
 #
-#   1. parse the header (values arrive as text, numbers or booleans,
-#      client-compat #1; RemotingCommand already made them text);
-#   2. the role gate: only a writable leader takes writes;
-#   3. validate: topic name (TopicValidator), forbidden/internal topics,
-#      body size vs maxMessageSize, properties length, queueId range;
-#   4. the topic config, auto-created through metadata when allowed;
-#   5. build the records (spec §1.8): bornHost = the connection's peer,
-#      storeHost = brokerIP1:listenPort, storeTimestamp, masked body CRC,
-#      the producer's sysFlag kept (compression bit) with the V6 bits set
-#      from the hosts, UNIQ_KEY added when missing, CLUSTER property;
-#   6. append through the replica; the reply is sent only after the entries
-#      are committed on a quorum (the append hook has stamped QUEUEOFFSET and
-#      PHYSICALOFFSET, and the append returns the queue offsets it stamped);
-#   7. reply: msgId = offset message id (comma-separated for a batch),
-#      queueId, queueOffset (the first), transactionId = UNIQ_KEY.
-#
-# One route (send_burst.py): the connection hands over every send one read
-# brought as a burst (accept_burst); a single send is a burst of one
-# (process()).  Each message is checked and its record built -- in C for
-# runs of plain SEND_MESSAGE_V2 (send_native.py), by the steps here for the
-# rest -- one that fails is answered alone, all records go to the log as
-# one append, and the answers are written when the commit covers it, from
-# the task that learns of the commit.
-#
-# A send this broker could not store (not leader, transferring, an entry a
-# later leader truncated) first goes to unstored(): the forwarder
-# (forward.py) may hold it until this node is master again or hand it on to
-# the master; otherwise, and for every other error, it is refused.
-# Error translation happens in one place, refusal(): SendError carries a
-# code of its own; commitlog errors map as the issue asks (spec §6.8 maps a
-# quorum timeout to SYSTEM_ERROR; we answer FLUSH_SLAVE_TIMEOUT, with the
-# msgId/queueOffset read from the local log when it still holds our records,
-# because clients count that code as "sent" and the entry may still commit).
+# Rules.  A reply is sent only once the entries are committed on a quorum.
+# There is one route, the burst (send_burst.py; a single send is a burst of
+# one).  A send this broker could not store (not leader, transferring, an
+# entry a later leader truncated) goes to unstored(), where the forwarder
+# (forward.py) may hold it or hand it to the master; otherwise it is refused.
+# Errors are translated in one place, refusal():
 #   not leader / catching up / term changed / disk full -> SERVICE_NOT_AVAILABLE
 #                               (remark names the leader when one is known)
 #   pending full             -> SYSTEM_BUSY
-#   quorum timeout           -> FLUSH_SLAVE_TIMEOUT
+#   quorum timeout           -> FLUSH_SLAVE_TIMEOUT (not spec §6.8's SYSTEM_ERROR:
+#                               clients count it as sent, and the entry may still
+#                               commit; msgId/queueOffset read from the local log)
 #   entry too large          -> MESSAGE_ILLEGAL
-# Delay levels: a single message whose DELAY property is > 0 is stored to
-# SCHEDULE_TOPIC_XXXX (broker/store/schedule.py rewrites it; the reply's queueId is
-# the one the producer asked for, its queueOffset the schedule queue's, as
-# Java answers); batches with DELAY are refused.  CONSUMER_SEND_MSG_BACK
-# (retry/DLQ) lives in broker/processors/retry.py and reuses refusal.
-# Transactional half messages (PREPARED) are rewritten by
-# broker/store/transaction.py (_half_record) and reach the log like any
-# send; END_TRANSACTION lives in broker/processors/end_transaction.py.
-# Not handled here: ACL.
+# A single message with DELAY > 0 is stored to SCHEDULE_TOPIC_XXXX
+# (broker/store/schedule.py; the reply keeps the producer's queueId and gives
+# the schedule queue's offset, as Java does); a batch with DELAY is refused.
+# Transactional halves (PREPARED) are rewritten to RMQ_SYS_TRANS_HALF_TOPIC
+# (_half_record, broker/store/transaction.py) and stored like any send.
+# Elsewhere: CONSUMER_SEND_MSG_BACK (retry.py, reuses refusal), END_TRANSACTION
+# (end_transaction.py), the ACL (broker/acl/).
 import functools
 import logging
 import random

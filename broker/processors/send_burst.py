@@ -1,18 +1,19 @@
 # Owns the send processor's burst path: the sends one read brought from a
-# connection (accept_burst runs in the connection's read loop, so bursts
-# keep the connection's order).  Each message is checked and encoded on its
-# own -- runs of plain SEND_MESSAGE_V2 (codec.SendRun) in C a run at a time
-# (send_native.py), every other request by the general path in send.py --
-# and one that fails is answered alone; all records go to the log as ONE
-# append, and the log's driver answers them all as the commit covers it
-# (AppendRequest.on_done -> BurstAnswers.give; the connection writes the
-# answers in one write, from that same task step).  Only what needs to
-# wait for something else takes a task (BurstAnswers.give_async): sends
+# connection (accept_burst runs in the connection's read loop, so bursts keep
+# the connection's order).
+#
+# Rules.  Each message is checked and encoded on its own -- runs of plain
+# SEND_MESSAGE_V2 (codec.SendRun) in C a run at a time (send_native.py), every
+# other request by the general path in send.py -- and one that fails is
+# answered alone.  All records go to the log as ONE append, and the log's
+# driver answers them as the commit covers it (AppendRequest.on_done ->
+# BurstAnswers.give; the connection writes them in one write).  Only what
+# waits for something else takes a task (BurstAnswers.give_async): sends
 # handed on to the master, sends to a topic to auto-create (created first,
-# then served as a burst of their own).  A single send is a burst of one:
-# there is no other route.  What it needs of the general path it asks the
-# processor for (burst_hosts, burst_records, REFUSALS, refusal, ...):
-# send.py imports this module, not the other way round.
+# then served as a burst of their own).  A single send is a burst of one.
+# What it needs of the general path it asks the processor for (burst_hosts,
+# burst_records, REFUSALS, refusal, ...): send.py imports this module, not
+# the other way round.
 import functools
 
 from broker.processors import send_native
