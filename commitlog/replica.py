@@ -1,54 +1,35 @@
-# Owns the trio shell around the pure Raft core: one driver task feeds the
-# core its inputs (ticks, peer messages, proposals, admin commands), carries
-# out every Ready against the log and the hard-state file, and only then
-# publishes the effects (messages to peers, the committed watermark, append
-# results).  Appends from clients are group-committed: everything queued while
-# the driver was busy becomes one propose() and one log write; a proposal
-# that finds the driver parked with nothing else to do, under the async
-# flush policy, is carried out in submit() itself (the same steps, without
-# the task switch).  What it does when a Ready cannot be carried out or a
-# peer message breaks the core (a refused leader, no space, a core that
-# raised: nothing unwritten acknowledged, the node stays up) lives in
-# replica_faults.py; every peer message is decoded and admitted first
-# (inbox.py, admission.py).
+# Owns the trio shell around the pure Raft core: one driver task feeds the core
+# its inputs (ticks, peer messages, proposals, admin commands), carries out
+# every Ready against the log and the hard-state file, and only then publishes
+# the effects (messages to peers, the committed watermark, append results).
+# Client appends are group-committed: everything queued while the driver was
+# busy becomes one propose() and one log write (a proposal that finds the
+# driver idle under the async flush policy is carried out in submit() itself).
+# Every peer message is decoded and admitted first (inbox.py, admission.py);
+# a Ready that cannot be carried out, or a message that breaks the core, is
+# replica_faults.py's.
 #
-# Durability rule: in "sync" flush policy the log is fdatasync'ed once per
-# driver round, BEFORE any message of that round leaves and before the
-# committed watermark moves; in "async" policy a background flusher syncs
-# every few ms (DLedger's ASYNC_FLUSH).  Either way nothing a peer or a client
-# learns can run ahead of what this node has written.
+# Durability: in "sync" policy the log is fdatasync'ed once per driver round,
+# BEFORE any message of that round leaves and before the committed watermark
+# moves; in "async" policy a background flusher syncs every few ms (DLedger's
+# ASYNC_FLUSH).  Nothing a peer or a client learns runs ahead of what this node
+# has written.
 #
-# Append results: a caller is one slotted request parked on its own task
-# (no Event, no cancel scope), or a request with an on_done callback that
-# the task resolving it calls (the broker answers a burst of sends from
-# there, without waking a task); the driver releases every committed
-# request in one sweep, and the ticker fails expired ones
-# (QuorumTimeoutError) once per tick.
+# Append results: a caller parks on its own slotted request, or gives an
+# on_done callback the resolving task calls; the driver releases every
+# committed request in one sweep, the ticker fails expired ones
+# (QuorumTimeoutError) once per tick.  An append already written when this
+# leader steps down keeps its waiter and Raft decides it: committed once the
+# next leader's commit index covers it in the term it was written in (Log
+# Matching), TermChangedError if a truncation or reset removes it, a timeout
+# past its deadline.  Proposals not yet in the log fail with NotLeaderError
+# (the broker may hand them on); a written append never does.
 #
-# Leader changes: an append already written when this leader steps down
-# (a leadership transfer, a lost quorum) keeps its waiter.  Raft decides its
-# fate: once the commit index, as the next leader tells it, covers the
-# entry and it still holds the term it was written in, it is committed and
-# the waiter is released as on a commit of its own term (Log Matching); a
-# truncation or log reset that removes it fails it with TermChangedError; past
-# its deadline it times out as before.  A planned transfer thus ends in
-# success for everything written before it (the target was caught up first
-# and its NOOP commits them).  Proposals not yet in the log fail with
-# NotLeaderError: nobody else will write them (the broker may hand them on);
-# a written append never fails with NotLeaderError.
-#
-# Membership (commitlog/raft/membership.py): a Ready that changes the
-# configuration history is persisted first (persist_membership, the
-# ledgermq-members file), then the transport's peer set follows the
-# configuration (addresses from its entries) and `membership` advances, so
-# the broker re-derives its brokerId and registration.  change_membership()
-# is the operator's entry point: it waits out the refusals that pass with
-# time (a learner catching up, the previous change or the new leader's NOOP
-# not committed yet) and returns once the change is committed in its term.
-#
-# Round tracing (commitlog/roundtrace.py): submit, the Ready's writes, the
-# messages stepped and sent, the commit and the waiter's wakeup mark their
-# hops; off, each costs one None test.
+# Membership (raft/membership.py): a Ready that changes the configuration
+# history is persisted first (the ledgermq-members file), then the transport's
+# peer set and `membership` follow.  change_membership() waits out refusals
+# that pass with time and returns once the change commits in its term.
+# Round tracing (roundtrace.py) marks the hops; off, each costs one None test.
 import collections
 import errno
 import logging
