@@ -1,67 +1,37 @@
 # Owns POP consumption's requests (RocketMQ 5's PopMessageProcessor,
-# AckMessageProcessor, ChangeInvisibleTimeProcessor), answered by the
-# writable master only:
+# AckMessageProcessor, ChangeInvisibleTimeProcessor), answered by the writable
+# master only: POP_MESSAGE 200050 (maxMsgNums <= 32, else INVALID_PARAMETER;
+# queueId -1 = any queue, round-robin; each record carries its receipt in
+# property POP_CK, pop_receipt.py; nothing to hand out: POLLING_TIMEOUT, remark
+# NO_MESSAGE_IN_QUEUE, after holding up to pollTime), ACK_MESSAGE 200051,
+# BATCH_ACK_MESSAGE 200151 (acked offsets so+i as java.util.BitSet bytes,
+# base64) and CHANGE_MESSAGE_INVISIBLETIME 200053 (a new receipt).
 #
-#   POP_MESSAGE 200050   PopMessageRequestHeader (consumerGroup, topic,
-#       queueId (-1: any queue, round-robin start), maxMsgNums (<= 32, else
-#       INVALID_PARAMETER), invisibleTime, pollTime, bornTime, initMode
-#       (0 MIN, 1 MAX), expType/exp (TAG or SQL92), order, attemptId) ->
-#       PopMessageResponseHeader (popTime, invisibleTime, reviveQid,
-#       restNum, startOffsetInfo, msgOffsetInfo, orderCountInfo) and the
-#       records, each with its receipt in property POP_CK (pop_receipt.py).
-#       Nothing to hand out: POLLING_TIMEOUT (the Java client's
-#       POLLING_NOT_FOUND), remark NO_MESSAGE_IN_QUEUE, after holding the
-#       request up to pollTime (longPollingSuspendMaxMillis at most);
-#       POLLING_FULL when the hold budgets are used up.
-#   ACK_MESSAGE 200051   AckMessageRequestHeader (consumerGroup, topic,
-#       queueId, extraInfo = the receipt, offset) -> SUCCESS.
-#   BATCH_ACK_MESSAGE 200151  BatchAckMessageRequestBody {"brokerName",
-#       "acks":[{"c","t","r","so","q","rq","pt","it","b"}]} (b: the acked
-#       offsets so+i as java.util.BitSet bytes, base64) -> SUCCESS.
-#   CHANGE_MESSAGE_INVISIBLETIME 200053  the ack header + invisibleTime ->
-#       ChangeInvisibleTimeResponseHeader (popTime, invisibleTime, reviveQid):
-#       the message's new receipt is "offset popTime invisibleTime reviveQid
-#       topicType brokerName queueId offset".
+# Replication: every decision -- the offsets a pop hands out, an ack, a new
+# invisible time -- is a metadata op (broker/metadata/pop.py), and the request
+# is answered only once that op is committed AND applied here.  So a receipt
+# a client holds is in the committed log: a new master neither hands those
+# messages out again early nor loses them, and an acked message stays acked.
+# A failed append is answered with the error; its messages stay, or come back
+# after their invisible time.
 #
-# Replication (the rule): every decision -- which offsets a pop hands out,
-# an ack, a new invisible time -- is a metadata op (broker/metadata/pop.py)
-# appended by the master, and the request is answered only after that op is
-# committed AND applied here.  So whatever a client holds a receipt for is
-# in the committed log: a new master has the checkpoint and neither hands
-# those messages out again before their invisible time nor loses them
-# (they come back through the retry topic), and an acked message stays
-# acked.  A pop whose append fails is answered with the error (through
-# base.py): its messages stay where they were, or -- an append that timed
-# out and committed after all -- come back after their invisible time.
+# Ordering: one (group, topic, queue)'s offsets are decided under that
+# queue's lock, held until the op is applied; a queue another pop holds is
+# skipped (queueLockManager.tryLock).  An ack or change of an ordinary
+# checkpoint holds the checkpoint's lock, which the revive service
+# (pop_revive.py) takes too; order acks take the queue lock.  An ack for a
+# checkpoint that is gone is answered SUCCESS and appends nothing.
+# FIFO (order=true): a queue with an unacked, unexpired order checkpoint is
+# skipped; an expired one is handed out again with reconsumeTimes + attempts
+# (orderCountInfo), or past the group's retryMaxTimes appended to %DLQ%<group>
+# with the op that moves the offset past it.
 #
-# Ordering on the master: the offsets of one (group, topic, queue) are
-# decided under that queue's lock, held until the op is applied (the next
-# pop reads the offset the last one moved); a queue another pop holds is
-# skipped, as RocketMQ's queueLockManager.tryLock does.  An ack or change of
-# an ordinary checkpoint holds the checkpoint's lock, which the revive
-# service (pop_revive.py) takes too, so an ack and a revive of one
-# checkpoint are never decided on the same view; order acks take the queue
-# lock (they move the offset the next order pop reads).  An ack for a
-# checkpoint that is gone (acked before, or revived: the message is on its
-# way back) is answered SUCCESS and appends nothing, as RocketMQ does.
-#
-# FIFO (order=true): a queue with an unacked order checkpoint whose
-# deadline is ahead is skipped; once it is acked the offset moves, once
-# it expires the next order pop hands the same messages out again with
-# reconsumeTimes + the attempts so far (orderCountInfo) -- or, when that
-# would pass the group's retryMaxTimes, appends them to %DLQ%<group>
-# together with the op that moves the offset past them (as the proxy's
-# FIFO consumers do for a message past its max attempts).
-#
-# Held pops (pollTime) wait in their own task on the dispatcher's queue
-# arrivals (the queues they could pop from, at the offsets they would read)
-# and on acks, changes and revives of their group; at most
-# popPollingMaxHeldPerConnection per connection and popPollingMaxHeld in
-# all, past which a pop is answered POLLING_FULL at once.  Both stay below
-# the remoting server's in-flight budgets (serverMaxInFlightPerConnection
-# 1024, serverMaxInFlightRequests 10000), so held pops always leave room for
-# the acks, sends and heartbeats on the same connections.  A queue whose
-# group has popInflightMessageThreshold unacked messages is skipped.
+# Budgets: held pops wait in their own task on the queues' arrivals and their
+# group's acks, changes and revives; at most popPollingMaxHeldPerConnection
+# per connection and popPollingMaxHeld in all (then POLLING_FULL at once),
+# both below the remoting server's in-flight budgets so acks, sends and
+# heartbeats always find room.  A group with popInflightMessageThreshold
+# unacked messages in a queue skips that queue.
 import base64
 import contextlib
 import itertools

@@ -1,69 +1,38 @@
 # Owns PULL_MESSAGE (11): RocketMQ's PullMessageProcessor + PullRequestHoldService
-# over our consume queues (spec §8.5, client-compat #11).
+# over our consume queues (spec §8.5, client-compat #11): the header
+# (client-compat #1), broker/topic readable and queueId in range, the
+# subscription (the header's expression with PullSysFlag SUBSCRIPTION, else the
+# group's from HEART_BEAT, broker/processors/clients.py), the read
+# (consumequeue.reader.read_messages), the answer (reader.pull_response_code,
+# nextBeginOffset/minOffset/maxOffset/suggestWhichBrokerId, remark = status
+# name, body = the stored records unchanged) and COMMIT_OFFSET (0x1).
 #
-#   1. parse PullMessageRequestHeader (values arrive as text, numbers or
-#      booleans, client-compat #1; RemotingCommand made them text);
-#   2. checks: broker readable, topic exists and readable, queueId in range;
-#   3. the subscription: with PullSysFlag SUBSCRIPTION the header's
-#      expression (`TagA || TagB`, `*`), else the one the group registered by
-#      HEART_BEAT (broker.processors.clients) -- turned into Java String.hashCode tag
-#      codes; class filters are refused (NO_PERMISSION), SQL92 expressions
-#      unless enablePropertyFilter=true (SYSTEM_ERROR, as in Java; an
-#      expression that does not parse: SUBSCRIPTION_PARSE_FAILED first);
-#   4. consumequeue.reader.read_messages, bounded by the dispatch position
-#      (dispatched implies committed: uncommitted entries are never sent);
-#      tags by the consume queue's tags code, SQL92 by the stored record's
-#      properties (ExpressionMessageFilter.isMatchedByCommitLog: the units
-#      all pass, each record is decoded and its properties evaluated);
-#   5. GetMessageStatus -> response code (reader.pull_response_code), header
-#      nextBeginOffset/minOffset/maxOffset/suggestWhichBrokerId, remark = the
-#      status name, body = the stored records concatenated, unchanged;
-#   6. COMMIT_OFFSET (0x1): on the writable leader the commitOffset is staged
-#      through metadata (replicated, coalesced); ignored elsewhere, and for
-#      negative offsets;
-#   7. SUSPEND (0x2) and PULL_NOT_FOUND: the request is held until the
-#      queue's max offset passes the request offset (or its queues were
-#      rebuilt), or suspendTimeoutMillis (shortPollingTimeMills with long
-#      polling off) elapses -- never longer than longPollingSuspendMaxMillis
-#      (30 s; clients may ask for 24 h) -- and then answered with a fresh
-#      read.  No polling: waits park on the dispatcher's per-queue arrivals.
+# Rules.  Reads stop at the dispatch position (dispatched implies committed).
+# Class filters are refused (NO_PERMISSION); SQL92 needs enablePropertyFilter
+# (else SYSTEM_ERROR, as Java; unparsable: SUBSCRIPTION_PARSE_FAILED first) and
+# is evaluated on each stored record's properties.  A commitOffset is staged
+# through metadata on the writable leader only, never for a negative offset.
+# SUSPEND (0x2) and PULL_NOT_FOUND hold the request until the queue's max
+# offset passes the request offset (or its queues are rebuilt) or the suspend
+# timeout elapses -- at most longPollingSuspendMaxMillis (30 s; clients ask for
+# up to 24 h) -- then answer with a fresh read; waits park on the dispatcher's
+# per-queue arrivals.  Held pulls are parked, not tasks (PullHolds, with
+# PullHoldService as its shell): they take none of the remoting budgets but
+# budgets of their own (longPollingMaxHeld*: per connection, per address, in
+# all); past them SYSTEM_BUSY "[OVERLOAD]" at once (stock clients retry 3 s
+# later; never PULL_NOT_FOUND, re-sent at once).  One task per queue with
+# parked pulls, one timer for the deadlines; their answers count against the
+# server's Pacer; a closed connection's parked pulls are dropped at once.
 #
-# Held pulls from connections are parked, not tasks (PullHolds, the table,
-# and PullHoldService, its shell -- RocketMQ's PullRequestHoldService): the
-# handler returns at once, so a held pull occupies none of the budgets that
-# sends and heartbeats need (the connection's and the server's in-flight
-# requests); it counts in budgets of its own instead, per connection, per
-# client address and in all (longPollingMaxHeld*).  A pull past them is
-# answered SYSTEM_BUSY at once ("[OVERLOAD]..."), which stock clients treat
-# as a broker error and retry 3 s later (Java's pullTimeDelayMillsWhenException;
-# never PULL_NOT_FOUND, which they re-send at once).  One task per queue
-# with parked pulls waits for its arrivals, one timer for the deadlines; their
-# answers count against the remoting server's Pacer (requests per scheduler
-# round) like the requests the connections hand over, and a closed
-# connection's parked pulls are dropped at once (forget) -- no task to
-# cancel, so a client closing ten thousand of them costs no long round.
-# process() holds in the caller's task instead (tests, tools).
-#
-# Roles.  Every node serves reads: consume queues on followers hold exactly
-# the committed, dispatched messages.  suggestWhichBrokerId (which broker the
-# client should pull this queue from next) follows RocketMQ's slaveReadEnable
-# rule of thumb: a consumer whose next message lies more than
-# accessMessageInMemoryMaxRatio (40 %) of physical memory behind the
-# dispatched end is reading cold data, so the master sends it to a follower
-# (the one with the highest match index, by the slave id it registers
-# under) to keep that I/O off the master; otherwise the answer is 0 (the
-# master).  A follower keeps such a lagging consumer (suggests its own id)
-# and sends it back (0) once it has caught up.  The threshold is
-# PullProcessor.slave_read_lag_bytes.  Like a RocketMQ slave without
-# offsetCheckInSlave, a non-leader does not correct offsets: OFFSET_MOVED
-# becomes PULL_RETRY_IMMEDIATELY with nextBeginOffset = the request offset
-# (a pull with SUSPEND whose offset is beyond this node's queue is held
-# first, as for a new message: the entries may be committed and on their
-# way into the queue; it is answered so when the hold ends without them);
-# neither does a master whose dispatch is behind its commit index, nor one
-# that has not heard from a quorum within an election timeout
-# (a follower's dispatch may lag, and resetting a consumer on a lagging view
-# would rewind it).
+# Roles.  Every node serves reads.  suggestWhichBrokerId: a consumer more than
+# accessMessageInMemoryMaxRatio (40 %) of physical memory behind the dispatched
+# end (slave_read_lag_bytes) is sent by the master to the follower with the
+# highest match index, and back to 0 by that follower once caught up.  Offsets
+# are corrected only by a master whose dispatch has reached its commit index
+# and that heard from a quorum within an election timeout; elsewhere
+# OFFSET_MOVED becomes PULL_RETRY_IMMEDIATELY at the request offset (a SUSPEND
+# pull beyond the queue is held first), so a lagging view never rewinds a
+# consumer.
 import heapq
 import itertools
 import logging
