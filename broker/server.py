@@ -1,46 +1,30 @@
-# Owns the running broker (`mqbroker -c broker.conf`): one process that
-# composes
-#
-#   serve_broker_store    the replicated commitlog, consume queues, metadata
-#                         and the role gate (broker/store/broker_store.py)
-#   serve_remoting        the RocketMQ remoting server on listenPort, with a
-#                         RequestDispatcher holding every request processor
-#                         (broker/processors/), each built by
-#                         wire_processors with its collaborators: this is
-#                         the composition root.  Nothing is discovered: a
-#                         processor that fails to import fails the start.
-#   services              the client registry (notifications, expiry), the
-#                         delay-level schedule service, the transaction
-#                         check service, the admin TPS meter, the long-poll
-#                         hold service (the pull processor's parked pulls),
-#                         the timer-message service (broker/store/timer.py)
-#   metrics               broker/metrics.py: the send and pull processors
-#                         registered through their metered wrappers, the
-#                         stats sampler (VIEW_BROKER_STATS_DATA), and with
-#                         metricsExporterType=PROM the Prometheus endpoint
-#   registration          REGISTER_BROKER with every name server in
-#                         namesrvAddr every registerNameServerPeriod, and at
-#                         once when the role gate's generation moves (the
-#                         brokerId changes) or the topic table changes
+# Owns the running broker (`mqbroker -c broker.conf`) and is the composition
+# root: one process that composes serve_broker_store (the replicated
+# commitlog, consume queues, metadata and role gate: broker/store/), the
+# remoting server on listenPort with a RequestDispatcher holding every
+# processor (broker/processors/, each built by wire_processors with its
+# collaborators handed to it directly), the services (client registry,
+# delay-level schedule, transaction check, admin TPS meter, pull hold service,
+# timer messages), the metrics (broker/metrics.py: metered send and pull
+# processors, the stats sampler, the Prometheus endpoint with
+# metricsExporterType=PROM) and the registration with the name servers.
 #
 #   async with trio.open_nursery() as n:
 #       broker = await n.start(serve_broker, cfg)
 #       broker.broker_addr, broker.gate.writable
 #
-# Registration (RocketMQ's registerBrokerAll): brokerId from the gate (0
-# only while writable, else the member's slave id), dataVersion = the topic
-# table's (counter = log index of the last change) with stateVersion = the
-# Raft term, so a deposed master's late registration cannot take id 0 back
-# from its successor at the name server; the topic table is the replicated
-# metadata's, internal topics excluded, plus TBW102 (perm 7, the
-# auto-create template stock clients route new topics by) when
-# autoCreateTopicEnable.  On a clean shutdown (cancellation: SIGTERM,
-# Ctrl-C) the broker unregisters from every name server.
-#
-# listenPort=0 binds a free port; the config is then evolved with the bound
-# port before the store opens, since brokerIP1:listenPort is every stored
-# message's STOREHOST.  The remoting port is bound first and answers
-# SYSTEM_BUSY until the store and processors are in place.
+# Rules.  Wiring is explicit: nothing is discovered, a processor that fails to
+# import fails the start.  REGISTER_BROKER (registerBrokerAll) goes to every
+# name server every registerNameServerPeriod, and at once when the gate's
+# generation or the topic table changes; brokerId comes from the gate (0 only
+# while writable), dataVersion from the topic table (counter = log index of
+# its last change) with stateVersion = the Raft term, so a deposed master's
+# late registration cannot take id 0 back; the topic table is the replicated
+# one without internal topics, plus TBW102 (perm 7) with autoCreateTopicEnable.
+# A clean shutdown (SIGTERM, Ctrl-C) unregisters from every name server.
+# listenPort=0 binds a free port, written into the config before the store
+# opens (brokerIP1:listenPort is every message's STOREHOST); the remoting port
+# is bound first and answers SYSTEM_BUSY until the processors are in place.
 import functools
 import ipaddress
 import json

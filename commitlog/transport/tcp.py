@@ -1,47 +1,30 @@
 # Owns the TCP peer mesh: listening, dialing, reconnect with backoff, the
-# per-peer send queues, the reader/writer tasks of each connection, and the
+# per-peer send queues, each connection's reader/writer tasks, and the
 # containment that keeps a stranger's bytes from costing more than one
 # connection.  The handshake is handshake.py's, the receive budget
 # recvbudget.py's.
 #
-# Connection model: ONE TCP connection per peer pair, used in both
-# directions.  The peer whose id sorts lower (plain string comparison, so
-# every node agrees without talking) dials; the higher one only accepts.  So
-# there is never a duplicate dial to resolve, and reconnecting is the
-# dialer's job alone.  An acceptor that gets a new connection from a peer it
-# believes is already connected replaces the old one (the dialer only redials
-# when it has given the old connection up, so the old one is dead or dying).
+# Rules.  ONE TCP connection per peer pair, used both ways: the peer whose id
+# sorts lower (plain string comparison) dials, the higher one only accepts, so
+# there is no duplicate dial and reconnecting is the dialer's job alone; an
+# acceptor replaces a peer's old connection with its new one.  A connection
+# carries DATA frames, and its peer counts as connected, only once its
+# handshake completed (log identity compared, the group's secret proved where
+# there is one).  A bad frame, a reset, EOF, a write error or any other
+# exception in a connection's tasks ends that connection only, logged (at a
+# bounded rate where a remote can cause it) and counted (failed_connections);
+# the peer's queue survives for the next one.  Nothing a remote sends ends the
+# transport's own tasks.  Budgets (TransportConfig): handshake.py's before the
+# handshake; after it one connection per member, frames up to max_frame_size,
+# unfinished frames sharing recv_budget_bytes, each finished within
+# frame_read_timeout (a member of a group without a secret may be a stranger).
 #
-# Handshake: a connection carries DATA frames, and its peer counts as
-# connected, only once its handshake completed (handshake.py: HELLO,
-# HELLO_OK or REJECT, the log identity compared, the group's secret proved
-# where there is one, within the handshake's own budgets).
-#
-# Failure handling: a bad frame, a reset, EOF or a write error ends that one
-# connection with a logged reason; the peer's queue survives for the next
-# connection.  Any other exception in a connection's tasks (handshake,
-# reader, writer, the sink the reader hands messages to, a dial) ends that
-# connection the same way, counted (failed_connections) and logged with its
-# traceback.  Nothing a remote sends can end the transport's own tasks, and
-# lines a remote can cause at will are logged at a bounded rate.
-#
-# Budgets (TransportConfig): before the handshake completes, handshake.py's
-# (small frames, a timeout, caps on handshakes under way).  Established
-# connections are one per member.  After the handshake a frame may be as
-# large as max_frame_size, and the bytes of frames begun and not finished
-# share recv_budget_bytes, each finished within frame_read_timeout
-# (recvbudget.py) -- a member of a group without a secret may be a
-# stranger too.
-#
-# Membership changes: set_peers() replaces the peer set while running (the
-# replica shell calls it with the members of its configuration, addresses
-# from the configuration entries).  A new peer is dialled if its id sorts
-# higher, and accepted once known; a removed one is disconnected, its dialer
-# stopped and its queue dropped, and send() to it returns False (messages
-# the Raft core queued before the change) instead of raising.  A node
-# joining a group therefore needs nothing from the others up front: the
-# leader learns its address from the CONFIG_CHANGE entry that adds it, and
-# the joiner accepts the leader because its own dLegerPeers lists it.
+# set_peers() replaces the peer set while running (the replica shell passes
+# its configuration's members): a new peer is dialled if its id sorts higher
+# and accepted once known; a removed one is disconnected, its queue dropped,
+# and send() to it returns False instead of raising.  So a joining node needs
+# nothing up front: the leader learns its address from the CONFIG_CHANGE
+# entry, and the joiner accepts the leader its own dLegerPeers lists.
 import collections
 import functools
 import logging
