@@ -1,46 +1,33 @@
 # Owns the broker's metrics: what is counted where, and the collector that
 # turns the broker's state into Prometheus families at scrape time.
 #
-# Counted without per-message work on the send path:
-#   puts per topic      from the consume queues: messages = max offset moved
-#                       since start, bytes = the sizes in the new CQ units
-#                       (PutCounter reads them at sample/scrape time, off the
-#                       send path, on every node alike)
-#   send latency        MeteredSends wraps the send processor's bursts: one
-#                       clock read at accept, one at the answer, ONE
-#                       BucketCounter.observe per burst weighted by its size
-#   gets per topic@group, pull latency
-#                       MeteredPulls wraps PULL_MESSAGE: per pull request,
-#                       messages = nextBeginOffset - queueOffset, bytes = body
-#   lag per queue       the replicated consumer offsets vs the CQ max offsets
-#   DLedger             ReplicaNode.status(); elections = terms started since
-#                       this process started (each term is one election)
-#   append errors       the replica's own counters by type
-#   dispatch lag        committed position - dispatched position
-#   connections, RSS    the remoting server; prometheus_client's
-#                       ProcessCollector (process_resident_memory_bytes, ...)
-#   hostile input       the remoting server's containment and budgets
-#                       (connection failures, connections shed, unfinished
-#                       frame bytes, rounds deferred: remoting_families) and
-#                       the long polls held and refused
-#   message sizes       PutCounter: the same CQ units, bucketed per read
-#                       (sorted once, one bisect per bucket bound)
-#   store-time lag      MeteredPulls: the first record of each answered
-#                       pull, its store timestamp (one unpack per pull)
-#   lag age             at scrape time, on the master: the store time of the
-#                       message at each lagging queue's committed offset
-#                       (at most MAX_AGE_READS reads per scrape)
-#   rpc latency         the send and pull BucketCounters, and MeteredRequests'
-#                       (every other code, per request and response code),
-#                       read through RocketMQ 5's bucket bounds
-#                       (BucketCounter.coarsened)
+# Rule: no per-message work on the send path.
+#   puts, message sizes  PutCounter reads the new consume-queue units at
+#                        sample/scrape time (every node alike; sizes sorted
+#                        once, one bisect per bucket bound)
+#   send latency         MeteredSends: two clock reads and ONE observe per
+#                        burst, weighted by its size
+#   gets, pull latency,  MeteredPulls, per PULL_MESSAGE request (messages =
+#   store-time lag       nextBeginOffset - queueOffset; the first record's
+#                        store timestamp)
+#   rpc latency          MeteredRequests (every other code, per request and
+#                        response code) and the two above, read through
+#                        RocketMQ 5's bucket bounds (BucketCounter.coarsened)
+#   lag, lag age         replicated consumer offsets vs CQ max offsets; the
+#                        age on the master at scrape time, at most
+#                        MAX_AGE_READS reads per scrape
+#   DLedger, errors,     ReplicaNode.status() (elections = terms started
+#   dispatch lag         since start), the replica's counters, committed -
+#                        dispatched position
+#   connections, RSS,    the remoting server (containment, shed connections,
+#   hostile input        unfinished bytes, deferred rounds), the held long
+#                        polls, prometheus_client's ProcessCollector
 #
-# serve_broker_metrics samples the StatsBook every SAMPLE_S (a timer: it
-# feeds VIEW_BROKER_STATS_DATA and the TPS gauges) and, with
-# metricsExporterType=PROM, serves the endpoint.  Which names, labels and
-# nodes: broker/telemetry/catalog.py (the collector builds its families from
-# it through FamilySet; the group's data only on the writable master, so
-# the stock queries add up over a group's members).
+# serve_broker_metrics samples the StatsBook every SAMPLE_S (a timer: it feeds
+# VIEW_BROKER_STATS_DATA and the TPS gauges) and serves the endpoint with
+# metricsExporterType=PROM.  Names, labels and nodes: broker/telemetry/
+# catalog.py (a group's data only on the writable master, so the stock
+# queries add up over a group's members).
 import bisect
 import os
 import shutil

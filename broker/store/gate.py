@@ -2,44 +2,29 @@
 # this broker accepts writes, and the brokerId it registers under.
 #
 #   follower/candidate  closed; brokerId = the member's slave id (never 0)
-#   leader, catching up closed; still the slave id.  The gate waits until
-#                       (1) the ledger end as of election (every entry of
-#                           earlier terms plus this term's NOOP) is committed,
-#                       (2) dispatch has reached it (consume queues hold every
-#                           committed message),
-#                       (3) the metadata tables have applied it
-#                           (MetadataService.leader_barrier),
-#                       then rebuilds the topic-queue offset table from the
-#                       consume queues and installs the append hook
-#                       (ConsumeQueueService.become_leader), runs the
-#                       before_open hook (a migrated store's one-time
-#                       import: its records are stamped by the append hook
-#                       like every other record), announces its broker
-#                       address (brokerIP1:listenPort) through the metadata
-#                       unless the tables already hold it, and only then
+#   leader, catching up closed; still the slave id, until (1) the ledger end as
+#                       of election (earlier terms plus this term's NOOP) is
+#                       committed, (2) dispatched and (3) applied by the
+#                       metadata tables (MetadataService.leader_barrier); then
+#                       it rebuilds the topic-queue offsets and installs the
+#                       append hook (ConsumeQueueService.become_leader), runs
+#                       before_open (a migrated store's one-time import) and
+#                       announces brokerIP1:listenPort through the metadata
+#                       unless the tables already hold it
 #   leader, writable    open; brokerId 0 (master).
 #
-# Losing leadership closes the gate at once: on_role_change runs inside the
-# replica's driver, synchronously, so no append of the new role can be
-# stamped by a stale offset table; a catch-up in progress is cancelled.
-# Each change bumps `generation` (a Watermark), which the name server
-# registration task waits on to re-register promptly with the new brokerId.
-#
-# The gate is the one place that knows "may this broker write now": every
-# write path (send, metadata updates, offset commits) should call
-# check_writable() first; a record appended without the hook would carry no
-# queue offset (nor its PHYSICALOFFSET), so the gate's own writes before it
-# opens -- the migration import and the announcement -- come after the hook
-# is installed.  The gate makes itself the metadata service's write_gate,
-# so metadata writes are refused the same way.  Its NotWritableError names
-# the leader's broker address -- what a RocketMQ client can connect to --
-# from the announcements in the metadata (the DLedger peer address is a
-# replication port, useless to clients), with the peer address as a
-# fallback while no announcement is known.
-#
-# A writable gate also asks the disk guard (diskguard.py): with the store's
-# disk at diskMaxUsedSpaceRatio or out of reserve, every write is refused
-# with DiskFullError while reads and replication go on.
+# Rules.  Losing leadership closes the gate at once (on_role_change runs in
+# the replica's driver, synchronously, so no append of the new role is stamped
+# by a stale offset table) and cancels a catch-up.  Each change bumps
+# `generation` (a Watermark) so the registration re-registers promptly.  The
+# gate is the one place that knows "may this broker write now": every write
+# path calls check_writable() first, and it is the metadata service's
+# write_gate.  Its own writes come after the hook is installed (a record
+# appended without it would carry no queue offset).  NotWritableError names
+# the leader's broker address from the announcements (the DLedger peer
+# address only as a fallback).  A writable gate also asks the disk guard
+# (diskguard.py): at diskMaxUsedSpaceRatio or out of reserve every write is
+# refused with DiskFullError while reads and replication go on.
 import logging
 import math
 from collections.abc import Awaitable, Callable
