@@ -6,7 +6,7 @@
 # the client's and the brokers' CPU microseconds per message, and the top
 # of the client's profile.  Not a test; nothing is asserted.
 #
-# --compare: the figures of issue 28 part 5 from one run, on a fresh
+# --compare: the client-cost figures from one run, on a fresh
 # ledgermq group and a fresh NATS JetStream R3 cluster (never both at once,
 # the order alternating between rounds): the producer's CPU per send with
 # 256 in flight (send_async, and send() from 256 tasks) against nats-py's

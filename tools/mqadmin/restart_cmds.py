@@ -1,5 +1,5 @@
 # Owns `mqadmin rollingRestart`: restart every node of one broker group, one
-# at a time, without failing a producer's send (issue 29):
+# at a time, without failing a producer's send:
 #
 #   1. every node must answer and be caught up first (restarting one node
 #      of a group that already misses one would lose the quorum);

@@ -1,4 +1,4 @@
-# Owns the PySpark data pipeline over commitlog stores (issue 8): batch jobs
+# Owns the PySpark data pipeline over commitlog stores: batch jobs
 # that read one or more store roots with one Spark task per whole segment
 # file (records never cross segments) and decode them with the same native
 # dispatch scanner as the broker, inside the executors.

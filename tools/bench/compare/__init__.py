@@ -1,1 +1,1 @@
-# The ledgermq-vs-NATS JetStream comparison benchmark (issue 13): python -m tools.bench.compare
+# The ledgermq-vs-NATS JetStream comparison benchmark: python -m tools.bench.compare

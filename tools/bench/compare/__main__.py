@@ -1,5 +1,5 @@
-# Owns the command line of the ledgermq-vs-NATS JetStream comparison
-# (issue 13) and the order of the rounds:
+# Owns the command line of the ledgermq-vs-NATS JetStream comparison and
+# the order of the rounds:
 #
 #   python -m tools.bench.compare [--rounds N] [--quick] [--json] [--chart PATH] [--out DIR]
 #
