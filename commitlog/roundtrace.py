@@ -1,36 +1,27 @@
 # Owns the round tracer behind `python -m tools.bench.round`: with
-# LEDGERMQ_ROUND_TRACE=<dir> in a process's environment, the hooks on the
-# send and replication path (one guarded call per hop, in
-# broker/remoting/connection.py, broker/remoting/guard.py,
-# broker/processors/send_burst.py, commitlog/replica.py and
-# commitlog/transport/tcp.py) record when each hop of a round happened, and
-# the process writes them to <dir>/<pid>.jsonl when it exits (a clean stop:
-# SIGTERM).  It lives here, in the lowest layer that has hops, so the broker
-# and the log share one clock and one file.
+# LEDGERMQ_ROUND_TRACE=<dir> in a process's environment, the hooks on the send
+# and replication path (one guarded call per hop: remoting connection and
+# guard, send_burst, replica, tcp transport) record when each hop of a round
+# happened, and the process writes them to <dir>/<pid>.jsonl at a clean exit
+# (SIGTERM).  It lives in the lowest layer that has hops, so the broker and
+# the log share one clock and one file.
 #
-# Off (the variable unset), TRACER is None and every hook costs one module
-# attribute load and an `is not None` test; nothing else of this module runs.
+# Rules.  Off (the variable unset), TRACER is None and every hook costs one
+# attribute load and an `is not None` test; nothing else runs.  Records are
+# kept in memory (at most LIMIT; later ones dropped and counted) and written
+# once, at exit, so tracing costs a round no syscall.
 #
 # A record is one JSON array per line: [hop, t_ns, index, peer, steps]
-#   hop    the name of the hop (HOPS below says where each is taken);
-#   t_ns   time.perf_counter_ns(): CLOCK_MONOTONIC on Linux, the same clock in
-#          every process of the machine, so hops of one round on the master
-#          and on its followers compare directly;
-#   index  the log index the hop is about (-1: none; a push: its last entry,
-#          an acknowledgement: its match index, a commit: the commit index);
+#   hop    the hop's name (HOPS says where each is taken);
+#   t_ns   time.perf_counter_ns() (CLOCK_MONOTONIC: comparable across the
+#          processes of one machine);
+#   index  the log index the hop is about (-1: none);
 #   peer   the other node of a push or an acknowledgement ("" otherwise);
-#   steps  trio task steps run in this process so far (an Instrument counting
-#          before_task_step, added by the first record): the difference
-#          between two hops of a round is the task switches between them.
-# The same instrument writes a record per task step, per wait for IO and
-# per scheduler batch (hops "task", "idle", "batch"; index: a duration in
-# ns, CPU time but for "idle"; peer: the task's name), so a round's time can
-# be split into the tasks that ran, the scheduler, and waiting.
-# Records are kept in memory (at most LIMIT; later ones are dropped and
-# counted) and written once, at exit, so tracing costs the round no syscall.
-# The reader (tools/bench/round.py) cuts the master's records into rounds
-# (one request in flight, so a round is everything between its "read" and
-# its "written") and finds the followers' hops by index.
+#   steps  trio task steps run in this process so far (an Instrument).
+# The same instrument writes a record per task step, per wait for IO and per
+# scheduler batch (hops "task", "idle", "batch"; index: a duration in ns;
+# peer: the task's name).  tools/bench/round.py cuts the master's records
+# into rounds ("read" to "written") and finds the followers' hops by index.
 import atexit
 import json
 import os

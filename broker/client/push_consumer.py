@@ -8,31 +8,23 @@
 #                                 handler=handler) as consumer:
 #       ...  # messages flow to handler until the block ends
 #
-# Tasks, all in the consumer's nursery:
-#   * rebalance: sorted queues of each subscribed topic (and of
-#     %RETRY%<group> once it has a route) split among the group's sorted
-#     client ids by allocate_averagely; runs at start, when a broker pushes
-#     NOTIFY_CONSUMER_IDS_CHANGED, and every `rebalance_interval` seconds.
-#   * one long-polling pull loop per owned queue (PULL_MESSAGE with
-#     SUSPEND, the commit offset piggybacked when the pull goes to the
-#     master), with flow control: it parks while `pull_threshold` messages
-#     of its queue are unconsumed.
-#   * `consume_concurrency` workers calling the handler with batches of
-#     `consume_batch_size` (a bounded channel between pulls and workers).
-#   * an offset committer every `persist_interval` seconds
-#     (UPDATE_CONSUMER_OFFSET to the master); also on queue drop and close.
-# RECONSUME_LATER (or a raising handler) sends the messages back
+# Tasks, all in the consumer's nursery: rebalance (each subscribed topic's
+# sorted queues, and %RETRY%<group>'s once routed, split among the sorted
+# client ids by allocate_averagely; at start, on NOTIFY_CONSUMER_IDS_CHANGED
+# and every `rebalance_interval`); one long-polling pull loop per owned queue
+# (SUSPEND, the commit offset piggybacked to the master) that parks while
+# `pull_threshold` messages of its queue are unconsumed; `consume_concurrency`
+# workers taking batches of `consume_batch_size` from a bounded channel; an
+# offset committer every `persist_interval` (and on queue drop and close).
+#
+# Rules.  RECONSUME_LATER (or a raising handler) sends the messages back
 # (CONSUMER_SEND_MSG_BACK); when the broker refuses, they stay in their
-# ProcessQueue (the commit offset cannot pass them) and are handed to the
-# handler again after `redeliver_delay` seconds, as Java does.
-#
-# mqadmin resetOffsetByTime: the broker stores the new offsets and pushes
-# RESET_CONSUMER_CLIENT_OFFSET; the consumer drops the topic's queues
-# without committing and takes them again from the stored offsets.
-#
-# Starting offset of a queue with no committed offset: consume_from
-# (LAST_OFFSET for a new group by default; FIRST_OFFSET; TIMESTAMP with
-# consume_timestamp in ms); retry topics start at their beginning.
+# ProcessQueue (the commit offset cannot pass them) and are redelivered after
+# `redeliver_delay`, as Java does.  RESET_CONSUMER_CLIENT_OFFSET drops the
+# topic's queues without committing and takes them again from the stored
+# offsets.  A queue with no committed offset starts at consume_from
+# (LAST_OFFSET by default; FIRST_OFFSET; TIMESTAMP with consume_timestamp in
+# ms); retry topics start at their beginning.
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable

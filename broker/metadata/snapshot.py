@@ -7,35 +7,23 @@
 #   consumerOffset.json     {"dataVersion":{..},"offsetTable":{"T@G":{"0":123}},"ledgermqAppliedIndex":N}
 #   delayOffset.json        {"dataVersion":{..},"offsetTable":{"3":17},"ledgermqAppliedIndex":N}
 #   ledgermqTimer.json      {"low":N,"done":[[a,b]],"lastBatch":[..],"lastIndex":I,"dataVersion":{..},
-#                            "ledgermqAppliedIndex":N}   (ours: the timer progress, optional like
-#                            delayOffset.json)
+#                            "ledgermqAppliedIndex":N}   (ours: the timer progress)
+# plus "ledgermqBrokerAddrs" ({selfId: brokerAddr}) in topics.json and
+# "ledgermqQueueLocks" ([[group, topic, queueId, clientId, timestamp,
+# maxLiveMs], ...]) in consumerOffset.json.  Stock fastjson ignores the extra
+# fields; we write standard JSON and read fastjson's unquoted integer keys too.
 #
-# topics.json also carries "ledgermqBrokerAddrs" ({selfId: brokerAddr}, the
-# leaders' announcements), consumerOffset.json "ledgermqQueueLocks" (the
-# orderly consumers' queue locks: [[group, topic, queueId, clientId,
-# timestamp, maxLiveMs], ...]).  delayOffset.json came later than the other
-# three: when it is missing it counts as an empty table that does not pull
-# the snapshot's index down (a snapshot written before it existed stays
-# usable); when present it takes part in the oldest-index rule like the rest.
-#
-# Java's fastjson ignores the extra field, so a stock broker or tool reads
-# these files as it reads its own.  We write standard JSON (quoted keys) and
-# read both that and fastjson's unquoted integer keys.
-#
-# Atomicity: each file is replaced atomically (write <f>.tmp, fsync, rename
-# over <f>, fsync the directory); a torn .tmp is never read (and is removed
-# on load).  The three files are NOT replaced as one unit: after a crash
-# they may come from different snapshots.  That is safe because each file
-# names its own index and table replay is idempotent (tables.py): loading
-# takes the OLDEST of the three indexes as the snapshot's index, and
-# replaying the log from there reproduces the exact state.  A missing file
-# counts as an empty table at index -1 (replay from the start of the log);
-# a file written by stock RocketMQ (no ledgermqAppliedIndex) is imported as
-# a base state at index -1.  A file that does not parse is reported and
-# counts as missing -- the caller fails if the log no longer reaches back.
-#
-# Retention rule: the commitlog may only delete entries at or below the
-# index of the last DURABLE snapshot (min_retained_index() in service.py).
+# Rules.  Each file is replaced atomically (tmp, fsync, rename, fsync the
+# directory; a torn .tmp is never read and is removed on load), but the files
+# are not replaced as one unit: loading takes the OLDEST of their indexes and
+# replays the log from there, which is exact because each file names its index
+# and replay is idempotent (tables.py).  A missing file is an empty table at
+# index -1; a missing delayOffset.json or ledgermqTimer.json is an empty table
+# that does not pull the index down; a stock file (no ledgermqAppliedIndex) is
+# a base state at index -1; a file that does not parse counts as missing (the
+# caller fails if the log no longer reaches back).  Retention: the commitlog
+# deletes only entries at or below the last DURABLE snapshot's index
+# (min_retained_index() in service.py).
 import os
 
 import attrs

@@ -1,36 +1,26 @@
-# Owns BrokerStore: the broker's composition of its storage under one
-# nursery --
-#
-#   SegmentedStore        the DLedger-format commitlog (opened and recovered)
-#   ReplicaNode           the Raft shell that replicates it
-#   ConsumeQueueService   dispatch into consume queues + index, fed by the
-#                         replica's committed watermark; the leader's offset
-#                         table and append hook
-#   MetadataService       topic configs, groups, consumer offsets replicated
-#                         through the same log
-#   RoleGate              leader catch-up before writes; brokerId
-#
-# plus the store's background flusher and the retention timer.  Wiring:
-# replica.on_role_change -> gate (which drives cq.become_leader/_follower),
-# replica.on_log_reset -> cq.on_log_reset, and two retention floors: the
-# metadata snapshot (entries after it are the tables' only copy) and the
-# dispatch position (an entry is never deleted before it reached the consume
-# queues).  After retention deleted segments, consume queue and index files
-# that point below the new log begin are dropped.
+# Owns BrokerStore: the broker's storage composed under one nursery -- the
+# DLedger-format SegmentedStore (opened and recovered), the ReplicaNode that
+# replicates it, the ConsumeQueueService (dispatch into consume queues and
+# index from the committed watermark; the leader's offset table and append
+# hook), the MetadataService (topics, groups, offsets through the same log),
+# the RoleGate, the background flusher and the retention timer.
 #
 #   async with trio.open_nursery() as n:
 #       bs = await n.start(serve_broker_store, cfg)          # TCP peers
 #       bs = await n.start(run_broker_store, cfg, transport)  # any transport (tests)
 #
-# On the way out (cancellation) metadata writes its snapshot, dispatch
-# checkpoints, and the store is flushed, checkpointed and closed.
-#
-# A store migrated from master-slave (consumequeue/migrated.py) is opened
-# with its old commitlog layered below the DLedger log; a root that still
-# holds only an old commitlog is upgraded in place first (broker.store.upgrade,
-# as RocketMQ does when enableDLegerCommitLog finds no DLedger store).  Its
-# retention expires the old segments first and keeps the DLedger ones while
-# any old one exists; its first leader imports the old config tables.
+# Wiring: replica.on_role_change -> gate (which drives cq.become_leader/
+# _follower), replica.on_log_reset -> cq.on_log_reset.  Retention has two
+# floors: the metadata snapshot (entries after it are the tables' only copy)
+# and the dispatch position (nothing is deleted before it reached the consume
+# queues); consume queue and index files below the new log begin are dropped
+# after it.  On the way out metadata writes its snapshot, dispatch
+# checkpoints, the store is flushed, checkpointed and closed.  A store migrated
+# from master-slave (consumequeue/migrated.py) opens with its old commitlog
+# below the DLedger log; a root holding only an old commitlog is upgraded in
+# place first (broker.store.upgrade, as RocketMQ's enableDLegerCommitLog
+# does); its retention expires the old segments first, and its first leader
+# imports the old config tables.
 import logging
 import math
 import random
