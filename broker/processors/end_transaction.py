@@ -15,7 +15,7 @@
 #          4. commit: the real message (turned into its delay level when it
 #             has one) and the op record in ONE append; rollback: the op
 #             record alone.  Answered after the append committed.
-#   check_back()         what the check service calls for a due half:
+#   TransactionCheckBack what the check service calls for a due half:
 #        CHECK_TRANSACTION_STATE 39 (oneway) to one live connection of the
 #        half's producer group, rotating among them -- with ACL on, only
 #        among the connections the ACL lets see the half (may_check_back:
@@ -54,6 +54,7 @@ from commitlog.errors import CommitLogError
 from consumequeue import record as M
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.transaction")
 
@@ -80,15 +81,11 @@ def parse_end_transaction_header(request: RemotingCommand) -> EndTransactionHead
         transaction_id=h.str("transactionId", None))
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class EndTransactionProcessor:
     send: SendProcessor  # config, replica, gate, store and the one error translation (refusal)
-    service: TransactionService
-    clients: ClientManager
-    # (connection, producer group, real topic) -> may that connection be
-    # sent the half?  None (ACL off): every producer of the group.
-    may_check_back: Callable[[object, str, str], bool] | None = None
-    _turn: itertools.count = attrs.Factory(itertools.count)
+    service: TransactionService  # claims: which halves are resolved or being resolved
+    cq: ConsumeQueueService  # where the half is read
 
     CODES = (RequestCode.END_TRANSACTION,)
 
@@ -141,7 +138,7 @@ class EndTransactionProcessor:
     def _half(self, h: EndTransactionHeader) -> M.MessageRecord:
         """checkPrepareMessage: the half the header names, or TransactionError."""
         try:
-            half = M.decode(message_at(self.service.bs.cq, h.commit_log_offset))
+            half = M.decode(message_at(self.cq, h.commit_log_offset))
         except (MessageNotFoundError, M.MessageFormatError) as exc:
             raise TransactionError(f"Find prepared transaction message failed: {exc}") from None
         if half.topic != HALF_TOPIC:
@@ -152,9 +149,19 @@ class EndTransactionProcessor:
             raise TransactionError("The transaction state table offset wrong")
         return half
 
-    # --- check-backs ---------------------------------------------------------------
 
-    async def check_back(self, group: str, half: M.MessageRecord) -> bool:
+@attrs.define(eq=False, kw_only=True)
+class TransactionCheckBack:
+    """The check service's check_back (transaction.CheckBack): built before
+    the service and the processor, it needs neither."""
+
+    clients: ClientManager  # the producer connections heartbeats registered
+    # (connection, producer group, real topic) -> may that connection be
+    # sent the half?  None (ACL off): every producer of the group.
+    may_check_back: Callable[[object, str, str], bool] | None = None
+    _turn: itertools.count = attrs.Factory(itertools.count)
+
+    async def __call__(self, group: str, half: M.MessageRecord) -> bool:
         """CHECK_TRANSACTION_STATE to one producer of `group`; False when none
         is connected or the one chosen could not be told."""
         channels = self.clients.producer_channels(group)

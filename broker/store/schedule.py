@@ -38,12 +38,17 @@ import attrs
 import trio
 
 from broker.config import BrokerConfig
-from broker.store.broker_store import BrokerStore
+from broker.metadata.service import MetadataService
+from broker.store.gate import RoleGate
 from commitlog.errors import CommitLogError, NotLeaderError, PendingFullError, QuorumTimeoutError
+from commitlog.replica import ReplicaNode
 from consumequeue import record as M
+from consumequeue.arrivals import QueueArrivals
+from consumequeue.dispatcher import DispatchEngine
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
 from consumequeue.record import SCHEDULE_TOPIC, MessageFormatError, parse_java_int
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.schedule")
 
@@ -116,13 +121,18 @@ def deliver_at(store_timestamp: int, level: int, levels_ms: typing.Sequence[int]
     return now_ms if due > now_ms + delay else due
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class ScheduleService:
-    """Construct with the BrokerStore (replica, gate, metadata, cq) and the
-    BrokerConfig; run() is the service."""
+    """Construct with the collaborators below (by keyword); run() is the
+    service."""
 
-    bs: BrokerStore
     cfg: BrokerConfig
+    gate: RoleGate  # delivers only while open, for one term at a time
+    metadata: MetadataService  # the levels' replicated offsets (delay.offset records)
+    replica: ReplicaNode  # delivered messages and offsets are appended through it
+    cq: ConsumeQueueService  # where the delayed messages are read
+    queues: DispatchEngine  # the levels' consume queues
+    arrivals: QueueArrivals  # wakes a level with nothing to deliver
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     batch: int = DELIVER_BATCH
     delivered: int = 0  # messages delivered by this node (stats, tests)
@@ -133,7 +143,7 @@ class ScheduleService:
         return self.cfg.message_delay_levels_ms
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        gate = self.bs.gate
+        gate = self.gate
         task_status.started(self)
         while True:
             await gate.wait_writable()
@@ -153,15 +163,14 @@ class ScheduleService:
 
     async def _serve_level(self, level: int) -> None:
         qid = queue_of_level(level)
-        engine, arrivals = self.bs.cq.engine, self.bs.cq.dispatcher.arrivals
-        offset = self.bs.metadata.delay_offset(level) or 0
+        offset = self.metadata.delay_offset(level) or 0
         while True:
-            cq = engine.cqs.get(SCHEDULE_TOPIC, qid)
+            cq = self.queues.cqs.get(SCHEDULE_TOPIC, qid)
             if cq is not None:
                 offset = max(offset, cq.min_offset)
             if cq is None or cq.max_offset <= offset:
                 # Woken by committed messages of this level only.
-                await arrivals.wait_beyond(SCHEDULE_TOPIC, qid, offset)
+                await self.arrivals.wait_beyond(SCHEDULE_TOPIC, qid, offset)
                 continue
             now = self.clock_ms()
             due, next_due = self._due(cq, level, offset, now)
@@ -178,7 +187,7 @@ class ScheduleService:
                 due.append(None)
                 continue
             try:
-                rec = M.decode(message_at(self.bs.cq, unit.phy))
+                rec = M.decode(message_at(self.cq, unit.phy))
             except (MessageNotFoundError, MessageFormatError) as exc:
                 log.warning("%s level %d offset %d: delayed message skipped: %s", SCHEDULE_TOPIC, level,
                             unit.offset, exc)
@@ -203,16 +212,16 @@ class ScheduleService:
             except MessageFormatError as exc:
                 log.warning("%s level %d: delayed message %s dropped: %s", SCHEDULE_TOPIC, level, rec.uniq_key, exc)
         next_offset = offset + len(due)
-        records.append(self.bs.metadata.delay_offset_record({level: next_offset}))
+        records.append(self.metadata.delay_offset_record({level: next_offset}))
         try:
-            self.bs.gate.check_writable()
-            await self.bs.replica.append(records)
+            self.gate.check_writable()
+            await self.replica.append(records)
         except NotLeaderError:
             await trio.sleep_forever()  # the role watcher cancels us
         except QuorumTimeoutError as exc:
             # The entries may still commit: wait for that rather than append
             # them again (the role watcher cancels us if they are cut).
-            await self.bs.replica.committed.wait_for(exc.index)
+            await self.replica.committed.wait_for(exc.index)
         except (PendingFullError, CommitLogError) as exc:
             log.warning("%s level %d: delivery failed, retrying in %.0f s: %s", SCHEDULE_TOPIC, level,
                         ERROR_BACKOFF_S, exc)

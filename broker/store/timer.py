@@ -66,14 +66,20 @@ import attrs
 import trio
 
 from broker.config import BrokerConfig
-from broker.store.broker_store import BrokerStore
+from broker.metadata.service import MetadataService
+from broker.store.gate import RoleGate
 from broker.store.schedule import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, delay_level
 from commitlog.errors import CommitLogError, NotLeaderError, PendingFullError, QuorumTimeoutError
+from commitlog.replica import ReplicaNode
+from commitlog.store import SegmentedStore
 from commitlog.watermark import Watermark
 from consumequeue import record as M
+from consumequeue.arrivals import QueueArrivals
+from consumequeue.dispatcher import DispatchEngine
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
 from consumequeue.record import MessageFormatError, parse_java_int
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.timer")
 
@@ -307,13 +313,20 @@ class DueIndex:
 
 # --- the service ------------------------------------------------------------------------
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class TimerService:
-    """Construct with the BrokerStore and the BrokerConfig; run() is the
+    """Construct with the collaborators below (by keyword); run() is the
     service, recall() the RECALL_MESSAGE half."""
 
-    bs: BrokerStore
     cfg: BrokerConfig
+    gate: RoleGate  # delivers only while open, for one term at a time
+    metadata: MetadataService  # the replicated timer progress (timer.done records)
+    replica: ReplicaNode  # deliveries and done markers are appended through it
+    store: SegmentedStore  # the log, to see whether a predecessor's batch got in
+    cq: ConsumeQueueService  # where the timer messages are read
+    queues: DispatchEngine  # the timer queue
+    arrivals: QueueArrivals  # wakes the scan when the timer queue grows
+    dispatched: Watermark  # how far dispatch got (a recall waits for it)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     batch: int = DELIVER_BATCH
     delivered: int = 0  # records delivered by this node (stats, tests)
@@ -328,7 +341,7 @@ class TimerService:
     _wake: trio.Event = attrs.Factory(trio.Event)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        gate = self.bs.gate
+        gate = self.gate
         task_status.started(self)
         while True:
             await gate.wait_writable()
@@ -347,23 +360,22 @@ class TimerService:
             log.info("%s: stopped delivering timer messages (term %d over)", self.cfg.self_id, term)
 
     def _queue(self):
-        return self.bs.cq.engine.cqs.get(TIMER_TOPIC, TIMER_QUEUE)
+        return self.queues.cqs.get(TIMER_TOPIC, TIMER_QUEUE)
 
     @property
     def pending(self) -> int:
         """Timers not yet delivered nor recalled (committed, dispatched)."""
         cq = self._queue()
-        return 0 if cq is None else self.bs.metadata.timer_progress.pending_between(cq.min_offset, cq.max_offset)
+        return 0 if cq is None else self.metadata.timer_progress.pending_between(cq.min_offset, cq.max_offset)
 
     # --- one term ---------------------------------------------------------------------
 
     async def _serve(self) -> None:
         await self._finish_last_batch()
-        progress = self.bs.metadata.timer_progress
+        progress = self.metadata.timer_progress
         cq = self._queue()
         pos = max(progress.low, cq.min_offset if cq is not None else 0)
         self.scanned = Watermark(pos)
-        arrivals = self.bs.cq.dispatcher.arrivals
         budget = self.cfg.timer_max_in_memory
         while True:
             # One chunk at a time, delivering what is due in between: a new
@@ -384,7 +396,7 @@ class TimerService:
                 if len(self.index) < budget:
                     async with trio.open_nursery() as n:
                         async def arrived(scope=n.cancel_scope):
-                            await arrivals.wait_beyond(TIMER_TOPIC, TIMER_QUEUE, self.scanned.value)
+                            await self.arrivals.wait_beyond(TIMER_TOPIC, TIMER_QUEUE, self.scanned.value)
                             scope.cancel()
 
                         async def woken(scope=n.cancel_scope):
@@ -400,7 +412,7 @@ class TimerService:
         """Read up to SCAN_CHUNK units of the queue from `scanned` into the
         index (not-done units only), while the index is below `budget`.
         True when there is more to read now."""
-        progress = self.bs.metadata.timer_progress
+        progress = self.metadata.timer_progress
         cq = self._queue()
         pos = self.scanned.value
         if cq is None or cq.max_offset <= pos or len(self.index) >= budget:
@@ -414,7 +426,7 @@ class TimerService:
             if unit.is_blank or progress.is_done(unit.offset):
                 continue
             try:
-                rec = M.decode(message_at(self.bs.cq, unit.phy))
+                rec = M.decode(message_at(self.cq, unit.phy))
                 due = due_of(rec)
             except (MessageNotFoundError, MessageFormatError) as exc:
                 log.warning("%s offset %d: timer message unreadable, skipped when due: %s", TIMER_TOPIC,
@@ -435,12 +447,12 @@ class TimerService:
             for unit, _when, _uniq, phy in due:
                 done.append(unit)
                 try:
-                    rec = M.decode(message_at(self.bs.cq, phy))
+                    rec = M.decode(message_at(self.cq, phy))
                     records.append(M.encode(from_timer(rec, store_timestamp=now, store_host=self.cfg.store_host)))
                     batch.append(unit)
                 except (MessageNotFoundError, MessageFormatError) as exc:
                     log.warning("%s offset %d: timer message dropped: %s", TIMER_TOPIC, unit, exc)
-            marker = self.bs.metadata.timer_done_record(done, batch)
+            marker = self.metadata.timer_done_record(done, batch)
             if not await self._append([marker, *records]):
                 for unit, when, uniq, phy in due:
                     self.index.add(unit, when, uniq, phy)
@@ -458,14 +470,14 @@ class TimerService:
     async def _append(self, bodies: list) -> bool:
         """One append (the caller holds the lock); True once committed."""
         try:
-            self.bs.gate.check_writable()
-            await self.bs.replica.append(bodies)
+            self.gate.check_writable()
+            await self.replica.append(bodies)
         except NotLeaderError:
             await trio.sleep_forever()  # the role watcher cancels us
         except QuorumTimeoutError as exc:
             # May still commit: wait for that rather than append again (the
             # role watcher cancels us if it is cut; the next leader finishes it).
-            await self.bs.replica.committed.wait_for(exc.index)
+            await self.replica.committed.wait_for(exc.index)
         except (PendingFullError, CommitLogError) as exc:
             log.warning("%s: timer append failed, retrying in %.0f s: %s", TIMER_TOPIC, ERROR_BACKOFF_S, exc)
             await trio.sleep(ERROR_BACKOFF_S)
@@ -475,7 +487,7 @@ class TimerService:
     async def _finish_last_batch(self) -> None:
         """Deliver again what the last timer.done record's batch lacks in
         this node's log (a predecessor's append committed in part)."""
-        progress = self.bs.metadata.timer_progress
+        progress = self.metadata.timer_progress
         batch, index = progress.last_batch, progress.last_index
         if not batch:
             return
@@ -499,7 +511,7 @@ class TimerService:
             return
         now = self.clock_ms()
         records = [M.encode(from_timer(r, store_timestamp=now, store_host=self.cfg.store_host)) for _, r in missing]
-        marker = self.bs.metadata.timer_done_record((), [u for u, _ in missing])
+        marker = self.metadata.timer_done_record((), [u for u, _ in missing])
         log.warning("%s: the last timer batch (log index %d) committed %d of %d deliveries; delivering the rest",
                     TIMER_TOPIC, index, len(batch) - len(missing), len(batch))
         async with self._lock:
@@ -513,10 +525,10 @@ class TimerService:
         units = cq.read(unit, 1)
         if not units or units[0].offset != unit or units[0].is_blank:
             raise MessageNotFoundError(f"{TIMER_TOPIC} unit {unit} not found")
-        return M.decode(message_at(self.bs.cq, units[0].phy))
+        return M.decode(message_at(self.cq, units[0].phy))
 
     def _delivered_at(self, index: int, timer_rec: M.MessageRecord) -> bool:
-        store = self.bs.store
+        store = self.store
         if index > store.end_index:
             return False
         try:
@@ -533,7 +545,7 @@ class TimerService:
         with trio.move_on_after(timeout_s):
             await self._ready.wait()
             # Everything committed so far is in the queue and read.
-            await self.bs.cq.dispatcher.dispatched.wait_for(self.bs.replica.committed.value)
+            await self.dispatched.wait_for(self.replica.committed.value)
             cq = self._queue()
             if cq is not None:
                 await self.scanned.wait_for(cq.max_offset)
@@ -544,7 +556,7 @@ class TimerService:
             if not units:
                 raise RecallError("ILLEGAL_OPERATION",
                                   f"recall failed, no pending timer message {uniq} (delivered, recalled or unknown)")
-            marker = self.bs.metadata.timer_done_record(units, ())
+            marker = self.metadata.timer_done_record(units, ())
             if not await self._append([marker]):
                 raise RecallError("SYSTEM_ERROR", "recall failed, execute error")
             for unit in units:

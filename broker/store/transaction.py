@@ -49,13 +49,19 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.metadata.records import OffsetCommit
+from broker.metadata.service import MetadataService
 from broker.metadata.tables import offset_key
-from broker.store.broker_store import BrokerStore
+from broker.store.gate import RoleGate
 from commitlog.errors import CommitLogError, NotLeaderError, QuorumTimeoutError
+from commitlog.replica import ReplicaNode
+from commitlog.store import SegmentedStore
 from consumequeue import record as M
+from consumequeue.arrivals import QueueArrivals
+from consumequeue.dispatcher import DispatchEngine
 from consumequeue.errors import MessageNotFoundError
 from consumequeue.reader import message_at
 from consumequeue.record import MessageFormatError, parse_java_int
+from consumequeue.service import ConsumeQueueService
 
 log = logging.getLogger("ledgermq.transaction")
 
@@ -178,14 +184,20 @@ class OpIndex:
         return min(live, default=self.read_offset)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class TransactionService:
-    """Construct with the BrokerStore, the BrokerConfig and check_back(group,
-    half as the producer sees it) -> sent; run() is the service."""
+    """Construct with the collaborators below (by keyword); run() is the
+    service, claim()/release() END_TRANSACTION's side."""
 
-    bs: BrokerStore
     cfg: BrokerConfig
-    check_back: CheckBack
+    gate: RoleGate  # checks only while open, for one term at a time
+    metadata: MetadataService  # the replicated progress (CID_RMQ_SYS_TRANS offsets)
+    replica: ReplicaNode  # re-put halves and progress are appended through it
+    store: SegmentedStore  # a re-put copy's queue offset when the append did not stamp it
+    cq: ConsumeQueueService  # where halves and ops are read
+    queues: DispatchEngine  # the half and op queues
+    arrivals: QueueArrivals  # wakes the service on new halves and ops
+    check_back: CheckBack  # (group, re-put half) -> told a producer (end_transaction.TransactionCheckBack)
     clock_ms: typing.Callable[[], int] = lambda: int(time.time() * 1000)
     ops: OpIndex = attrs.Factory(OpIndex)
     claimed: set = attrs.Factory(set)  # keys END_TRANSACTION is storing an op for right now
@@ -209,7 +221,7 @@ class TransactionService:
     # --- the check service -------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        gate = self.bs.gate
+        gate = self.gate
         task_status.started(self)
         while True:
             await gate.wait_writable()
@@ -224,13 +236,12 @@ class TransactionService:
                 self.active = False
 
     def _progress(self, topic: str) -> int:
-        return self.bs.metadata.query_offset(topic, CHECK_GROUP, 0) or 0
+        return self.metadata.query_offset(topic, CHECK_GROUP, 0) or 0
 
     async def _serve(self) -> None:
         half_offset = self._progress(HALF_TOPIC)
         self.ops = OpIndex(self._progress(OP_TOPIC))
         self.claimed.clear()
-        arrivals = self.bs.cq.dispatcher.arrivals
         while True:
             self._read_ops()
             half_offset, wait_ms, work = self._scan(half_offset)
@@ -238,17 +249,17 @@ class TransactionService:
                 half_offset = await self._check(half_offset, work)
                 continue
             if wait_ms is None:  # every half is resolved: wait for a new one
-                await arrivals.wait_beyond(HALF_TOPIC, 0, half_offset)
+                await self.arrivals.wait_beyond(HALF_TOPIC, 0, half_offset)
                 continue
             with trio.move_on_after(wait_ms / 1000):  # the head's due time, or an op resolving it
-                await arrivals.wait_beyond(OP_TOPIC, 0, self.ops.read_offset)
+                await self.arrivals.wait_beyond(OP_TOPIC, 0, self.ops.read_offset)
 
     def _queue(self, topic: str):
-        return self.bs.cq.engine.cqs.get(topic, 0)
+        return self.queues.cqs.get(topic, 0)
 
     def _record(self, phy: int) -> M.MessageRecord | None:
         try:
-            return M.decode(message_at(self.bs.cq, phy))
+            return M.decode(message_at(self.cq, phy))
         except (MessageNotFoundError, MessageFormatError) as exc:
             log.warning("transaction record at %d unreadable, skipped: %s", phy, exc)
             return None
@@ -306,12 +317,12 @@ class TransactionService:
         progress = OffsetCommit({offset_key(HALF_TOPIC, CHECK_GROUP): {0: next_offset},
                                  offset_key(OP_TOPIC, CHECK_GROUP): {0: self.ops.commit_offset(next_offset)}})
         try:
-            self.bs.gate.check_writable()
-            req = await self.bs.replica.wait(self.bs.replica.submit([M.encode(copy), self.bs.metadata.encode(progress)]))
+            self.gate.check_writable()
+            req = await self.replica.wait(self.replica.submit([M.encode(copy), self.metadata.encode(progress)]))
         except NotLeaderError:
             await trio.sleep_forever()  # the role watcher cancels us
         except QuorumTimeoutError as exc:
-            await self.bs.replica.committed.wait_for(exc.index)  # it may still commit; else we are cancelled
+            await self.replica.committed.wait_for(exc.index)  # it may still commit; else we are cancelled
             return offset
         except CommitLogError as exc:
             log.warning("transaction check of %s failed, retrying in %.0f s: %s", half.uniq_key, ERROR_BACKOFF_S, exc)
@@ -320,7 +331,7 @@ class TransactionService:
         index, pos = req.result[0]
         stamps = req.stamped
         queue_offset = stamps[0] if stamps is not None and stamps[0] >= 0 else \
-            int.from_bytes(bytes(self.bs.store.get(index).body)[M.POS_QUEUEOFFSET:M.POS_QUEUEOFFSET + 8], "big")
+            int.from_bytes(bytes(self.store.get(index).body)[M.POS_QUEUEOFFSET:M.POS_QUEUEOFFSET + 8], "big")
         stored = attrs.evolve(copy, queue_offset=queue_offset, physical_offset=pos + 48)
         group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
         try:

@@ -31,10 +31,10 @@ from broker.processors.send import SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.store.gate import NotWritableError
-from broker.store.schedule import ScheduleService
 from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, processor, v2
 from tests.broker.store.test_gate import Group
+from tests.helpers.store_services import schedule_service
 
 GROUP = "cg_retry"
 LEVELS = "1s 2s 3s 4s"
@@ -64,7 +64,7 @@ async def started(tmp_path, nursery, **extra):
     send = SendProcessor(LiveConfig(leader.cfg), leader.bs.replica, leader.bs.gate, leader.bs.metadata, leader.bs.store,
                          clock_ms=vclock)
     back = SendBackProcessor(send, leader.bs.cq)
-    schedule = ScheduleService(leader.bs, leader.cfg, clock_ms=vclock)
+    schedule = schedule_service(leader.bs, leader.cfg, clock_ms=vclock)
     await nursery.start(schedule.run)
     return g, leader, send, back, schedule
 

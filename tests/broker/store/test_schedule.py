@@ -17,11 +17,12 @@ from broker.metadata import snapshot
 from broker.processors.send import SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.store.schedule import ScheduleService, deliver_at, from_schedule, to_schedule
+from broker.store.schedule import deliver_at, from_schedule, to_schedule
 from commitlog.config import ConfigError
 from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, v2
 from tests.broker.store.test_gate import Group
+from tests.helpers.store_services import schedule_service
 
 HOST = M.HostAddr("10.0.0.9", 10911)
 
@@ -84,7 +85,7 @@ async def test_delayed_send_is_delivered_when_due_and_offsets_replicate(tmp_path
         g = Group(tmp_path, nursery, messageDelayLevel="1s 2s")
         await g.start()
         leader = await g.wait_leader()
-        services = {m.nid: ScheduleService(m.bs, m.cfg, clock_ms=vclock) for m in g.alive()}
+        services = {m.nid: schedule_service(m.bs, m.cfg, clock_ms=vclock) for m in g.alive()}
         for s in services.values():
             await nursery.start(s.run)
         send = sender(leader)
@@ -134,7 +135,7 @@ async def test_new_leader_delivers_what_the_old_one_left(tmp_path, autojump_cloc
         g = Group(tmp_path, nursery, messageDelayLevel="1s 3s")
         await g.start()
         leader = await g.wait_leader()
-        services = {m.nid: ScheduleService(m.bs, m.cfg, clock_ms=vclock) for m in g.alive()}
+        services = {m.nid: schedule_service(m.bs, m.cfg, clock_ms=vclock) for m in g.alive()}
         for s in services.values():
             await nursery.start(s.run)
         send = sender(leader)

@@ -13,7 +13,7 @@ import trio.testing
 from broker.common.msgid import parse_offset_msg_id
 from broker.config import LiveConfig
 from broker.processors.client_manager import ClientManager
-from broker.processors.end_transaction import EndTransactionProcessor
+from broker.processors.end_transaction import EndTransactionProcessor, TransactionCheckBack
 from broker.processors.send import SendProcessor
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -21,7 +21,6 @@ from broker.store.transaction import (
     HALF_TOPIC,
     OP_TOPIC,
     OpIndex,
-    TransactionService,
     as_checked,
     from_half,
     renewed,
@@ -31,6 +30,7 @@ from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, v2
 from tests.broker.store.test_gate import Group
 from tests.broker.store.test_schedule import records_of, vclock, wait_count
+from tests.helpers.store_services import transaction_service
 
 HOST = M.HostAddr("10.0.0.9", 10911)
 TX = {"TRAN_MSG": "true", "PGROUP": "txg", "TAGS": "T"}
@@ -82,9 +82,8 @@ def register_producer(clients: ClientManager, conn, cid="p1", group="txg"):
 def wire(m, clients):
     cfg = m.cfg
     send = SendProcessor(LiveConfig(cfg), m.bs.replica, m.bs.gate, m.bs.metadata, m.bs.store, clock_ms=vclock)
-    service = TransactionService(m.bs, cfg, check_back=None, clock_ms=vclock)
-    end = EndTransactionProcessor(send, service, clients)
-    service.check_back = end.check_back
+    service = transaction_service(m.bs, cfg, TransactionCheckBack(clients=clients), clock_ms=vclock)
+    end = EndTransactionProcessor(send=send, service=service, cq=m.bs.cq)
     return send, service, end
 
 

@@ -11,10 +11,11 @@ import trio.testing
 from broker.config import LiveConfig
 from broker.processors.send import SendProcessor
 from broker.remoting.codes import ResponseCode
-from broker.store.timer import TIMER_TOPIC, RecallError, TimerService, from_timer
+from broker.store.timer import TIMER_TOPIC, RecallError, from_timer
 from consumequeue import record as M
 from tests.broker.processors.test_send import BORN, v2
 from tests.broker.store.test_gate import Group
+from tests.helpers.store_services import timer_service
 
 
 def vclock() -> int:
@@ -45,7 +46,7 @@ def sender(m) -> SendProcessor:
 
 
 async def start_services(g, nursery) -> dict:
-    services = {m.nid: TimerService(m.bs, m.cfg, clock_ms=vclock) for m in g.alive()}
+    services = {m.nid: timer_service(m.bs, m.cfg, clock_ms=vclock) for m in g.alive()}
     for s in services.values():
         await nursery.start(s.run)
     return services
