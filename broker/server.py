@@ -51,7 +51,7 @@ from broker.processors.admin_clients import ClientsAdminProcessor
 from broker.processors.admin_dledger import DLedgerAdminProcessor
 from broker.processors.client_manager import ClientManager
 from broker.processors.clients import ClientProcessor
-from broker.processors.end_transaction import EndTransactionProcessor
+from broker.processors.end_transaction import EndTransactionProcessor, TransactionCheckBack
 from broker.processors.forward import WriteForwarder
 from broker.processors.locks import QueueLockProcessor
 from broker.processors.offsets import ConsumerOffsetProcessor
@@ -128,20 +128,18 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
     # master; its client is set by serve_broker, which owns its connections.
     forwarder = WriteForwarder(config, bs.gate, bs.replica)
     send = SendProcessor(config, bs.replica, bs.gate, bs.metadata, bs.store, forwarder=forwarder)
-    # The check service asks producers through the processor that knows the
-    # client registry; the processor asks the service which halves are resolved.
-    # With ACL, a check-back goes only to a producer whose account may see
-    # the half (any account can name any producer group in a heartbeat).
-    # The two name each other: the service is given check_back at
-    # construction, which calls the processor built on the next line (it
-    # runs only once the services are started).
-    async def check_back(group: str, half) -> bool:
-        return await end_transaction.check_back(group, half)
-
-    transactions = TransactionService(bs, config.current, check_back=check_back)
-    end_transaction = EndTransactionProcessor(send, transactions, clients,
-                                              acl.may_check_back if acl is not None else None)
-    timer = TimerService(bs, config.current)
+    # The check service asks producers through the check-back, which knows
+    # the client registry; END_TRANSACTION asks the service which halves are
+    # resolved.  With ACL, a check-back goes only to a producer whose account
+    # may see the half (any account can name any producer group in a heartbeat).
+    check_back = TransactionCheckBack(clients=clients, may_check_back=acl.may_check_back if acl is not None else None)
+    transactions = TransactionService(cfg=config.current, gate=bs.gate, metadata=bs.metadata, replica=bs.replica,
+                                      store=bs.store, cq=bs.cq, queues=bs.cq.engine,
+                                      arrivals=bs.cq.dispatcher.arrivals, check_back=check_back)
+    end_transaction = EndTransactionProcessor(send=send, service=transactions, cq=bs.cq)
+    timer = TimerService(cfg=config.current, gate=bs.gate, metadata=bs.metadata, replica=bs.replica, store=bs.store,
+                         cq=bs.cq, queues=bs.cq.engine, arrivals=bs.cq.dispatcher.arrivals,
+                         dispatched=bs.cq.dispatcher.dispatched)
     # POP: the revive service hooks itself to the processor (new checkpoints wake it).
     pop = PopProcessor(config=config, gate=bs.gate, metadata=bs.metadata, replica=bs.replica, cq=bs.cq,
                        queues=bs.cq.engine, dispatcher=bs.cq.dispatcher)
@@ -166,7 +164,8 @@ def wire_processors(config: LiveConfig, bs: BrokerStore, clients: ClientManager,
         admin_clients=ClientsAdminProcessor(config=config, gate=bs.gate, metadata=bs.metadata, queues=bs.cq.engine,
                                             replica=bs.replica, clients=clients),
         admin_dledger=DLedgerAdminProcessor(config, bs),
-        schedule=ScheduleService(bs, config.current),
+        schedule=ScheduleService(cfg=config.current, gate=bs.gate, metadata=bs.metadata, replica=bs.replica,
+                                 cq=bs.cq, queues=bs.cq.engine, arrivals=bs.cq.dispatcher.arrivals),
         forwarder=forwarder,
     )
 
