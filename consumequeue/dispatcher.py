@@ -532,6 +532,22 @@ class Dispatcher:
         if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval:
             await self.checkpoint()
 
+    async def finish(self) -> None:
+        """On the way out (shielded by the caller): dispatch what is
+        committed when it is at most one chunk -- what a linger left, so a
+        stopped follower's queues end where its log's committed part ends
+        -- then checkpoint.  More than that is left to the next start's
+        recovery, as after a crash."""
+        committed = self.committed.value
+        if committed > self.engine.last_index:
+            end = self.end_of_index(committed)
+            if end is not None and end - self.engine.pos <= self.chunk_bytes:
+                try:
+                    await self.dispatch_through(committed)
+                except (DispatchError, OSError) as exc:
+                    log.error("dispatch through entry %d on the way out failed: %s", committed, exc)
+        await self.checkpoint()
+
     async def checkpoint(self) -> None:
         if self.engine.pos != self._checkpointed_pos:
             pos, index, generation = self.engine.pos, self.engine.last_index, self.engine.generation

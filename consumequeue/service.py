@@ -152,12 +152,13 @@ class ConsumeQueueService:
         return cls(store, engine, committed)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """The dispatcher task; checkpoints when cancelled."""
+        """The dispatcher task; on the way out it dispatches what a linger
+        left (Dispatcher.finish) and checkpoints."""
         try:
             await self.dispatcher.run(task_status=task_status)
         finally:
             with trio.CancelScope(shield=True):
-                await self.dispatcher.checkpoint()
+                await self.dispatcher.finish()
 
     def become_leader(self) -> None:
         """Rebuild the offset table (consume queues + the undispatched log

@@ -205,7 +205,15 @@ async def test_a_follower_dispatches_commits_together_and_a_leader_at_once(tmp_p
         assert len(rounds) == 4
         svc.become_follower()
         assert svc.dispatcher.linger == service.FOLLOWER_LINGER
+        # Stopped while a commit lingers: it is dispatched on the way out.
+        store.append_leader(bodies(1, 8), term=1)
+        store.set_committed(8)
+        wm.advance(8)
+        await trio.testing.wait_all_tasks_blocked()
+        assert svc.dispatcher.dispatched.value == 7
         nursery.cancel_scope.cancel()
+    assert svc.dispatcher.dispatched.value == 8 and sum(svc.engine.cqs.max_offset_table().values()) == 9
+    assert DispatchState.load(str(tmp_path)).index == 8
     svc.close()
     store.close()
 
