@@ -4,10 +4,9 @@
 # the effects (messages to peers, the committed watermark, append results).
 # Client appends are group-committed: everything queued while the driver was
 # busy becomes one propose() and one log write (a proposal that finds the
-# driver idle under the async flush policy is carried out in submit() itself).
-# Every peer message is decoded and admitted first (inbox.py, admission.py);
-# a Ready that cannot be carried out, or a message that breaks the core, is
-# replica_faults.py's.
+# driver idle under async flush is carried out in submit() itself).
+# Peer messages are decoded and admitted first (inbox.py, admission.py);
+# faults (a Ready that cannot be carried out) are replica_faults.py's.
 #
 # Durability: in "sync" policy the log is fdatasync'ed once per driver round,
 # BEFORE any message of that round leaves and before the committed watermark
@@ -27,9 +26,8 @@
 #
 # Membership (raft/membership.py): a Ready that changes the configuration
 # history is persisted first (the ledgermq-members file), then the transport's
-# peer set and `membership` follow.  change_membership() waits out refusals
-# that pass with time and returns once the change commits in its term.
-# Round tracing (roundtrace.py) marks the hops; off, each costs one None test.
+# peer set and `membership` follow; change_membership() returns once the
+# change commits in its term.  Round tracing (roundtrace.py): off, one None test.
 import collections
 import errno
 import logging

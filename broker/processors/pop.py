@@ -1,19 +1,17 @@
 # Owns POP consumption's requests (RocketMQ 5's PopMessageProcessor,
 # AckMessageProcessor, ChangeInvisibleTimeProcessor), answered by the writable
 # master only: POP_MESSAGE 200050 (maxMsgNums <= 32, else INVALID_PARAMETER;
-# queueId -1 = any queue, round-robin; each record carries its receipt in
-# property POP_CK, pop_receipt.py; nothing to hand out: POLLING_TIMEOUT, remark
-# NO_MESSAGE_IN_QUEUE, after holding up to pollTime), ACK_MESSAGE 200051,
-# BATCH_ACK_MESSAGE 200151 (acked offsets so+i as java.util.BitSet bytes,
+# queueId -1: any, round-robin; receipts in property POP_CK, pop_receipt.py;
+# none to hand out: POLLING_TIMEOUT after holding up to pollTime), ACK_MESSAGE
+# 200051, BATCH_ACK_MESSAGE 200151 (acked offsets so+i as a java.util.BitSet,
 # base64) and CHANGE_MESSAGE_INVISIBLETIME 200053 (a new receipt).
 #
 # Replication: every decision -- the offsets a pop hands out, an ack, a new
 # invisible time -- is a metadata op (broker/metadata/pop.py), and the request
 # is answered only once that op is committed AND applied here.  So a receipt
 # a client holds is in the committed log: a new master neither hands those
-# messages out again early nor loses them, and an acked message stays acked.
-# A failed append is answered with the error; its messages stay, or come back
-# after their invisible time.
+# messages out again early nor loses them, and an acked message stays acked
+# (a failed append is answered with the error).
 #
 # Ordering: one (group, topic, queue)'s offsets are decided under that
 # queue's lock, held until the op is applied; a queue another pop holds is
@@ -24,14 +22,11 @@
 # FIFO (order=true): a queue with an unacked, unexpired order checkpoint is
 # skipped; an expired one is handed out again with reconsumeTimes + attempts
 # (orderCountInfo), or past the group's retryMaxTimes appended to %DLQ%<group>
-# with the op that moves the offset past it.
-#
-# Budgets: held pops wait in their own task on the queues' arrivals and their
-# group's acks, changes and revives; at most popPollingMaxHeldPerConnection
-# per connection and popPollingMaxHeld in all (then POLLING_FULL at once),
-# both below the remoting server's in-flight budgets so acks, sends and
-# heartbeats always find room.  A group with popInflightMessageThreshold
-# unacked messages in a queue skips that queue.
+# with the op that moves the offset past it.  Budgets: held pops park on the queues' arrivals and their group's acks,
+# changes and revives, at most popPollingMaxHeldPerConnection per connection
+# and popPollingMaxHeld in all (then POLLING_FULL), below the remoting
+# server's in-flight budgets so acks, sends and heartbeats find room; a queue
+# with popInflightMessageThreshold unacked messages is skipped.
 import base64
 import contextlib
 import itertools

@@ -1,11 +1,8 @@
 # Owns PULL_MESSAGE (11): RocketMQ's PullMessageProcessor + PullRequestHoldService
-# over our consume queues (spec §8.5, client-compat #11): the header
-# (client-compat #1), broker/topic readable and queueId in range, the
-# subscription (the header's expression with PullSysFlag SUBSCRIPTION, else the
-# group's from HEART_BEAT, broker/processors/clients.py), the read
-# (consumequeue.reader.read_messages), the answer (reader.pull_response_code,
-# nextBeginOffset/minOffset/maxOffset/suggestWhichBrokerId, remark = status
-# name, body = the stored records unchanged) and COMMIT_OFFSET (0x1).
+# over our consume queues (spec §8.5, client-compat #1, #11): checks, the
+# subscription (the header's with PullSysFlag SUBSCRIPTION, else the group's
+# from HEART_BEAT, clients.py), the read (consumequeue.reader; the body is the
+# stored records unchanged) and COMMIT_OFFSET (0x1).
 #
 # Rules.  Reads stop at the dispatch position (dispatched implies committed).
 # Class filters are refused (NO_PERMISSION); SQL92 needs enablePropertyFilter
@@ -16,12 +13,11 @@
 # offset passes the request offset (or its queues are rebuilt) or the suspend
 # timeout elapses -- at most longPollingSuspendMaxMillis (30 s; clients ask for
 # up to 24 h) -- then answer with a fresh read; waits park on the dispatcher's
-# per-queue arrivals.  Held pulls are parked, not tasks (PullHolds, with
-# PullHoldService as its shell): they take none of the remoting budgets but
-# budgets of their own (longPollingMaxHeld*: per connection, per address, in
-# all); past them SYSTEM_BUSY "[OVERLOAD]" at once (stock clients retry 3 s
-# later; never PULL_NOT_FOUND, re-sent at once).  One task per queue with
-# parked pulls, one timer for the deadlines; their answers count against the
+# per-queue arrivals.  Held pulls are parked, not tasks (PullHolds; its shell
+# PullHoldService: one task per queue, one timer), outside the remoting
+# budgets but within their own (longPollingMaxHeld*: per connection, address,
+# in all); past them SYSTEM_BUSY "[OVERLOAD]" (stock clients retry 3 s later;
+# never PULL_NOT_FOUND, re-sent at once).  Their answers count against the
 # server's Pacer; a closed connection's parked pulls are dropped at once.
 #
 # Roles.  Every node serves reads.  suggestWhichBrokerId: a consumer more than
@@ -31,8 +27,7 @@
 # are corrected only by a master whose dispatch has reached its commit index
 # and that heard from a quorum within an election timeout; elsewhere
 # OFFSET_MOVED becomes PULL_RETRY_IMMEDIATELY at the request offset (a SUSPEND
-# pull beyond the queue is held first), so a lagging view never rewinds a
-# consumer.
+# pull beyond the queue is held first): a lagging view never rewinds anyone.
 import heapq
 import itertools
 import logging

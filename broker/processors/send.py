@@ -12,8 +12,7 @@
 # queueOffset; transactionId = UNIQ_KEY).
 #
 # Rules.  A reply is sent only once the entries are committed on a quorum.
-# There is one route, the burst (send_burst.py; a single send is a burst of
-# one).  A send this broker could not store (not leader, transferring, an
+# One route: the burst (send_burst.py).  A send this broker could not store (not leader, transferring, an
 # entry a later leader truncated) goes to unstored(), where the forwarder
 # (forward.py) may hold it or hand it to the master; otherwise it is refused.
 # Errors are translated in one place, refusal():
@@ -24,13 +23,11 @@
 #                               clients count it as sent, and the entry may still
 #                               commit; msgId/queueOffset read from the local log)
 #   entry too large          -> MESSAGE_ILLEGAL
-# A single message with DELAY > 0 is stored to SCHEDULE_TOPIC_XXXX
-# (broker/store/schedule.py; the reply keeps the producer's queueId and gives
-# the schedule queue's offset, as Java does); a batch with DELAY is refused.
-# Transactional halves (PREPARED) are rewritten to RMQ_SYS_TRANS_HALF_TOPIC
-# (_half_record, broker/store/transaction.py) and stored like any send.
-# Elsewhere: CONSUMER_SEND_MSG_BACK (retry.py, reuses refusal), END_TRANSACTION
-# (end_transaction.py), the ACL (broker/acl/).
+# DELAY > 0 stores a single message to SCHEDULE_TOPIC_XXXX (schedule.py; the
+# reply keeps the producer's queueId, the offset is the schedule queue's, as
+# Java); a batch with DELAY is refused.  PREPARED halves go to
+# RMQ_SYS_TRANS_HALF_TOPIC (_half_record).  Elsewhere: CONSUMER_SEND_MSG_BACK
+# (retry.py), END_TRANSACTION (end_transaction.py), the ACL (broker/acl/).
 import functools
 import logging
 import random
