@@ -12,10 +12,9 @@
 #     config.1.index=1041            the CONFIG_CHANGE entry (magic 3) at 1041
 #     ...
 #
-# Java-properties text written atomically, like currterm and checkpoint.
-# A store without the file (every store written before membership changes
-# existed, and stock DLedger stores) has the bootstrap configuration: voters
-# = dLegerPeers.  A node started with dLegerJoin=true and no file knows no
+# Java-properties text written atomically, like currterm and checkpoint.  A
+# store without the file (a stock DLedger store, one never reconfigured) has
+# the bootstrap configuration: voters = dLegerPeers.  A node started with dLegerJoin=true and no file knows no
 # configuration: it campaigns for nothing and votes for nobody until the
 # leader's log (or its retention reset) tells it who is in the group.
 #

@@ -12,11 +12,9 @@
 # the next segment; anything else (zeroes, garbage, a record running past
 # its segment or the written data: a torn tail) ends the log there.
 #
-# Records are walked with the native dispatch scanner in its plain mode
-# (one C call per batch, no Python object per record unless asked for).
-# Around the commitlog: the binary `checkpoint` (spec §4.1) and the `abort`
-# flag a running or crashed broker leaves.  (Its config/*.json are read by
-# broker.metadata.snapshot.read_config_dir.)
+# Records are walked with the native dispatch scanner in its plain mode (one
+# C call per batch).  Around the commitlog: the binary `checkpoint` (spec
+# §4.1) and the `abort` flag a running or crashed broker leaves.
 #
 # index_coverage() says whether ${root}/index holds every message of the
 # log a stock broker's index would (a message with a UNIQ_KEY or a KEYS

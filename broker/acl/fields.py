@@ -1,10 +1,9 @@
-# Owns the header fields each request code may carry when ACL is on, and
-# what each field's text must look like.  ACL 1.0 signs the ext field VALUES
-# concatenated in key order, then the body, with nothing between them
-# (signing.py), so one signature covers many requests: bytes can move from
-# one field to the next, into an added field, or between the last field and
-# the body.  Refusing every field a code does not define and every value
-# that does not parse as its field's type closes most of those moves:
+# Owns the header fields each request code may carry when ACL is on, and what
+# each field's text must look like.  ACL 1.0 signs the ext field VALUES in key
+# order, then the body, with nothing between (signing.py), so under one
+# signature bytes can move between fields, into an added field or the body.
+# Refusing every field a code does not define and every value that does not
+# parse as its type closes most of those moves:
 #
 #   INT, LONG   Java's Integer / Long, written as Java writes them: decimal,
 #               no sign but "-", no leading zeros, in range
@@ -27,8 +26,8 @@
 # and end-transaction, ...), plus what each client is seen to send:
 # GENERIC on every code (AccessKey, Signature, SecurityToken, the C++ and
 # Node.js OnsChannel, the query flag Java's admin adds, and the 5.x
-# RpcRequestHeader / TopicRequestHeader fields ns, nsd, bname, oway, lo).
-# ledgermq's own codes 9100-9103 have the fields mqadmin sends.  Pure.
+# RpcRequestHeader / TopicRequestHeader fields ns, nsd, bname, oway, lo);
+# ledgermq's codes 9100-9103 have the fields mqadmin sends.  Pure.
 import re
 from collections.abc import Mapping
 

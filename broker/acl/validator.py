@@ -22,8 +22,7 @@
 #  10. each resource against the account's explicit permission, else its
 #      default for topics / groups                       -> "No default permission for topic:<t>"
 #
-# Groups are checked as their retry topic %RETRY%<group> is in RocketMQ, so a
-# topic named %RETRY%G means group G.
+# Groups are checked as their retry topic is (a topic %RETRY%G means group G).
 #
 # A Policy says which codes a server protects: the broker checks every code
 # (authentication for all, the table's rule for each); the name server only

@@ -1,7 +1,6 @@
-# Owns the hand-over of writes a broker of the group cannot store itself
-# right now: a master that just stepped down (a leadership
-# transfer, a lost election), a leader still catching up, a leader in the
-# middle of a transfer.  Clients learn the new master from the name server
+# Owns the hand-over of writes a broker of the group cannot store itself right
+# now: a master that just stepped down (a transfer, a lost election), a leader
+# still catching up or in the middle of a transfer.  Clients learn the new master from the name server
 # seconds later (a Java client polls every 30 s), and RocketMQ clients retry
 # a refused send to the same broker group within milliseconds, so without
 # this a planned transfer failed sends that an unplanned crash did not.

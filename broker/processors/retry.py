@@ -22,8 +22,7 @@
 #             (tags, keys, UNIQ_KEY...) of the original, RETRY_TOPIC = the
 #             original topic (kept when already set), ORIGIN_MESSAGE_ID = the
 #             original's (or its offset message id), reconsumeTimes + 1;
-#          7. SUCCESS only after the append committed (send's quorum rule);
-#             failures are translated by SendProcessor.refusal.
+#          7. SUCCESS only once committed; failures go through SendProcessor.refusal.
 #
 #   ensure_retry_topic()  what HEART_BEAT does for every consumer group on
 #        the writable leader (ClientManageProcessor.heartBeat): the group

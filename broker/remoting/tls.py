@@ -15,17 +15,14 @@
 #   tls.enable                       client  dial with TLS (brokers to name servers, clients, mqadmin)
 #   tls.client.trustCertPath         client  CA bundle (default: the system's)
 #   tls.client.authServer            client  verify the server's certificate and name (default true)
-#   tls.client.certPath / keyPath /  client  a client certificate, for servers that require one
-#     keyPassword
+#   tls.client.certPath / keyPath / keyPassword  client  a client certificate, for servers that require one
 #   tls.config.file                  both    a properties file holding more of these keys
 #
 # Where ledgermq differs from RocketMQ, deliberately: the server mode
 # defaults to disabled (RocketMQ's permissive default serves a self-signed
 # test certificate, tls.test.mode.enable, which is no protection), and a
 # client verifies the server by default (RocketMQ's authServer defaults to
-# false).  tls.test.mode.enable is accepted and ignored.
-#
-# Permissive serves TLS and plaintext on one port, told apart by the first
+# false).  tls.test.mode.enable is accepted and ignored.  Permissive serves TLS and plaintext on one port, told apart by the first
 # byte: a TLS record starts with 0x16 (handshake), and a remoting frame never
 # does (its length would be over 369 MB, beyond any frameMaxLength).
 # Enforcing closes a connection whose first byte is not 0x16.

@@ -7,12 +7,11 @@
 # Handshake: the dialer sends HELLO(group, src=self, dst=peer, identity); the
 # acceptor checks it and answers HELLO_OK(group, src=self, dst=dialer,
 # identity) or REJECT(reason) and closes.  The dialer checks HELLO_OK the same
-# way.  Only then do DATA frames flow and the peer count as connected.  Two
-# nodes whose identities differ (framing.identity_mismatch: another log
-# origin or segment size) never connect: the reason names both values, is
-# logged as an error on both sides and kept as the peer's last_error, and
-# the dialer keeps retrying with backoff, so the pair connects once an
-# operator fixed the store and restarted the node.
+# way.  Only then do DATA frames flow and the peer count as connected.  Nodes
+# whose identities differ (framing.identity_mismatch: another log origin or
+# segment size) never connect: the reason, naming both values, is logged on
+# both sides and kept as the peer's last_error, and the dialer retries with
+# backoff until an operator has fixed the store and restarted the node.
 #
 # Peer authentication: with a group secret (`auth`, framing.PeerAuth) the
 # handshake is a challenge-response in both directions (HELLO with a nonce,
