@@ -15,7 +15,10 @@
 # polling), dispatches exactly up to the committed entry, publishes its own
 # `dispatched` watermark for pull long-polling, and checkpoints on an
 # interval and on close.  Only committed entries are ever dispatched, so a
-# follower's truncated uncommitted tail never reaches a consume queue.
+# follower's truncated uncommitted tail never reaches a consume queue.  A
+# leader dispatches every commit at once; a follower, whose queues nobody
+# reads, lets commits gather for `linger` (service.FOLLOWER_LINGER) and
+# dispatches them in one round.
 import errno
 import logging
 import math

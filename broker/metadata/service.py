@@ -5,19 +5,18 @@
 # applying committed records (applier.py), starting from the last snapshot
 # (snapshot.py).  A new leader therefore serves exactly what was committed,
 # and a consumer resumes from its last committed offset after a leader
-# change (the failure of apache/rocketmq#7790).
-#
-# Writes (leader only; NotLeaderError otherwise) return once the record is
+# change (the failure of apache/rocketmq#7790).  Writes (leader only; NotLeaderError otherwise) return once the record is
 # committed AND applied locally, so a caller reads its own write.  Offset
 # commits are coalesced: every commit staged during one flush interval
 # (default 200 ms) becomes one record (split when large), keeping the
 # highest offset per queue; a reset drops the staged commits of the queues
-# it resets, so an older commit can never land after it.
+# it resets, so an older commit can never land after it.  A follower applies
+# in batches FOLLOWER_LINGER apart (its tables serve no writes); follow(False)
+# switches back to applying at once before a new leader's barrier.
 #
-# Snapshots are written every snapshot_interval seconds when the tables
-# moved, and on clean close.  min_retained_index() is what the commitlog's
-# retention must honour: it may delete entries BELOW that index only; the
-# service never advances it before a snapshot is durable.
+# Snapshots are written every snapshot_interval seconds when the tables moved,
+# and on clean close.  Retention may delete entries only BELOW
+# min_retained_index(), which never advances before a snapshot is durable.
 #
 # Leadership: the broker calls `await leader_barrier()` when this node
 # becomes leader and serves metadata only after it returns (it waits until

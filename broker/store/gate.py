@@ -15,7 +15,8 @@
 #
 # Rules.  Losing leadership closes the gate at once (on_role_change runs in
 # the replica's driver, synchronously, so no append of the new role is stamped
-# by a stale offset table) and cancels a catch-up.  Each change bumps
+# by a stale offset table) and cancels a catch-up; a new leader's metadata
+# applies at once again (MetadataService.follow) before its barrier.  Each change bumps
 # `generation` (a Watermark) so the registration re-registers promptly.  The
 # gate is the one place that knows "may this broker write now": every write
 # path calls check_writable() first, and it is the metadata service's
