@@ -31,7 +31,7 @@ import trio
 from broker.namesrv.client import NamesrvClient
 from broker.remoting.client import RemotingClient, open_remoting_client
 from broker.remoting.errors import RemotingError
-from tools.localcluster import _read_line, _repo_root, free_ports
+from tools.localcluster import free_ports, read_line, repo_root
 
 _NAMESRV_LINE = re.compile(rb"listening on (\S+):(\d+)")
 
@@ -54,7 +54,7 @@ class ManagedProcess:
         return self.process.pid if self.process is not None else None
 
 
-def _console(name: str) -> list[str]:
+def console_command(name: str) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), name)
     if os.path.exists(exe):
         return [exe]
@@ -133,7 +133,7 @@ class LocalBrokerCluster:
         with open(self.conf_path(node), "w") as f:
             f.writelines(f"{key}={value}\n" for key, value in conf.items())
         self.brokers[node] = ManagedProcess(
-            node, [*_console("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
+            node, [*console_command("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
             os.path.join(self.root, f"{node}.log"))
 
     def add_node(self, node: str) -> str:
@@ -157,12 +157,12 @@ class LocalBrokerCluster:
                 with open(conf, "w") as f:  # loopback only: nothing listens beyond this machine
                     f.write(f"listenPort={port}\nbindAddress=127.0.0.1\n")
                     f.writelines(f"{key}={value}\n" for key, value in self.namesrv_conf.items())
-                self.namesrvs.append(ManagedProcess(f"namesrv{i}", [*_console("mqnamesrv"), "-c", conf],
+                self.namesrvs.append(ManagedProcess(f"namesrv{i}", [*console_command("mqnamesrv"), "-c", conf],
                                                     os.path.join(self.root, f"namesrv{i}.log")))
         for ns in self.namesrvs:
             if not ns.alive:
                 await self._spawn(ns)
-                line = await _read_line(ns.process.stdout, timeout=30)
+                line = await read_line(ns.process.stdout, timeout=30)
                 m = _NAMESRV_LINE.search(line)
                 if m is None:
                     raise RuntimeError(f"{ns.name}: unexpected start-up line {line!r}")
@@ -188,14 +188,14 @@ class LocalBrokerCluster:
     async def _await_broker(self, node: str) -> None:
         proc = self.brokers[node]
         try:
-            line = await _read_line(proc.process.stdout, timeout=60)
+            line = await read_line(proc.process.stdout, timeout=60)
         except RuntimeError as e:
             raise RuntimeError(f"broker {node}: {e}\n{self.log_tail(node)}") from None
         proc.info = json.loads(line)
         proc.addr = proc.info["brokerAddr"]
 
     async def _spawn(self, proc: ManagedProcess, env: dict | None = None) -> None:
-        root = _repo_root()
+        root = repo_root()
         full_env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                     **(env or {})}
         with open(proc.log_path, "ab") as log:

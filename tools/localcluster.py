@@ -119,8 +119,8 @@ class LocalCluster:
             log_path = os.path.join(self.root, f"{nid}.log")
             node.process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "commitlog.node", "--conf", node.conf_path, "--log-level", self.log_level],
-                stdout=subprocess.PIPE, stderr=open(log_path, "ab"), cwd=_repo_root())
-            line = await _read_line(node.process.stdout, timeout=30)
+                stdout=subprocess.PIPE, stderr=open(log_path, "ab"), cwd=repo_root())
+            line = await read_line(node.process.stdout, timeout=30)
             node.admin_port = json.loads(line)["adminPort"]
 
     def kill(self, node_id: str) -> None:
@@ -203,11 +203,11 @@ class LocalCluster:
                 await trio.sleep(0.02)
 
 
-def _repo_root() -> str:
+def repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-async def _read_line(stream, timeout: float) -> bytes:
+async def read_line(stream, timeout: float) -> bytes:
     buf = b""
     with trio.fail_after(timeout):
         while b"\n" not in buf:

@@ -45,7 +45,7 @@ from broker.remoting.codes import (
 from broker.remoting.command import OneRequest, RemotingCommand, coerce_fields, java_text
 from broker.remoting.errors import LocalProtocolError, RemoteProtocolError
 from broker.remoting.jsonbound import nests_deeper_than
-from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, _Event
+from commitlog.transport.framing import CLOSED, NEED_DATA, ByteStreamDecoder, FrameEvent
 from native import sendpath
 
 __all__ = ["CLOSED", "NEED_DATA", "DEFAULT_MAX_FRAME_SIZE", "MAX_EXT_FIELDS", "MAX_HEADER_SIZE", "MAX_VALUE_DEPTH",
@@ -533,7 +533,7 @@ class CommandDecoder(ByteStreamDecoder):
         self._scan = None  # the frames scanned at _pos and after; _scan_next is the next one's index
         self._scan_next = 0
 
-    def next_command(self) -> RemotingCommand | SendRun | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+    def next_command(self) -> RemotingCommand | SendRun | Literal[FrameEvent.NEED_DATA, FrameEvent.CLOSED]:
         if self._error is not None:
             raise self._error
         if self.raw_sends:

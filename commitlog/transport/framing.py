@@ -53,7 +53,7 @@ class FrameKind(enum.IntEnum):
 _KINDS = frozenset(int(k) for k in FrameKind)
 
 
-class _Event(enum.Enum):
+class FrameEvent(enum.Enum):
     NEED_DATA = "NEED_DATA"
     CLOSED = "CLOSED"
 
@@ -63,8 +63,8 @@ class _Event(enum.Enum):
 
 # next_frame() results besides a Frame: more bytes are needed, or the peer
 # closed cleanly on a frame boundary.
-NEED_DATA = _Event.NEED_DATA
-CLOSED = _Event.CLOSED
+NEED_DATA = FrameEvent.NEED_DATA
+CLOSED = FrameEvent.CLOSED
 
 
 @attrs.frozen
@@ -144,7 +144,7 @@ class FrameDecoder(ByteStreamDecoder):
             return None
         return HEADER.unpack_from(self._buf, self._pos)[3]
 
-    def next_frame(self) -> Frame | Literal[_Event.NEED_DATA, _Event.CLOSED]:
+    def next_frame(self) -> Frame | Literal[FrameEvent.NEED_DATA, FrameEvent.CLOSED]:
         if self._error is not None:
             raise self._error
         avail = len(self._buf) - self._pos

@@ -19,7 +19,7 @@ import socket
 
 import attrs
 
-from tools.brokercluster import LocalBrokerCluster, ManagedProcess, _console
+from tools.brokercluster import LocalBrokerCluster, ManagedProcess, console_command
 from tools.chaos.relay import Link, RelayMesh
 from tools.localcluster import free_ports
 
@@ -93,7 +93,7 @@ class ChaosCluster(LocalBrokerCluster):
                 f.writelines(f"{key}={value}\n" for key, value in conf.items())
             self.set_clock(node, 0)
             self.brokers[node] = ManagedProcess(
-                node, [*_console("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
+                node, [*console_command("mqbroker"), "-c", self.conf_path(node), "--log-level", self.log_level],
                 os.path.join(self.root, f"{node}.log"))
 
     async def _spawn(self, proc: ManagedProcess, env: dict | None = None) -> None:

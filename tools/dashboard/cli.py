@@ -14,7 +14,7 @@ from broker.telemetry.commands import CauseFirstCommand
 from broker.telemetry.logs import cli_logging, log_options, version_text
 from commitlog.config import ConfigError
 from tools.mqadmin import EXIT_ERROR
-from tools.mqadmin.online import _single_leaf
+from tools.mqadmin.online import single_leaf
 
 
 @click.command("mqdashboard", cls=CauseFirstCommand, context_settings={"help_option_names": ["-h", "--help"]},
@@ -112,7 +112,7 @@ def dashboard(namesrv_addr, port, bind, access_key, secret_key, tls_trust, perio
     try:
         trio.run(main)
     except BaseException as exc:  # noqa: B902 -- unwrapped from trio's groups, re-raised unless ours
-        leaf = _single_leaf(exc)
+        leaf = single_leaf(exc)
         if isinstance(leaf, OSError):
             click.echo(f"mqdashboard: error: cannot listen on {bind}:{port}: {leaf.strerror or leaf}", err=True)
             sys.exit(EXIT_ERROR)

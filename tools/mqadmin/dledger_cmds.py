@@ -31,7 +31,7 @@ async def first_divergence(lo: int, hi: int, differs) -> int | None:
     return lo
 
 
-async def _group_nodes(admin: MQAdmin, target: str | None, cluster: str | None) -> list[str]:
+async def group_nodes(admin: MQAdmin, target: str | None, cluster: str | None) -> list[str]:
     """Broker addresses: one (-b host:port), a group's (-b NAME), a cluster's or all."""
     if target and ":" in target:
         return [target]
@@ -40,7 +40,7 @@ async def _group_nodes(admin: MQAdmin, target: str | None, cluster: str | None) 
     return [b.addr for b in await admin.brokers(cluster)]
 
 
-async def _statuses(admin: MQAdmin, addrs: list[str]) -> dict[str, dict | AdminError]:
+async def dledger_statuses(admin: MQAdmin, addrs: list[str]) -> dict[str, dict | AdminError]:
     out: dict = {}
 
     async def one(addr):
@@ -118,7 +118,7 @@ async def dledger_status(admin: MQAdmin, out: Output, target, cluster):
     peer whose log identity differs)."""
     if target and cluster:
         raise click.UsageError("give either -b or -c, not both")
-    statuses = await _statuses(admin, await _group_nodes(admin, target, cluster))
+    statuses = await dledger_statuses(admin, await group_nodes(admin, target, cluster))
     nodes = [_node_json(a, s) for a, s in statuses.items() if isinstance(s, dict)]
     failed = {a: str(s) for a, s in statuses.items() if not isinstance(s, dict)}
     if out.as_json:
@@ -178,7 +178,7 @@ async def leadership_transfer(admin: MQAdmin, out: Output, group, target, wait):
     Returns once the name server routes to the new master, so clients that
     ask it from then on find it (exit 1 if it does not within --wait-seconds;
     the old master hands on the writes it still receives meanwhile)."""
-    statuses = await _statuses(admin, await _group_nodes(admin, group, None))
+    statuses = await dledger_statuses(admin, await group_nodes(admin, group, None))
     live = {a: s for a, s in statuses.items() if isinstance(s, dict)}
     leader = next((a for a, s in live.items() if s.get("role") == "leader"), None)
     if leader is None:
@@ -217,7 +217,7 @@ async def compare_replicas(admin: MQAdmin, out: Output, group):
     """Compare the replicas' log identities (origin, segment size) and the
     chain CRC at the common committed index; on a CRC mismatch,
     binary-search the first divergent index."""
-    statuses = await _statuses(admin, await _group_nodes(admin, group, None))
+    statuses = await dledger_statuses(admin, await group_nodes(admin, group, None))
     live = {a: s for a, s in statuses.items() if isinstance(s, dict)}
     if len(live) < 2:
         raise AdminError(f"group {group}: {len(live)} replica(s) answered; need two to compare")

@@ -20,7 +20,7 @@ import trio
 from broker.remoting.codes import ResponseCode
 from commitlog.config import ConfigError, parse_peers
 from tools.mqadmin.adminapi import AdminError, MQAdmin, NotFoundError, RequestFailedError
-from tools.mqadmin.dledger_cmds import _group_nodes, _statuses
+from tools.mqadmin.dledger_cmds import dledger_statuses, group_nodes
 from tools.mqadmin.online import online
 from tools.mqadmin.render import Output
 
@@ -29,7 +29,7 @@ DEFAULT_WAIT_S = 60.0
 
 async def _group(admin: MQAdmin, group: str) -> tuple[dict[str, dict], str, dict]:
     """(selfId -> status with brokerAddr, leader's broker address, leader's status)."""
-    statuses = await _statuses(admin, await _group_nodes(admin, group, None))
+    statuses = await dledger_statuses(admin, await group_nodes(admin, group, None))
     live = {s["selfId"]: {**s, "brokerAddr": a} for a, s in statuses.items() if isinstance(s, dict)}
     leader = next((s for s in live.values() if s.get("role") == "leader"), None)
     if leader is None:

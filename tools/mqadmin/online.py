@@ -27,15 +27,15 @@ from tools.mqadmin.adminapi import AdminError, MQAdmin, from_client_error
 from tools.mqadmin.render import Output
 
 
-def _single_leaf(exc: BaseException) -> BaseException:
+def single_leaf(exc: BaseException) -> BaseException:
     """The one real error inside trio's exception groups (nurseries wrap)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, BaseExceptionGroup):
         admin = [e for e in exc.exceptions
-                 if isinstance(_single_leaf(e), AdminError) or from_client_error(_single_leaf(e))]
+                 if isinstance(single_leaf(e), AdminError) or from_client_error(single_leaf(e))]
         if admin:
-            return _single_leaf(admin[0])
+            return single_leaf(admin[0])
     return exc
 
 
@@ -69,7 +69,7 @@ def online(fn=None, *, namesrv: bool = True):
         try:
             code = trio.run(main)
         except BaseException as exc:  # noqa: B902 -- unwrapped and re-raised below unless ours
-            leaf = _single_leaf(exc)
+            leaf = single_leaf(exc)
             leaf = from_client_error(leaf) or leaf
             if isinstance(leaf, AdminError):
                 click.echo(f"mqadmin: error: {leaf}", err=True)
