@@ -1,46 +1,30 @@
 # Owns the broker's admin requests (RocketMQ's AdminBrokerProcessor subset
 # and QueryMessageProcessor), what mqadmin and the dashboards send:
 #
-#   UPDATE_AND_CREATE_TOPIC 17          through the replicated metadata, on the
-#                                       writable leader only; TopicValidator
-#                                       checks (name, system topics, cluster
-#                                       name), queue nums, perm, filter type,
-#                                       5.x attributes "+k=v,-k"
-#   DELETE_TOPIC_IN_BROKER 215          topic config + its consumer offsets
-#                                       (consume queue files stay until
+#   UPDATE_AND_CREATE_TOPIC 17          through the replicated metadata; TopicValidator checks (name, system
+#                                       topics, cluster name), queue nums, perm, filter type, 5.x attributes "+k=v,-k"
+#   DELETE_TOPIC_IN_BROKER 215          topic config + its consumer offsets (consume queue files stay until
 #                                       retention removes them)
-#   GET_ALL_TOPIC_CONFIG 21             TopicConfigSerializeWrapper JSON,
-#                                       internal (metadata) topics excluded
-#   VIEW_MESSAGE_BY_ID 33               one committed raw record at header
-#                                       `offset`; SYSTEM_ERROR when not found
-#   QUERY_MESSAGE 12                    by key through the index (exact key /
-#                                       topic match), _UNIQUE_KEY_QUERY caps
-#                                       maxNum at defaultQueryMaxNum (32);
-#                                       header indexLastUpdateTimestamp /
+#   GET_ALL_TOPIC_CONFIG 21             TopicConfigSerializeWrapper JSON, internal (metadata) topics excluded
+#   VIEW_MESSAGE_BY_ID 33               one committed raw record at header `offset`; SYSTEM_ERROR when not found
+#   QUERY_MESSAGE 12                    by key through the index (exact key / topic match), _UNIQUE_KEY_QUERY
+#                                       caps maxNum at defaultQueryMaxNum (32); header indexLastUpdateTimestamp /
 #                                       indexLastUpdatePhyoffset; QUERY_NOT_FOUND
-#   GET_BROKER_RUNTIME_INFO 28          KVTable {"table":{...}}, string values;
-#                                       putTps "10s 60s 600s" (RocketMQ's
-#                                       format) from TpsMeter, sampled once a
-#                                       second by run(); commitLogDiskRatio
+#   GET_BROKER_RUNTIME_INFO 28          KVTable {"table":{...}}, string values; putTps "10s 60s 600s" (RocketMQ's
+#                                       format) from TpsMeter, sampled once a second by run(); commitLogDiskRatio
 #   GET_TOPIC_STATS_INFO 202            TopicStatsTable per write queue
 #   GET_CONSUME_STATS 208               ConsumeStats per queue
 #   UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200 / DELETE_SUBSCRIPTIONGROUP 207
-#   GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201 SubscriptionGroupWrapper JSON (the
-#                                       dashboard's and exporter's group list)
-#   VIEW_BROKER_STATS_DATA 315          BrokerStatsData (minute/hour/day sum,
-#                                       tps, avgpt) of one BrokerStatsManager
-#                                       item, from the StatsBook the metrics
-#                                       sampler fills (broker/metrics.py);
-#                                       SYSTEM_ERROR "The stats <n> <k> not
+#   GET_ALL_SUBSCRIPTIONGROUP_CONFIG 201 SubscriptionGroupWrapper JSON (the dashboard's and exporter's group list)
+#   VIEW_BROKER_STATS_DATA 315          BrokerStatsData (minute/hour/day sum, tps, avgpt) of one item of the
+#                                       StatsBook the metrics sampler fills; SYSTEM_ERROR "The stats <n> <k> not
 #                                       exist" as RocketMQ answers
 #
-# TopicStatsTable and ConsumeStats are maps keyed by MessageQueue objects.
-# fastjson writes such keys as JSON objects ({{"brokerName":..}:{..}}), which
-# is not standard JSON but is exactly what Java's RemotingSerializable.decode
-# reads back; those two bodies are written that way (encode_mq_map).
-#
-# Writes answer SERVICE_NOT_AVAILABLE on a broker that is not the writable
-# leader (the metadata is appended to the replicated log there).
+# Rules.  Writes answer SERVICE_NOT_AVAILABLE on a broker that is not the
+# writable leader.  TopicStatsTable and ConsumeStats are maps keyed by
+# MessageQueue objects, written as fastjson writes them (object keys:
+# {{"brokerName":..}:{..}}, not standard JSON but what Java's
+# RemotingSerializable.decode reads; encode_mq_map).
 import collections
 import json
 import logging

@@ -1,51 +1,31 @@
 # Owns the broker's admin requests about its configuration and its clients
 # (RocketMQ's AdminBrokerProcessor, the part mqadmin's getBrokerConfig /
-# updateBrokerConfig / consumerConnection / producerConnection /
+# updateBrokerConfig / consumerConnection / producerConnection / producer /
 # resetOffsetByTime send):
 #
-#   GET_BROKER_CONFIG 26              body: the effective broker.conf keys as
-#                                     Java properties text
-#   UPDATE_BROKER_CONFIG 25           body: properties text; only HOT_KEYS
-#                                     change (in memory, this broker only; the
-#                                     file is not rewritten); any other key
-#                                     refuses the whole request, naming it
-#   GET_CONSUMER_CONNECTION_LIST 203  ConsumerConnection JSON;
-#                                     CONSUMER_NOT_ONLINE when nobody is in it
-#   GET_PRODUCER_CONNECTION_LIST 204  ProducerConnection JSON; SYSTEM_ERROR
-#                                     when the group has no producer here
-#   GET_ALL_PRODUCER_INFO 328         ProducerTableInfo JSON {"data": {group:
-#                                     [ProducerInfo{clientId, remoteIP,
-#                                     language, version,
-#                                     lastUpdateTimestamp}]}}, every live
-#                                     producer connection (remoteIP as Java's
-#                                     InetSocketAddress prints: "/ip:port");
-#                                     groups and clients sorted by name; at
-#                                     most MAX_PRODUCERS_LISTED clients and
-#                                     MAX_PRODUCER_TABLE_BYTES, the rest left
-#                                     out and said so in the remark
-#                                     (ext fields groupTotal, producerTotal
-#                                     always give the whole count)
-#   INVOKE_BROKER_TO_RESET_OFFSET 222 per write queue: the first offset stored
-#                                     at or after `timestamp` (-1: the max
-#                                     offset), taken when isForce or when it
-#                                     is behind the group's offset; committed
-#                                     through the replicated offsets (leader
-#                                     only), then RESET_CONSUMER_CLIENT_OFFSET
-#                                     (220, oneway) to every online client of
-#                                     the group as Broker2Client does; body
-#                                     ResetOffsetBody.  Unlike a 4.x broker it
-#                                     also works with the group offline: the
-#                                     offsets are the broker's, not only the
-#                                     clients'.
-#   QUERY_TOPIC_CONSUME_BY_WHO 300    GroupList {"groupSet"}: the online groups
-#                                     subscribed to the topic and the groups
-#                                     with offsets on it (as RocketMQ joins
-#                                     its consumer and offset managers)
-#   GET_CONSUMER_RUNNING_INFO 307     forwarded to the named client on its
-#                                     own connection (Broker2Client.callClient);
-#                                     its answer is returned unchanged;
-#                                     SYSTEM_ERROR "The Consumer <g> <id> not
-#                                     online" when it is not connected here
+#   GET_BROKER_CONFIG 26              the effective broker.conf keys as Java properties text
+#   UPDATE_BROKER_CONFIG 25           properties text; only HOT_KEYS change (in memory, this broker only,
+#                                     the file is not rewritten); any other key refuses the whole request,
+#                                     naming it
+#   GET_CONSUMER_CONNECTION_LIST 203  ConsumerConnection JSON; CONSUMER_NOT_ONLINE when nobody is in it
+#   GET_PRODUCER_CONNECTION_LIST 204  ProducerConnection JSON; SYSTEM_ERROR when the group has no producer here
+#   GET_ALL_PRODUCER_INFO 328         ProducerTableInfo JSON {"data": {group: [ProducerInfo{clientId,
+#                                     remoteIP ("/ip:port", as Java prints it), language, version,
+#                                     lastUpdateTimestamp}]}} of every live producer connection, sorted by
+#                                     name; at most MAX_PRODUCERS_LISTED clients and MAX_PRODUCER_TABLE_BYTES,
+#                                     the cut said in the remark (ext fields groupTotal, producerTotal: the
+#                                     whole count)
+#   INVOKE_BROKER_TO_RESET_OFFSET 222 per write queue: the first offset stored at or after `timestamp` (-1:
+#                                     the max offset), taken when isForce or when behind the group's offset;
+#                                     committed through the replicated offsets (leader only), then
+#                                     RESET_CONSUMER_CLIENT_OFFSET (220, oneway) to every online client of the
+#                                     group (Broker2Client); body ResetOffsetBody.  Works with the group
+#                                     offline too: the offsets are the broker's, not only the clients'
+#   QUERY_TOPIC_CONSUME_BY_WHO 300    GroupList {"groupSet"}: online groups subscribed to the topic and
+#                                     groups with offsets on it
+#   GET_CONSUMER_RUNNING_INFO 307     forwarded to the named client on its own connection
+#                                     (Broker2Client.callClient), its answer returned unchanged;
+#                                     SYSTEM_ERROR "The Consumer <g> <id> not online" when not connected here
 import enum
 import logging
 

@@ -1,43 +1,27 @@
-# Owns the broker's replication admin requests, ledgermq's own codes (no
-# RocketMQ counterpart: DLedger had no operator tooling), what mqadmin's
-# dledgerStatus / leadershipTransfer / compareReplicas send:
+# Owns the broker's replication admin requests, ledgermq's own codes (DLedger
+# had no operator tooling), what mqadmin's dledgerStatus /
+# leadershipTransfer / compareReplicas / member commands send:
 #
-#   LEDGERMQ_DLEDGER_STATUS 9100       body: JSON {selfId, group, brokerName,
-#                                      brokerAddr, brokerId, role, term, leader,
-#                                      leaderBrokerAddr, ledgerBeginIndex,
-#                                      ledgerEndIndex, committedIndex, peers:
-#                                      {id: {matchIndex, lag, lastAckMsAgo, ...}},
-#                                      refusedLeader, identity (what the peer
-#                                      handshake compares), links: {id:
-#                                      {connected, lastError}}, process: {pid,
-#                                      startedAtMs} (rollingRestart tells a
-#                                      restarted node by it)}
-#                                      from ReplicaNode.status() and the transport
-#   LEDGERMQ_TRANSFER_LEADERSHIP 9101  header targetId (a dLegerSelfId); on the
-#                                      leader: hand over and answer once this
-#                                      node stepped down; elsewhere
-#                                      SERVICE_NOT_AVAILABLE naming the leader
-#   LEDGERMQ_CHAIN_CRC 9102            header index (<= committed); answer
-#                                      fields chainCrc, committedIndex,
+#   LEDGERMQ_DLEDGER_STATUS 9100       JSON {selfId, group, brokerName, brokerAddr, brokerId, role, term, leader,
+#                                      leaderBrokerAddr, ledgerBeginIndex, ledgerEndIndex, committedIndex,
+#                                      peers: {id: {matchIndex, lag, lastAckMsAgo, ...}}, refusedLeader,
+#                                      identity, links: {id: {connected, lastError}}, process: {pid,
+#                                      startedAtMs}, voters, learners, configIndex} from ReplicaNode.status()
+#                                      and the transport
+#   LEDGERMQ_TRANSFER_LEADERSHIP 9101  header targetId; on the leader: hand over, answered once this node
+#                                      stepped down; elsewhere SERVICE_NOT_AVAILABLE naming the leader
+#   LEDGERMQ_CHAIN_CRC 9102            header index (<= committed); fields chainCrc, committedIndex,
 #                                      ledgerBeginIndex
-#   LEDGERMQ_CHANGE_MEMBERSHIP 9103    header change (addLearner | promote |
-#                                      remove), peerId, peerAddr (the new
-#                                      peer's DLedger host:port, addLearner
-#                                      only), timeoutMillis; on the leader:
-#                                      one single-server change, answered once
-#                                      committed (a promotion first waits for
-#                                      the learner to catch up); fields
-#                                      configIndex, voters, learners.
-#                                      Elsewhere SERVICE_NOT_AVAILABLE naming
-#                                      the leader; a refused change
-#                                      SYSTEM_ERROR with the reason
-#                                      (commitlog/raft/membership.py)
+#   LEDGERMQ_CHANGE_MEMBERSHIP 9103    header change (addLearner | promote | remove), peerId, peerAddr
+#                                      (addLearner only), timeoutMillis; on the leader one single-server
+#                                      change, answered once committed (a promotion first waits for the
+#                                      learner to catch up), fields configIndex, voters, learners; elsewhere
+#                                      SERVICE_NOT_AVAILABLE naming the leader; refused: SYSTEM_ERROR with the
+#                                      reason (commitlog/raft/membership.py)
 #
-# dledgerStatus also shows each node's voters, learners and configuration
-# index (from its log: a learner's own view, a removed node's last one).
 # The chain CRC of entry i covers the whole history up to i (README, "Entry
-# CRCs"), so two replicas agree up to i iff their chainCrc at i is equal --
-# which is what makes compareReplicas a binary search over these answers.
+# CRCs"), so two replicas agree up to i iff their chainCrc at i is equal:
+# compareReplicas is a binary search over these answers.
 import json
 import logging
 import os

@@ -1,40 +1,30 @@
 # Owns the in-place upgrade of one master-slave store onto a DLedger store
 # (`mqadmin migrate apply`, and the broker's automatic upgrade on start):
 #
-#   1. recover the old commitlog read-only (consumequeue.legacy_store): its valid
-#      end is the old write position; damage in the middle refuses
-#   2. complete the old consume queues up to that end (plain-mode dispatch;
-#      a stock broker's reput may lag its commitlog) and the index: an index
-#      that holds every keyed message of the old log is kept; one that
-#      covers the consume queues' part is completed with them; any other
-#      (no IndexFile -- messageIndexEnable=false --, damaged, or with keyed
-#      messages it misses) is rebuilt from the old commitlog
-#      (consumequeue.rebuild.rebuild_plain_index), deterministically, so
-#      every replica migrated from one aligned commitlog holds the same
-#      index files and key lookups work from the first start.  Then record
-#      ledgermq's dispatch state at the divided offset, so dispatch of the
-#      DLedger log continues the same queues with the next queue offsets
+#   1. recover the old commitlog read-only (consumequeue.legacy_store): its
+#      valid end is the old write position; damage in the middle refuses;
+#   2. complete the old consume queues up to that end (plain-mode dispatch: a
+#      stock broker's reput may lag) and the index: one holding every keyed
+#      message is kept, one covering the queues' part is completed, any other
+#      is rebuilt deterministically (consumequeue.rebuild.rebuild_plain_index),
+#      so every replica migrated from one aligned commitlog holds the same
+#      index files; then record the dispatch state at the divided offset, so
+#      the DLedger log continues the same queues with the next offsets;
 #   3. capture config/{topics,subscriptionGroup,consumerOffset,delayOffset}.json
 #      into dledger-<id>/ledgermq-import.json (the first leader imports it
-#      through the log) and move those files, unchanged, to
-#      migration-backup/config/: left in config/ they would be each node's
-#      own unreplicated metadata base
-#   4. create the DLedger store empty, continuing at the divided offset
-#      (consumequeue.migrated.divided_offset: RocketMQ's
-#      dividedCommitlogOffset, from the old files alone); its first data
-#      file is named by that offset rounded down to the DLedger segment size
-#      (mappedFileSizeCommitLog), as DLedger's rebuildWithPos names it
-#      (MmapFileList.getLastMappedFile: startOffset - startOffset %
-#      mappedFileSize; SegmentedStore.reset_to).  The store is left without
-#      a data file: the first append creates that one, at the segment size
-#      the broker runs with (the one apply was given, or the broker names
-#      the mismatch); apply names the file in its plan and in what it did
-#   5. write the marker (consumequeue.migrated) -- last, atomically
+#      through the log) and move them, unchanged, to migration-backup/config/
+#      (left in config/ they would be each node's unreplicated base);
+#   4. create the DLedger store empty at the divided offset
+#      (consumequeue.migrated.divided_offset, RocketMQ's
+#      dividedCommitlogOffset); its first data file, created by the first
+#      append at the segment size apply was given (else the broker names the
+#      mismatch), is named by that offset rounded down to the segment size,
+#      as DLedger's rebuildWithPos names it (apply's plan names the file);
+#   5. write the marker (consumequeue.migrated) -- last, atomically.
 #
-# The old commitlog segments are never written (RocketMQ writes a BLANK at
-# the old write position; we treat the rest of the last old segment as that
-# BLANK instead).  Every step is idempotent, so an interrupted apply is
-# resumed by running it again; plan_apply() is the dry run.
+# Rules.  The old commitlog segments are never written (the rest of the last
+# old segment counts as RocketMQ's BLANK).  Every step is idempotent, so an
+# interrupted apply is resumed by running it again; plan_apply() is the dry run.
 import hashlib
 import json
 import logging
