@@ -83,8 +83,3 @@ java_hash_utf8  # native/hashing.py
 index_key_hash  # native/hashing.py
 _.add_node  # tools/brokercluster.py
 size_bucket  # tools/pipeline/stats.py
-
-# --- dead, in code this change did not own (tools/, broker/remoting/): to go -----
-_.wrap  # broker/remoting/tls.py ClientTls.wrap: the trio client's TLS dial
-wait_healthy  # tools/chaos/cluster.py
-_.impaired  # tools/chaos/relay.py

@@ -155,14 +155,6 @@ class ClientTls:
     def from_context(cls, ctx: ssl.SSLContext) -> "ClientTls":
         return cls(True, ctx.verify_mode != ssl.CERT_NONE, ctx)
 
-    async def wrap(self, stream: trio.abc.Stream, host: str) -> "StreamAdapter":
-        """TLS over a dialed stream, handshake done (so a certificate the
-        client does not trust fails the dial, not the first request).
-        trio.BrokenResourceError when the handshake fails."""
-        ssl_stream = trio.SSLStream(stream, self.context, server_hostname=host)
-        await ssl_stream.do_handshake()
-        return StreamAdapter(ssl_stream)
-
 
 def _load_ca(ctx: ssl.SSLContext, key: str, path: str) -> None:
     try:

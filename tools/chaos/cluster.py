@@ -124,11 +124,3 @@ class ChaosCluster(LocalBrokerCluster):
 
     def live(self) -> list[str]:
         return [n for n, p in self.brokers.items() if p.alive]
-
-
-async def wait_healthy(cluster: ChaosCluster, timeout: float) -> str:
-    """Every broker alive and registered under a distinct id, one master."""
-    for node in cluster.node_ids():
-        if not cluster.brokers[node].alive:
-            await cluster.start_broker(node)
-    return await cluster.wait_master(timeout=timeout)

@@ -74,10 +74,6 @@ class Link:
     def set_slow(self, delay: float = 0.0, jitter: float = 0.0, loss: float = 0.0) -> None:
         self.delay, self.jitter, self.loss = delay, jitter, loss
 
-    @property
-    def impaired(self) -> bool:
-        return self.cut or self.delay > 0 or self.loss > 0
-
     # --- serving ------------------------------------------------------------------------
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
