@@ -2,21 +2,16 @@
 # replicated log, and the codec between a change (an "op") and the RocketMQ
 # message record that carries it.
 #
-# Internal topics (RocketMQ-valid names; the `rmq_sys_` prefix is the one
-# RocketMQ's TopicValidator.isSystemTopic recognises, so stock tools treat
-# them as system topics; ledgermq hides them from normal topic lists and
-# refuses client sends to them -- see INTERNAL_TOPICS / is_internal_topic):
-#
+# Internal topics (the `rmq_sys_` prefix is RocketMQ's TopicValidator.isSystemTopic's, so stock tools
+# treat them as system topics; ledgermq hides them from topic lists and refuses client sends to them:
+# INTERNAL_TOPICS / is_internal_topic):
 #   rmq_sys_LEDGERMQ_TOPIC_CONFIG        topic.upsert, topic.delete, broker.announce
 #   rmq_sys_LEDGERMQ_SUBSCRIPTION_GROUP  group.upsert, group.delete
-#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.commit, offset.reset, offset.delete, delay.offset,
-#                                        timer.done
+#   rmq_sys_LEDGERMQ_CONSUMER_OFFSET     offset.*, delay.offset, timer.done, mq.lock/unlock, pop.*
 #
-# Each op is one ordinary v1 message record (consumequeue/record.py), queue 0,
-# TAGS = the op name, KEYS = the topic or group it is about (so mqadmin's
-# key query finds a topic's config history), body = UTF-8 JSON:
-#
-#   {"v":1,"op":"topic.upsert","topicConfig":{...TopicConfig as in topics.json...}}
+# Each op is one ordinary v1 message record (consumequeue/record.py), queue 0, TAGS = the op name, KEYS =
+# the topic or group it is about (mqadmin's key query finds a topic's config history), body = UTF-8 JSON:
+#   {"v":1,"op":"topic.upsert","topicConfig":{...as in topics.json...}}
 #   {"v":1,"op":"topic.delete","topic":"T","cleanOffsets":true}
 #   {"v":1,"op":"group.upsert","subscriptionGroupConfig":{...}}
 #   {"v":1,"op":"group.delete","group":"G","cleanOffsets":true}
@@ -24,20 +19,15 @@
 #   {"v":1,"op":"offset.reset","offsetTable":{"T@G":{"0":0}}}           (may move offsets back)
 #   {"v":1,"op":"offset.delete","offsetKeys":["T@G"]}
 #   {"v":1,"op":"delay.offset","offsetTable":{"3":17}}    (delay level -> next offset; only grows)
-#   {"v":1,"op":"timer.done","offsets":[5,9],"batch":[5]}   (timer queue units now done: delivered
-#       or recalled; "batch": the units whose delivered records follow this
-#       record in the same append, in order -- broker/store/timer.py)
+#   {"v":1,"op":"timer.done","offsets":[5,9],"batch":[5]}   (timer units delivered or recalled; "batch":
+#       those whose delivered records follow this record in the same append, in order: timer.py)
 #   {"v":1,"op":"broker.announce","selfId":"n1","brokerAddr":"127.0.0.1:10911"}   (a new leader)
-#   {"v":1,"op":"mq.lock","group":"G","clientId":"C","mqs":[["T",0]],"maxLiveMs":60000}
-#   {"v":1,"op":"mq.unlock","group":"G","clientId":"C","mqs":[["T",0]]}
-#       (orderly consumption's queue locks, on the consumer offset topic: who
-#       gets a contested queue is decided when the record is applied)
-#   pop.ck, pop.ack, pop.change, pop.revive   POP consumption's checkpoints
-#       (broker/metadata/pop.py, on the consumer offset topic)
+#   {"v":1,"op":"mq.lock","group":"G","clientId":"C","mqs":[["T",0]],"maxLiveMs":60000}, "mq.unlock"
+#       without maxLiveMs (orderly queue locks: who gets a contested queue is decided on apply)
+#   pop.ck, pop.ack, pop.change, pop.revive   POP checkpoints (broker/metadata/pop.py)
 #
-# An op that does not decode (unknown op or version, wrong topic, bad field)
-# raises MetadataRecordError.  The applier stops on it rather than skip it:
-# skipping would let replicas of different versions build different tables.
+# An op that does not decode (unknown op or version, wrong topic, bad field) raises MetadataRecordError;
+# the applier stops on it rather than skip it (replicas of different versions would diverge).
 import json
 
 import attrs

@@ -1,52 +1,31 @@
-# Owns who may call which gRPC RPC: the `authorization` header of the
-# official clients checked against the plain ACL accounts (plain_acl.yml,
-# broker/acl/plain.py: the same accounts and permissions remoting uses), and
-# the rule of each RPC.  Pure: rules, the caller's IP, the metadata and the
-# request's resources in, the access key (or None) or an AuthError out.
+# Owns who may call which gRPC RPC: the `authorization` header of the official
+# clients checked against the plain ACL accounts (plain_acl.yml, broker/acl/
+# plain.py: the accounts and permissions remoting uses), and each RPC's rule.
+# Pure: rules, the caller's IP, the metadata and the request's resources in,
+# the access key (or None) or an AuthError out.
 #
-# The header (spec §8.9):
-#   authorization: MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time, Signature=<hex>
-# with Signature = hex(HMAC-SHA1(secretKey, value of x-mq-date-time)).  As
-# RocketMQ's server does: split at the first space, then on commas; the
-# access key is Credential up to its first `/`; the hex is decoded, so its
-# case does not matter.  An empty Credential (the Python client sends the
-# header without credentials) is anonymous, refused when ACL is on.
+# The header (spec §8.9): `MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time,
+# Signature=<hex>`, Signature = hex(HMAC-SHA1(secretKey, x-mq-date-time's value)), parsed as RocketMQ
+# does (split at the first space, then on commas; the access key is Credential up to its first `/`; hex
+# in any case).  An empty Credential (the Python client's) is anonymous, refused when ACL is on.  The
+# date is not checked against the clock (the Python client writes local time with a literal Z; nor
+# does RocketMQ's proxy).  The file is re-read when it changes (mtime and size, looked at most once a
+# second, on a request); a file that no longer parses keeps the rules in force, logged.
 #
-# The date is not checked against the clock: the Python client writes its
-# local time with a literal Z, so a skew check would refuse every client
-# outside UTC.  (Nor does RocketMQ's proxy check it.)
+# Who checks: as RocketMQ's proxy in cluster mode, this one verifies the signature and the account's
+# permissions itself, in the broker validator's order (global whitelist; known key; account whitelist;
+# signature; admin; resources), then signs every remoting request with innerAccessKey/innerSecretKey
+# (it holds no client's secret), an account the brokers must give what the proxy relays.
 #
-# The file is read again when it changes (AclFile.current: its mtime and
-# size looked at most once a second, on a request); a file that no longer
-# parses keeps the rules in force, logged.
-#
-# Who checks.  RocketMQ's proxy in cluster mode authenticates the gRPC
-# client itself and forwards to the brokers under its own identity; it
-# cannot sign a remoting request as the client (it holds the signature of a
-# date, not the secret key).  So does this one: it verifies the signature
-# and the account's permissions here, with the order of checks of the
-# broker's validator (global whitelist; known key; account whitelist;
-# signature; admin; resources), then signs every remoting request with
-# innerAccessKey/innerSecretKey, an account the brokers' plain_acl.yml
-# must give what the proxy relays (an admin account, or PUB|SUB on the
-# topics and groups it serves).
-#
-# The rule of each RPC is the rule of the remoting code it becomes (the
-# broker's table, broker/acl/table.py), on the resources the request names:
+# Each RPC's rule is that of the remoting code it becomes (broker/acl/table.py), on the resources named:
 #   QueryRoute               GET_ROUTEINFO_BY_TOPIC 105   topic: PUB or SUB
 #   Heartbeat                HEART_BEAT 34                consumer group: SUB (producers: a valid signature)
 #   Telemetry (settings)     HEART_BEAT 34                producer: PUB on each topic; consumer: SUB on group and topics
-#   SendMessage              SEND_MESSAGE_V2 310          topic: PUB
-#   EndTransaction           END_TRANSACTION 37           topic: PUB
-#   RecallMessage            RECALL_MESSAGE 370           topic: PUB
-#   QueryAssignment          GET_ROUTEINFO_BY_TOPIC 105   topic: SUB, group: SUB
-#   ReceiveMessage           POP_MESSAGE 200050           topic: SUB, group: SUB
-#   AckMessage               ACK_MESSAGE 200051           topic: SUB, group: SUB
-#   ChangeInvisibleDuration  CHANGE_MESSAGE_INVISIBLETIME topic: SUB, group: SUB
-#   ForwardMessageToDLQ      CONSUMER_SEND_MSG_BACK 36    topic: SUB, group: SUB
+#   SendMessage, EndTransaction, RecallMessage (310, 37, 370)                  topic: PUB
+#   QueryAssignment, ReceiveMessage, AckMessage, ChangeInvisibleDuration,
+#   ForwardMessageToDLQ (105, 200050, 200051, CHANGE_MESSAGE_INVISIBLETIME, 36) topic: SUB, group: SUB
 #   NotifyClientTermination  UNREGISTER_CLIENT 35         group (if any): SUB
-# The other RPCs of the service (PullMessage, offsets, lite topics) are
-# not served: NOT_IMPLEMENTED, before any check.
+# The other RPCs (PullMessage, offsets, lite topics) are not served: NOT_IMPLEMENTED, before any check.
 import binascii
 import hashlib
 import hmac

@@ -1,8 +1,6 @@
-# Owns the console's HTTP face: a Starlette (ASGI) app over the sampler's
-# Hub and one MQAdmin.  Starlette because it runs on anyio, hence under
-# hypercorn's trio worker in the same trio run as the sampler (no second
-# event loop, no thread), and it is small: routing, static files and
-# streaming responses are all the console needs.
+# Owns the console's HTTP face: a Starlette (ASGI) app over the sampler's Hub and one MQAdmin.  Starlette
+# runs on anyio, hence under hypercorn's trio worker in the sampler's trio run (no second event loop, no
+# thread), and routing, static files and streaming responses are all the console needs.
 #
 #   GET  /                      the single page (static/index.html)
 #   GET  /api/snapshot          the latest sample (cluster, topics, consumers, history)
@@ -13,31 +11,23 @@
 #   GET  /api/messages/range    a topic's messages stored in a time range                  [body]
 #   POST /api/messages/resend   send messages again to their topic (or a DLQ's original)    [write]
 #   GET  /api/dlq               a group's %DLQ% messages; /api/dlq/export as JSON lines     [body]
-#   GET  /api/producers         a producer group's clients (version, language)
-#   GET  /api/producers/groups  every producer group of every master, with its clients
+#   GET  /api/producers         a producer group's clients; /groups: every group of every master
 #   GET  /api/routes            a topic's route
 #   GET  /api/brokers/config    a registered broker's effective config, secrets masked
 #   GET  /api/groups/config     a subscription group's config
 #   GET  /api/replication       chain-CRC agreement of one group's replicas
 #   GET/POST /api/credentials   the ACL access key in use (never the secret) / set both   [write]
-#   POST /api/topics            create or update a topic on every master of a cluster      [write]
-#   POST /api/topics/delete     delete a topic (masters, then name servers)                [write]
-#   POST /api/groups            create a subscription group or change its config          [write]
-#   POST /api/groups/delete     delete a subscription group                                [write]
+#   POST /api/topics, /api/topics/delete   create/update a topic on every master; delete it   [write]
+#   POST /api/groups, /api/groups/delete   create or change a subscription group; delete it    [write]
 #   POST /api/consumers/reset   reset a group's offsets to a time                          [write]
 #
-# Writes need "confirmed": true in the body (the page's confirm step) and
-# the X-Ledgermq-Console header: a page of another origin cannot send a
-# custom header without a CORS preflight, which this app never grants.
-# With accounts configured (auth.Auth: --users or the ACL's admin
-# accounts), [write] and [body] routes also need a live session: the
-# cookie is HttpOnly and SameSite=Strict, its token random and checked
-# server-side; without one they answer 401 saying so.  Without accounts the
-# console is open as it was (the CLI warns when that is beyond loopback).
-# AdminError -> JSON {"error"} with 404/502/409, BadRequest/BadInput 400,
-# LoginRequired 401, TooManyAttempts 429: error_response is this
-# boundary's one translation point.  Request bodies are read up to
-# MAX_BODY bytes.
+# Rules.  Writes need "confirmed": true (the page's confirm step) and the X-Ledgermq-Console header (a
+# page of another origin cannot send it without a CORS preflight, never granted).  With accounts
+# (auth.Auth: --users or the ACL's admin accounts) [write] and [body] routes need a live session
+# (HttpOnly, SameSite=Strict cookie; random token checked server-side), else 401; without accounts the
+# console is open (the CLI warns beyond loopback).  error_response is the one translation point:
+# AdminError 404/502/409, BadRequest/BadInput 400, LoginRequired 401, TooManyAttempts 429.  Request
+# bodies are read up to MAX_BODY bytes.
 import os
 
 import orjson
