@@ -1,37 +1,28 @@
-# Owns the ACL rule of every request code: the one table (RULES) the
-# validator decides by, the README's tables are generated from
-# (tools/codes_table.py) and tests/broker/acl/test_table.py holds against
-# broker/remoting/codes.py and every code the broker and the name server
-# register.  Each code is exactly one of
+# Owns the ACL rule of every request code: the one table (RULES) the validator decides by, the
+# README's tables are generated from (tools/codes_table.py) and tests/broker/acl/test_table.py holds
+# against broker/remoting/codes.py and every code the broker and the name server register.  Each
+# code is exactly one of
 #
 #   admin       only an account with `admin: true`
-#   resources   the topics and groups the request actually reads or writes,
-#               each with the permission it needs: read from the header or
-#               the body, or -- VIEW_MESSAGE_BY_ID 33, CONSUMER_SEND_MSG_BACK
-#               36, END_TRANSACTION 37 -- from the message stored at the
-#               commitlog offset the request names (a Lookup the broker's
-#               composition root hands in; an offset that holds no message
-#               is refused like one the account may not read, and neither
-#               refusal names the topic)
-#   signature   a valid signature is enough, with the reason written down
-#               ("not served ..." for codes the broker answers
-#               REQUEST_CODE_NOT_SUPPORTED)
+#   resources   the topics and groups the request reads or writes, each with the permission it needs:
+#               read from the header or the body, or -- VIEW_MESSAGE_BY_ID 33, CONSUMER_SEND_MSG_BACK
+#               36, END_TRANSACTION 37 -- from the message stored at the commitlog offset the request
+#               names (a Lookup the composition root hands in; an offset holding no message is refused
+#               like one the account may not read, and neither refusal names the topic)
+#   signature   a valid signature is enough, with the reason written down ("not served ..." for codes
+#               the broker answers REQUEST_CODE_NOT_SUPPORTED)
 #
-# and carries the header fields the code may have (fields.py; None: not
-# checked, for codes no server here answers), and what the name server
-# requires of it (NS_ADMIN for a route write, NS_OPEN for a route read,
-# None where the name server does not serve it).  A code not in the table
-# is one ledgermq does not know: signature only, nothing serves it.
+# and carries the header fields the code may have (fields.py; None: not checked, for codes no server
+# here answers) and what the name server requires of it (NS_ADMIN for a route write, NS_OPEN for a
+# route read, None where it does not serve it).  A code not in the table is one ledgermq does not
+# know: signature only, nothing serves it.
 #
-# Producer groups are not resources in RocketMQ's plain_acl.yml (accounts
-# that only produce usually have no group rules), so a producer group named
-# by a heartbeat, an unregistration or an end-transaction is refused only
-# when the account DENYs it by name.  Internal topics that carry other
-# topics' messages (CARRIER_TOPICS) need a rule naming them: an account's
-# default does not reach them.  What a claimed producer group could
-# reach -- CHECK_TRANSACTION_STATE with a half message in it -- the broker
-# sends only to a connection whose account holds PUB on the half's topic
-# (AclService.may_check_back).  Pure.
+# Producer groups are not resources in plain_acl.yml (producing accounts usually have no group rules),
+# so a producer group named by a heartbeat, an unregistration or an end-transaction is refused only
+# when the account DENYs it by name.  Internal topics that carry other topics' messages
+# (CARRIER_TOPICS) need a rule naming them: an account's default does not reach them.  A check-back
+# (CHECK_TRANSACTION_STATE, a half message inside) goes only to a connection whose account holds PUB
+# on the half's topic (AclService.may_check_back).  Pure.
 import enum
 import json
 from collections.abc import Callable, Mapping

@@ -1,10 +1,8 @@
-# Owns RocketMQ's SQL92 property filter (MessageSelector.bySql, the
-# `filter` module's SelectorParser subset): parsing an expression into a
-# predicate over a message's properties, and nothing else.  Pure: the broker
-# evaluates it at pull time (broker/processors/pull.py), the client parses
-# it before subscribing so a typo fails at the call site.
+# Owns RocketMQ's SQL92 property filter (MessageSelector.bySql, the `filter` module's SelectorParser
+# subset): parsing an expression into a predicate over a message's properties, and nothing else.
+# Pure: the broker evaluates it at pull time (pull.py), the client parses it before subscribing so a
+# typo fails at the call site.
 #
-# The language:
 #   literals     'text' ('' escapes a quote), 12, -3, 1.5, 2e3, TRUE, FALSE, NULL
 #   names        a property name: [A-Za-z_$][A-Za-z0-9_$.]*  (TAGS, KEYS... too)
 #   comparison   = <> != > >= < <=
@@ -12,25 +10,18 @@
 #                x IS [NOT] NULL    x [NOT] CONTAINS / STARTSWITH / ENDSWITH 's'
 #   logic        AND, OR, NOT, parentheses; keywords in any case
 #
-# Values.  Properties travel as text.  A comparison with a numeric literal
-# reads the property as a number (Java's Long/Double parse); text that is not
-# a number makes it unknown rather than an error, because one odd message
-# must not fail a whole pull.  Two texts compare as text for = and <>; the
-# ordering operators need numbers (RocketMQ refuses to order strings), so a
-# string literal there is a parse error.
+# Values travel as text.  A comparison with a numeric literal reads the property as a number (Java's
+# Long/Double parse); text that is not a number makes it unknown, not an error (one odd message must
+# not fail a pull).  Two texts compare as text for = and <>; the ordering operators need numbers
+# (RocketMQ refuses to order strings), so a string literal there is a parse error.  Three-valued
+# logic, as SQL: a missing property makes a comparison unknown (None); NOT unknown is unknown; AND/OR
+# follow Kleene's tables; a message matches only when the whole expression is TRUE.
 #
-# Three-valued logic, as SQL and RocketMQ's evaluator: a missing property
-# makes a comparison unknown (None); NOT unknown is unknown; AND/OR follow
-# Kleene's tables; a message matches only when the whole expression is TRUE.
-#
-# Limits (expressions come from consumers: outside text).  An expression
-# longer than MAX_SQL_LENGTH (16384) characters, or nesting parentheses and
-# NOTs deeper than MAX_SQL_DEPTH (32), is refused with SqlFilterError, like
-# any other that does not parse -- the broker answers
-# SUBSCRIPTION_PARSE_FAILED.  AND and OR chains are flat (one predicate over
-# all their operands), so neither parsing nor evaluation recurses deeper
-# than the nesting the limit allows, however many terms there are.  A
-# compiled expression takes about 80 bytes of memory per character of text.
+# Limits (outside text): longer than MAX_SQL_LENGTH (16384) characters, or parentheses and NOTs
+# nested deeper than MAX_SQL_DEPTH (32), is refused with SqlFilterError like any expression that
+# does not parse (the broker answers SUBSCRIPTION_PARSE_FAILED).  AND and OR chains are flat, so
+# neither parsing nor evaluation recurses deeper than the nesting limit, however many terms there
+# are.  A compiled expression takes about 80 bytes of memory per character of text.
 import re
 from collections.abc import Callable
 

@@ -1,40 +1,30 @@
-# Owns the replicated state of POP consumption (RocketMQ 5's PopCheckPoint,
-# AckMsg and ConsumerOrderInfoManager, decided by the leader and carried in
-# the log like the other metadata): the table of in-flight checkpoints and
-# the four ops that change it, all on rmq_sys_LEDGERMQ_CONSUMER_OFFSET:
+# Owns the replicated state of POP consumption (RocketMQ 5's PopCheckPoint, AckMsg and
+# ConsumerOrderInfoManager, decided by the leader and carried in the log like the other metadata):
+# the table of in-flight checkpoints and the four ops that change it, on
+# rmq_sys_LEDGERMQ_CONSUMER_OFFSET:
 #
-#   pop.ck      {"group","topic","queueId","startOffset","nextOffset","popTime",
-#                "invisibleTime","reviveQid","offsets":[..],"order":b,"attempts":n}
-#               one POP of one queue: the checkpoint of the queue offsets it
-#               handed out.  An ordinary pop also moves the group's consumer
-#               offset of that queue to nextOffset (RocketMQ commits it at
-#               pop time: the checkpoint, not the offset, keeps the
-#               unacked ones); an order pop replaces the queue's order
-#               checkpoint and moves no offset (acks do).
+#   pop.ck      {"group","topic","queueId","startOffset","nextOffset","popTime","invisibleTime",
+#                "reviveQid","offsets":[..],"order":b,"attempts":n}
+#               one POP of one queue.  An ordinary pop also moves the group's consumer offset to
+#               nextOffset (as RocketMQ: the checkpoint, not the offset, keeps the unacked ones); an
+#               order pop replaces the queue's order checkpoint and moves no offset (acks do).
 #   pop.ack     {"group","topic","queueId","startOffset","popTime","offsets":[..],"order":b}
-#               marks offsets of one checkpoint acked; a checkpoint with
-#               every offset acked is gone.  An order ack moves the consumer
-#               offset to the first unacked offset (nextOffset when all are).
-#   pop.change  {"group","topic","queueId","startOffset","popTime","offset",
-#                "newPopTime","invisibleTime","reviveQid","order":b}
-#               CHANGE_MESSAGE_INVISIBLETIME: the offset is acked in its
-#               checkpoint and gets a checkpoint of its own (popTime =
-#               newPopTime); in an order checkpoint the queue's deadline
-#               moves instead (popTime kept, invisibleTime stretched).
+#               acks offsets of one checkpoint; one with every offset acked is gone.  An order ack
+#               moves the consumer offset to the first unacked offset (nextOffset when all are).
+#   pop.change  {"group","topic","queueId","startOffset","popTime","offset","newPopTime",
+#                "invisibleTime","reviveQid","order":b}
+#               the offset is acked in its checkpoint and gets one of its own (popTime = newPopTime);
+#               in an order checkpoint the queue's deadline moves instead (invisibleTime stretched).
 #   pop.revive  {"group","topic","queueId","startOffset","popTime"}
-#               the revive service put the checkpoint's unacked messages to
-#               the retry topic (or the DLQ) in the same append, before this
-#               record: the checkpoint is gone.
+#               the checkpoint's unacked messages went to the retry topic (or the DLQ) earlier in the
+#               same append: the checkpoint is gone.
 #
-# A checkpoint is keyed (group, topic, queueId, startOffset, popTime); an
-# order checkpoint (group, topic, queueId), one per queue: the queue is
-# blocked for the group's order pops while it has unacked offsets and its
-# deadline (popTime + invisibleTime, the leader's clock) is ahead.  Every
-# op is applied the same way on every replica; times are those the leader
-# wrote into the op, never a local clock.  Replay of any suffix of the log
-# from before a state's index reproduces the state (an op recreates or
-# overwrites by key, acks are set unions, offsets only grow), which the
-# snapshot rule needs (tables.py).  Pure: no trio, no I/O.
+# Rules.  A checkpoint is keyed (group, topic, queueId, startOffset, popTime), an order checkpoint
+# (group, topic, queueId): the queue is blocked for the group's order pops while it has unacked
+# offsets and its deadline (popTime + invisibleTime) is ahead.  Every replica applies every op the
+# same way, with the times the leader wrote, never a local clock.  Replaying any suffix of the log
+# from before a state's index reproduces the state (ops recreate or overwrite by key, acks are set
+# unions, offsets only grow), as the snapshot rule needs (tables.py).  Pure: no trio, no I/O.
 import attrs
 
 from broker.common.values import InvalidMetadataError, check_group_name, check_topic_name

@@ -1,36 +1,26 @@
-# Owns the name server's route tables (RocketMQ's RouteInfoManager) and the
-# route values with their JSON forms: QueueData, BrokerData, TopicRouteData
-# (TopicConfig and DataVersion are broker.common.values, shared with the
-# broker that registers them).  Sans-IO: the caller passes the time, so
-# expiry is tested without clocks or sockets.
+# Owns the name server's route tables (RocketMQ's RouteInfoManager) and the route values with their
+# JSON forms: QueueData, BrokerData, TopicRouteData (TopicConfig and DataVersion are
+# broker.common.values, shared with the brokers).  Sans-IO: the caller passes the time.
 #
-# Tables:
 #   clusterAddrTable  cluster -> broker names
 #   brokerAddrTable   broker name -> BrokerData (cluster, {brokerId: addr})
 #   topicQueueTable   topic -> broker name -> QueueData
-#   brokerLiveTable   (cluster, addr) -> BrokerLiveInfo (last registration,
-#                     timeout, dataVersion, the connection it came over)
+#   brokerLiveTable   (cluster, addr) -> BrokerLiveInfo (last registration, timeout, dataVersion, the
+#                     connection it came over)
 #
-# The DLedger rules (RocketMQ 5.x semantics): id 0 is the master (the Raft
-# leader), followers register with their own ids.  One address holds one id:
-# re-registering an address under another id drops its old entry (a leader
-# that stepped down, a restarted follower).  An id held by another live
-# address is only taken over if the newcomer's dataVersion.stateVersion is
-# not older (ledgermq brokers put the Raft term there), so a stale
-# registration from a deposed leader cannot overwrite the new master's id 0.
-# Removal (unregister, expiry, connection close) is by address, never by id,
-# so removing a deposed master never removes its successor.
-# Only the master's registration carries topic queue data.
+# DLedger rules (RocketMQ 5.x): id 0 is the master (the Raft leader), followers register with their
+# own ids.  One address holds one id: re-registering an address under another id drops its old entry.
+# An id held by another live address is taken over only if the newcomer's dataVersion.stateVersion
+# (ledgermq brokers put the Raft term there) is not older, so a deposed leader's stale registration
+# cannot overwrite the new master's id 0.  Removal (unregister, expiry, connection close) is by
+# address, never by id, so removing a deposed master never removes its successor.  Only the master's
+# registration carries topic queue data.
 #
-# Draining (WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER): upstream
-# clears PERM_WRITE in the broker's queue data and sets read+write back; a
-# master's next registration with a new dataVersion (a topic change, a
-# failover) quietly undoes a wipe there.  Here the wipe is sticky: the
-# broker name stays in `write_wiped` and every registration's queue data is
-# masked until addWritePerm, so a group being drained stays drained across
-# failovers of its master.  The mark lives in this name server's memory:
-# send both requests to every name server (mqadmin does), and again after
-# restarting one.
+# Draining (WIPE_WRITE_PERM_OF_BROKER / ADD_WRITE_PERM_OF_BROKER): unlike upstream, where a master's
+# next registration quietly undoes a wipe, the wipe is sticky: the broker name stays in `write_wiped`
+# and every registration's queue data is masked until addWritePerm, so a group being drained stays
+# drained across failovers.  The mark lives in this name server's memory: send both requests to every
+# name server (mqadmin does), and again after restarting one.
 import logging
 from collections.abc import Mapping
 

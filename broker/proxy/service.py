@@ -1,36 +1,28 @@
-# Owns the MessagingService RPCs of mqproxy (RocketMQ's proxy in cluster
-# mode, grpc/v2/*Activity): each RPC is checked (auth.py), translated to
-# the remoting requests of spec §8.9 and sent through the client library's
-# ClientInstance, whose routes, heartbeats, retries and failover are the
-# same as any ledgermq producer's.  Every error of a request becomes a
-# Status in its response here (status.py); none leaves a handler, so a bad
-# request or a failed broker never ends the stream of another client.
+# Owns the MessagingService RPCs of mqproxy (RocketMQ's proxy in cluster mode, grpc/v2/*Activity):
+# each RPC is checked (auth.py), translated to the remoting requests of spec §8.9 and sent through the
+# client library's ClientInstance (the routes, heartbeats, retries and failover of any ledgermq
+# producer).  Every error of a request becomes a Status in its response here (status.py); none leaves
+# a handler, so a bad request or a failed broker never ends another client's stream.
 #
-# Clients.  A client is known by its x-mq-client-id once its Telemetry
-# stream has sent Settings (a consumer's group is then declared to the
-# brokers by the proxy's heartbeats, as CONSUME_POP with its subscriptions,
-# until its last client goes) (Heartbeat before that is UNRECOGNIZED_CLIENT_TYPE,
-# as RocketMQ's proxy answers).  The reply carries the server's side of the
-# settings: publishing.max_body_size (what the proxy enforces), the retry
-# policy, and for consumers receive_batch_size, long_polling_timeout and
-# fifo.  The stream stays open to push commands; at most maxClients
-# sessions, each with a bounded outbox (a full one drops a push, logged:
-# the broker asks again at its next check).
+# Clients.  A client is known by its x-mq-client-id once its Telemetry stream has sent Settings
+# (Heartbeat before that is UNRECOGNIZED_CLIENT_TYPE, as RocketMQ's proxy answers); a consumer's
+# group is then declared to the brokers by the proxy's heartbeats (CONSUME_POP with its
+# subscriptions) until its last client goes.  The reply carries the server's side of the settings:
+# publishing.max_body_size (enforced here), the retry policy, and for consumers receive_batch_size,
+# long_polling_timeout and fifo.  The stream stays open to push commands: at most maxClients
+# sessions, each with a bounded outbox (a full one drops a push, logged: the broker asks again).
 #
-# Transactions.  As RocketMQ's proxy, a producer's topic is its producer
-# group: a transactional send carries PGROUP=<topic>, and the proxy's
-# client instance declares each publishing topic as a producer group to
-# every broker of its route, so a broker's CHECK_TRANSACTION_STATE reaches
-# the proxy, which pushes it as recover_orphaned_transaction_command to one
-# live producer client that publishes to that topic (round robin).  The
-# proxy remembers (topic, transaction id) -> where the half is, bounded
-# (maxTransactionRecords, oldest forgotten first), for EndTransaction; an
-# unknown id is INVALID_TRANSACTION_ID and the broker's check resolves it.
+# Transactions.  As RocketMQ's proxy, a producer's topic is its producer group: a transactional send
+# carries PGROUP=<topic>, and the proxy declares each publishing topic as a producer group to every
+# broker of its route, so a broker's CHECK_TRANSACTION_STATE reaches the proxy, which pushes it as
+# recover_orphaned_transaction_command to one live producer of that topic (round robin).  It
+# remembers (topic, transaction id) -> where the half is, bounded (maxTransactionRecords, oldest
+# forgotten first), for EndTransaction; an unknown id is INVALID_TRANSACTION_ID and the broker's
+# check resolves it.
 #
-# Consuming (ReceiveMessage, AckMessage, ChangeInvisibleDuration,
-# ForwardMessageToDeadLetterQueue) is consume.py's, on the brokers' POP
-# codes.  RecallMessage is RECALL_MESSAGE 370 to the master of the broker
-# the recall handle names (a timer send's entry carries the handle).
+# Consuming (ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue) is
+# consume.py's, on the brokers' POP codes.  RecallMessage is RECALL_MESSAGE 370 to the master of the
+# broker the recall handle names.
 import asyncio
 import collections
 import itertools

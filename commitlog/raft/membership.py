@@ -1,37 +1,29 @@
-# Owns group membership as the Raft core sees it (etcd's confchange and
-# tracker, in DLedger terms): the Membership value -- voters, learners and
-# every member's peer address --, its encoding as the body of a CONFIG_CHANGE
-# entry (magic 3), the single-server changes with the rules that keep two
-# configurations' majorities overlapping, and MembershipLog, the
-# configurations a log holds plus the one in force below its first entry.
+# Owns group membership as the Raft core sees it (etcd's confchange and tracker, in DLedger terms): the
+# Membership value -- voters, learners and every member's peer address --, its encoding as the body of
+# a CONFIG_CHANGE entry (magic 3), the single-server changes with the rules that keep two
+# configurations' majorities overlapping, and MembershipLog, the configurations a log holds plus the
+# one in force below its first entry.
 #
-# The rules (Raft dissertation §4.1-4.3 and the 2015 single-server bug fix),
-# enforced by RaftCore.propose_conf_change and the roles:
-#   * A configuration is an entry in the log.  It takes effect on a node as
-#     soon as the node APPENDS it, committed or not: every node uses the
-#     latest configuration in its log and falls back to the previous one if
-#     that entry is truncated.  (On append rather than on commit because the
-#     leader must count the new majority for the very entry that introduces
-#     it -- otherwise a removed voter's ack could commit its own removal, and
-#     the node holding the entry would disagree with its own log about who
-#     votes.  The cost, reverting on truncation, is MembershipLog.truncate.)
-#   * One server changes at a time, so the old and the new majority always
-#     share a node.  A leader proposes a change only when the latest
-#     configuration in its log is committed ...
-#   * ... and only once it has committed an entry of its own term (its
-#     NOOP).  Without that, a new leader may not see an uncommitted change of
-#     a deposed leader: both changes could then commit with majorities that
-#     do not overlap (Ongaro, raft-dev, 2015).
-#   * Learners receive the log but count in no quorum (commit, election,
-#     check-quorum) and never campaign; a learner is promoted only once it is
-#     within max_promote_lag entries of the leader's log.
-#   * The leader is never removed by a change: hand leadership over first,
-#     so a leader always belongs to the majority it counts.
+# The rules (Raft dissertation §4.1-4.3 and the 2015 single-server fix), enforced by
+# RaftCore.propose_conf_change and the roles:
+#   * A configuration is an entry in the log and takes effect on a node as soon as the node APPENDS
+#     it, committed or not: every node uses the latest configuration in its log, and the previous one
+#     if that entry is truncated (MembershipLog.truncate).  On append, not on commit, because the
+#     leader must count the new majority for the very entry that introduces it -- else a removed
+#     voter's ack could commit its own removal.
+#   * One server changes at a time, so the old and the new majority always share a node.  A leader
+#     proposes a change only when the latest configuration in its log is committed ...
+#   * ... and only once it has committed an entry of its own term (its NOOP): else a new leader may
+#     not see a deposed leader's uncommitted change, and both could commit with majorities that do
+#     not overlap (Ongaro, raft-dev, 2015).
+#   * Learners receive the log but count in no quorum (commit, election, check-quorum) and never
+#     campaign; a learner is promoted only within max_promote_lag entries of the leader's log.
+#   * The leader is never removed by a change: hand leadership over first, so a leader always belongs
+#     to the majority it counts.
 #
-# Entry body: b"LMQCONF1" + compact JSON {"addresses": {id: "host:port"},
-# "learners": [...], "voters": [...]}.  The prefix keeps it from ever looking
-# like a RocketMQ message (whose magic sits at +4), so the dispatcher and the
-# metadata applier pass it by like a NOOP.
+# Entry body: b"LMQCONF1" + compact JSON {"addresses": {id: "host:port"}, "learners": [...], "voters":
+# [...]}.  The prefix keeps it from ever looking like a RocketMQ message (whose magic sits at +4), so
+# the dispatcher and the metadata applier pass it by like a NOOP.
 import enum
 import json
 
