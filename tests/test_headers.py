@@ -6,9 +6,9 @@
 #     or be empty) starts with "# Owns": what the module owns, then the
 #     rules it keeps;
 #   * the opening comment is at most MAX_LINES lines.  A longer one is named
-#     in LONG with the reason its length is the point (a request table, a
-#     byte layout); LONG may only shrink (the ratchet: LONG_AT_MOST), and an
-#     entry whose module has come under the limit must leave it;
+#     in LONG with the reason it is not cut yet; LONG may only shrink (the
+#     ratchet: LONG_AT_MOST), and an entry whose module has come under the
+#     limit must leave it;
 #   * no history: an opening comment names no issue number and tells no
 #     "used to" or speed-up story (that belongs in commit messages).  A
 #     measured figure stays only when it is the reason for a rule.
@@ -24,21 +24,16 @@ MAX_LINES = 30
 
 # path -> why its opening comment may be longer than MAX_LINES.
 LONG = {
-    "broker/metadata/pop.py": "the body of the four POP ops and their replay rule",
-    "broker/store/timer.py": "the timer queue's formats and delivery rules (another engineer's file today)",
-    "broker/store/transaction.py": "the half/op formats and the check rules (another engineer's file today)",
-    "broker/store/schedule.py": "the delay-level rewrite and its rules (another engineer's file today)",
-    "commitlog/raft/membership.py": "the single-server membership rules of the Raft dissertation, each with its reason",
-    "broker/acl/table.py": "the three kinds of ACL rule and what each covers",
-    "broker/proxy/service.py": "the proxy's client, transaction and consume rules",
-    "broker/namesrv/routes.py": "the name server's tables and the DLedger registration and drain rules",
-    "broker/common/sqlfilter.py": "the SQL92 language, its three-valued logic and its limits",
-    "tools/chaos/fuzz.py": "the fuzzers' targets and the rule each checks (another engineer's folder today)",
-    "tools/chaos/livefuzz.py": "the live fuzzer's targets and rules (another engineer's folder today)",
+    # Being reworked by the transaction/timer/chaos round (issue 32's header cut left them alone):
+    "broker/store/timer.py": "the timer queue's formats and delivery rules; to cut after that round",
+    "broker/store/transaction.py": "the half/op formats and the check rules; to cut after that round",
+    "broker/store/schedule.py": "the delay-level rewrite and its rules; to cut after that round",
+    "tools/chaos/fuzz.py": "the fuzzers' targets and the rule each checks; to cut after that round",
+    "tools/chaos/livefuzz.py": "the live fuzzer's targets and rules; to cut after that round",
 }
 
 # The ratchet: LONG may hold at most this many modules (it only goes down).
-LONG_AT_MOST = 11
+LONG_AT_MOST = 5
 
 HISTORY = re.compile(r"\bissue \d+|\bused to\b|\bspeed-?ups?\b", re.IGNORECASE)
 
