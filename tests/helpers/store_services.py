@@ -1,7 +1,7 @@
-"""Owns building the store services (delay levels, timers, transaction
-checks) over one test node's BrokerStore with the collaborators the
-composition root (broker/server.py wire_processors) hands them, so tests
-wire them the same way."""
+# Owns building the store services (delay levels, timers, transaction
+# checks) over one test node's BrokerStore with the collaborators the
+# composition root (broker/server.py wire_processors) hands them, so tests
+# wire them the same way.
 from broker.store.schedule import ScheduleService
 from broker.store.timer import TimerService
 from broker.store.transaction import CheckBack, TransactionService
