@@ -21,10 +21,10 @@
 # brokers and the client share the same cores.  What the figures show is
 # how much dearer a message gets when groups share cores (scheduling among
 # seven busy processes, each master woken less often); groups on machines
-# of their own do not share, and add their throughput.  (A paced phase at a
-# fixed rate per group was tried and dropped: at low rates the cost per
-# message is decided by how the client's scheduling happens to coalesce
-# sends into bursts, not by the layout.)  Not a test; nothing is asserted.
+# of their own do not share, and add their throughput.  There is no paced
+# phase at a fixed rate per group: at low rates the cost per message is
+# decided by how the client's scheduling happens to coalesce sends into
+# bursts, not by the layout.  Not a test; nothing is asserted.
 #
 #   python -m tools.bench.groups [--seconds S] [--window W] [--json]
 import json
