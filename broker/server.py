@@ -295,11 +295,11 @@ class Broker:
     async def serve_registration(self, period: float) -> None:
         """Register every `period`, at once on a kick, and -- while a round
         failed at some name server or was ignored there -- again after
-        REGISTER_RETRY_FIRST seconds, doubling up to REGISTER_RETRY_MAX.  Waiting a whole
-        period after a failed round left a master unknown to the name
-        server (so to clients) for up to registerNameServerPeriod (30 s by
-        default) after a registration that timed out or met a dropped
-        connection (issue 14's nemesis: a master cut from the name server).
+        REGISTER_RETRY_FIRST seconds, doubling up to REGISTER_RETRY_MAX: a
+        whole period would leave a master unknown to the name server (so to
+        clients) for up to registerNameServerPeriod (30 s by default) after a
+        registration that timed out or met a dropped connection (a master
+        cut from the name server).
         A round that succeeded is renewed at once when a connection it went
         over closes (_watch_namesrv_connections)."""
         async with trio.open_nursery() as nursery:
