@@ -107,7 +107,7 @@ class _RouteSlot:
     route: TopicRoute | None = None
     version: int = 0
     lock: anyio.Lock = attrs.Factory(anyio.Lock)
-    error: RemotingError | None = None  # issue 17: why the last ask failed (named in NoRouteError)
+    error: RemotingError | None = None  # why the last ask failed (named in NoRouteError)
 
 
 ConsumerDataFn = Callable[[], dict]
@@ -197,7 +197,7 @@ class ClientInstance:
             if callback is not None:
                 callback(conn, cmd)
             return None  # oneway
-        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # issue 17: dashboards, RocketMQ mqadmin consumerStatus
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:  # (dashboards, RocketMQ mqadmin consumerStatus)
             return running_info_response(cmd, self.client_id, self.consumers)
         return await not_supported(conn, cmd)
 
@@ -236,9 +236,9 @@ class ClientInstance:
                     data = await self._template_route()
             except RemotingError as e:
                 log.debug("route of %s: name servers unreachable: %s", topic, e)
-                slot.error = e  # issue 17
+                slot.error = e
                 return slot.route
-            slot.error = None  # issue 17
+            slot.error = None
             slot.version += 1
             slot.route = None if data is None else TopicRoute.build(topic, data, slot.version)
             return slot.route
@@ -268,7 +268,7 @@ class ClientInstance:
                 return route
             if anyio.current_time() + delay > deadline:
                 reason = "no route with a usable master" if route else "no route at the name servers"
-                raise NoRouteError(topic, no_route_reason(reason, slot.error))  # issue 17: name the cause
+                raise NoRouteError(topic, no_route_reason(reason, slot.error))  # name the cause
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
