@@ -18,8 +18,8 @@
 #
 # Each shard takes whole files, balanced by their seconds in the last run
 # (tests/sharding.py).  The times are kept per half (a file may hold slow
-# and quick tests): inside a venv, SLOW_TIMES and QUICK_TIMES next to it;
-# outside one only where the knobs say.  The first slow shard's output
+# and quick tests), not for a file with a failed test: inside a venv,
+# SLOW_TIMES and QUICK_TIMES next to it; outside one only where the knobs say.  The first slow shard's output
 # streams; the others' go to files and are printed when all are done, then
 # the 15 slowest tests of all shards.  The exit code is the first non-zero
 # one (5, "no tests collected", counts as a failure, as in .ci/run).
@@ -104,14 +104,17 @@ def _print_log(title: str, log) -> None:
     sys.stdout.flush()
 
 
-def _keep(path: Path | None, per_test: dict[str, float]) -> None:
-    """Each file's seconds, for the next run's split of that half."""
+def _keep(path: Path | None, per_test: dict[str, float], failed: set[str]) -> None:
+    """Each file's seconds, for the next run's split of that half; a file
+    with a failed test keeps its old time (a failure is often fast)."""
     if path is None or not per_test:
         return
+    bad = {nodeid.split("::", 1)[0] for nodeid in failed}
     per_file: dict[str, float] = {}
     for nodeid, s in per_test.items():
         f = nodeid.split("::", 1)[0]
-        per_file[f] = per_file.get(f, 0.0) + s
+        if f not in bad:
+            per_file[f] = per_file.get(f, 0.0) + s
     try:
         known = json.loads(path.read_text()) if path.exists() else {}
         known = known if isinstance(known, dict) else {}
@@ -121,27 +124,31 @@ def _keep(path: Path | None, per_test: dict[str, float]) -> None:
         print(f"(could not keep the test times in {path}: {e})")
 
 
-def _read(path: Path) -> dict[str, float]:
+def _read(path: Path) -> tuple[dict[str, float], set[str]]:
+    """A shard's times and failed tests (tests/sharding.py writes them)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return dict(data["seconds"]), set(data["failed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, set()
 
 
 def _report_times(parts: list[Part], tmp_dir: Path) -> None:
     """The 15 slowest tests of all shards, slow and quick, and each half's
     per-file seconds for the next run's split."""
     halves: dict[str, dict[str, float]] = {"slow": {}, "quick": {}}
+    failed: set[str] = set()
     for part in parts:
-        halves[part.kind].update(_read(part.times_out(tmp_dir)))
+        seconds, bad = _read(part.times_out(tmp_dir))
+        halves[part.kind].update(seconds)
+        failed |= bad
     every = [(s, kind, nodeid) for kind, tests in halves.items() for nodeid, s in tests.items()]
     if every:
         print("\n========== slowest 15 tests (setup + call + teardown, all shards, slow and quick) ==========")
         for s, kind, nodeid in sorted(every, key=lambda t: (-t[0], t[2]))[:15]:
-            print(f"{s:8.2f}s {kind:5} {nodeid}")
-    _keep(SLOW_TIMES, halves["slow"])
-    _keep(QUICK_TIMES, halves["quick"])
+            print(f"{s:8.2f}s {kind:5} {nodeid}" + ("  (failed)" if nodeid in failed else ""))
+    _keep(SLOW_TIMES, halves["slow"], failed)
+    _keep(QUICK_TIMES, halves["quick"], failed)
 
 
 def main(argv: list[str]) -> int:

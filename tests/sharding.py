@@ -11,8 +11,8 @@
 #     seed below (SEED, QUICK_SEED), else its default: longest first, each
 #     to the shard with the least so far;
 #   * with --shard-times PATH, the shard writes how long each of its tests
-#     took (setup + call + teardown) there, for run_suite's report and its
-#     next split.
+#     took (setup + call + teardown) and which failed there, for
+#     run_suite's report and its next split.
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -172,15 +172,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 class _Times:
+    """{"seconds": {nodeid: setup + call + teardown}, "failed": [nodeid]}:
+    a test that failed often failed fast, so its time says nothing about
+    the next run's (run_suite keeps no time for its file)."""
     def __init__(self, path: str) -> None:
         self.path = path
         self.seconds: dict[str, float] = defaultdict(float)
+        self.failed: set[str] = set()
 
     def pytest_runtest_logreport(self, report):
         self.seconds[report.nodeid] += report.duration
+        if report.failed:
+            self.failed.add(report.nodeid)
 
     def pytest_sessionfinish(self, session):
-        Path(self.path).write_text(json.dumps(self.seconds))
+        Path(self.path).write_text(json.dumps({"seconds": self.seconds, "failed": sorted(self.failed)}))
 
 
 def pytest_configure(config):

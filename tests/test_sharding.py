@@ -42,8 +42,9 @@ def test_shards_run_every_test_once(tmp_path):
                             "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
                            capture_output=True, text=True, cwd=REPO_ROOT, check=False)
         assert r.returncode == 0, r.stdout + r.stderr
-        seen[i] = {k.split("::")[0].rsplit("/", 1)[-1] for k in json.loads(times.read_text())}
-        assert len(json.loads(times.read_text())) == (4 if i == 0 else 6)
+        written = json.loads(times.read_text())
+        seen[i] = {k.split("::")[0].rsplit("/", 1)[-1] for k in written["seconds"]}
+        assert len(written["seconds"]) == (4 if i == 0 else 6) and written["failed"] == []
     assert seen == {0: {"test_four.py"}, 1: {"test_one.py", "test_two.py", "test_three.py"}}
 
 
@@ -82,7 +83,9 @@ def test_run_suite_runs_every_part_reports_and_fails_when_a_background_shard_fai
         assert f"the tests not marked slow, quick shard {n} of 2" in out
     top = out.split("slowest 15 tests", 1)[1]
     assert all(f"{t}.py::{t}" in top for t in ("test_a", "test_b", "test_q1", "test_q2")), out
-    assert sorted(slow) == ["test_a.py", "test_b.py"] and sorted(quick) == ["test_q1.py", "test_q2.py"]
+    assert "test_b.py::test_b  (failed)" in top and "test_a.py::test_a  (failed)" not in top
+    # kept for the next split, but not a failed test's file (it may have failed fast)
+    assert sorted(slow) == ["test_a.py"] and sorted(quick) == ["test_q1.py"]
 
 
 def test_run_suite_with_one_shard_each_runs_two_processes(tmp_path):
@@ -96,4 +99,4 @@ def test_run_suite_with_one_shard_each_runs_two_processes(tmp_path):
     assert code == 1, out
     assert out.rstrip().endswith("slow shard 0: exit 0; quick shard 0: exit 1"), out
     assert "quick shard 0 of 1" in out and "1 failed, 1 passed" in out
-    assert sorted(slow) == ["test_a.py"] and sorted(quick) == ["test_q1.py", "test_q2.py"]
+    assert sorted(slow) == ["test_a.py"] and sorted(quick) == ["test_q1.py"]
