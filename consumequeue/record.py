@@ -71,7 +71,7 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 DEFAULT_DELAY_LEVELS_MS = (1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000,
                            360000, 420000, 480000, 540000, 600000, 1200000, 1800000, 3600000, 7200000)
 
-_I32 = struct.Struct(">i")
+I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
 _TAIL = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLEN
@@ -124,7 +124,7 @@ class HostAddr:
 
     @property
     def packed(self) -> bytes:
-        return self.ip.packed + _I32.pack(self.port)
+        return self.ip.packed + I32.pack(self.port)
 
     @classmethod
     def parse(cls, text: str) -> "HostAddr":
@@ -386,7 +386,7 @@ def parse_layout(buf, offset: int = 0, limit: int | None = None) -> RecordLayout
     if total < record_length(0, 0, 0):
         raise MessageFormatError(f"TOTALSIZE {total} below the minimum record size", offset)
     v2 = magic == MAGIC_V2
-    sysflag = _I32.unpack_from(buf, offset + POS_SYSFLAG)[0]
+    sysflag = I32.unpack_from(buf, offset + POS_SYSFLAG)[0]
     bh = host_len(sysflag, BORNHOST_V6_FLAG)
     sh = host_len(sysflag, STOREHOST_V6_FLAG)
     store_ts = POS_BORNHOST + bh
@@ -394,7 +394,7 @@ def parse_layout(buf, offset: int = 0, limit: int | None = None) -> RecordLayout
     p = body_len_pos + 4
     if p > total:
         raise MessageFormatError("record too short for its hosts", offset)
-    body_len = _I32.unpack_from(buf, offset + body_len_pos)[0]
+    body_len = I32.unpack_from(buf, offset + body_len_pos)[0]
     if body_len < 0 or p + body_len > total:
         raise MessageFormatError(f"BODYLEN {body_len} does not fit TOTALSIZE {total}", offset)
     body_pos = p
@@ -460,7 +460,7 @@ _RECORD_FIELDS = ("topic", "body", "properties", "queue_id", "flag", "queue_offs
 
 @functools.lru_cache(maxsize=1024)  # a consumer sees few hosts; HostAddr is immutable
 def _host_v4(wire: bytes) -> HostAddr:
-    return HostAddr(wire[:4], _I32.unpack_from(wire, 4)[0])
+    return HostAddr(wire[:4], I32.unpack_from(wire, 4)[0])
 
 
 def _decode_usual(buf, o: int) -> MessageRecord | None:
@@ -503,7 +503,7 @@ def _decode_usual(buf, o: int) -> MessageRecord | None:
 
 def _host(buf, pos: int, length: int) -> HostAddr:
     ip_len = length - 4
-    return HostAddr(bytes(buf[pos:pos + ip_len]), _I32.unpack_from(buf, pos + ip_len)[0])
+    return HostAddr(bytes(buf[pos:pos + ip_len]), I32.unpack_from(buf, pos + ip_len)[0])
 
 
 # --- cheap views used on the append path and by verifiers -----------------
@@ -525,15 +525,15 @@ def check_record(buf, expected_physical_offset: int | None = None, *, check_crc:
     bodies are reported too; callers that allow them test
     looks_like_record first."""
     if len(buf) >= 8:
-        total = _I32.unpack_from(buf, 0)[0]
-        if total != len(buf) and _I32.unpack_from(buf, 4)[0] in (MAGIC_V1, MAGIC_V2):
+        total = I32.unpack_from(buf, 0)[0]
+        if total != len(buf) and I32.unpack_from(buf, 4)[0] in (MAGIC_V1, MAGIC_V2):
             return f"TOTALSIZE {total} != body length {len(buf)}"
     try:
         lay = parse_layout(buf)
     except MessageFormatError as exc:
         return exc.reason
     if check_crc:
-        stored = _I32.unpack_from(buf, POS_BODYCRC)[0]
+        stored = I32.unpack_from(buf, POS_BODYCRC)[0]
         crc = masked_crc32(bytes(buf[lay.body_pos:lay.body_pos + lay.body_len]))
         if stored != crc:
             return f"BODYCRC {stored & 0xFFFFFFFF:#010x} != computed {crc:#010x}"
@@ -549,7 +549,7 @@ def check_entry_body(header, body) -> str | None:
     verifyStore): a NORMAL entry whose body carries a message magic must be
     exactly one good record sitting at entry pos + 48; other bodies are not
     messages and pass."""
-    if len(body) < 8 or _I32.unpack_from(body, 4)[0] not in (MAGIC_V1, MAGIC_V2):
+    if len(body) < 8 or I32.unpack_from(body, 4)[0] not in (MAGIC_V1, MAGIC_V2):
         return None
     reason = check_record(body, header.pos + 48)
     return f"message: {reason}" if reason else None
@@ -559,7 +559,7 @@ def read_topic_queue(buf) -> tuple[str, int, int]:
     """(topic, queueId, sysflag) of a record, without decoding the rest."""
     lay = parse_layout(buf)
     topic = bytes(buf[lay.topic_pos:lay.topic_pos + lay.topic_len]).decode("utf-8", "replace")
-    return topic, _I32.unpack_from(buf, POS_QUEUEID)[0], lay.sysflag
+    return topic, I32.unpack_from(buf, POS_QUEUEID)[0], lay.sysflag
 
 
 def set_queue_offset(buf, queue_offset: int) -> None:
@@ -571,12 +571,12 @@ def set_physical_offset(buf, physical_offset: int) -> None:
 
 
 def set_store_timestamp(buf, store_timestamp: int) -> None:
-    sysflag = _I32.unpack_from(buf, POS_SYSFLAG)[0]
+    sysflag = I32.unpack_from(buf, POS_SYSFLAG)[0]
     _I64.pack_into(buf, store_timestamp_pos(sysflag), store_timestamp)
 
 
 def read_store_timestamp(buf, offset: int = 0) -> int:
-    sysflag = _I32.unpack_from(buf, offset + POS_SYSFLAG)[0]
+    sysflag = I32.unpack_from(buf, offset + POS_SYSFLAG)[0]
     return _I64.unpack_from(buf, offset + store_timestamp_pos(sysflag))[0]
 
 
@@ -589,7 +589,7 @@ def encode_blank(max_blank: int) -> bytes:
 
 
 def is_blank(buf, offset: int = 0) -> bool:
-    return len(buf) - offset >= 8 and _I32.unpack_from(buf, offset + 4)[0] == BLANK_MAGIC
+    return len(buf) - offset >= 8 and I32.unpack_from(buf, offset + 4)[0] == BLANK_MAGIC
 
 
 # MessageRecord is slotted (attrs.frozen): the slots' own setters fill a

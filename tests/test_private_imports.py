@@ -15,19 +15,6 @@ PACKAGES = ("native", "commitlog", "consumequeue", "broker", "tools")
 
 # (importing module, owner module, name) -> why it is still there
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("broker.client.model", "consumequeue.record", "_I32"):
-        "record.py's big-endian int (struct '>i') that the client and POP pack with; to go: public in record.py",
-    ("broker.processors.pop", "consumequeue.record", "_I32"):
-        "as above (the POP receipt's ints); to go with it",
-    ("tools.pipeline.audit", "tools.pipeline.splits", "_Units"):
-        "the split reader's consume-queue unit view, shared by the pipeline jobs; to go: public in splits.py",
-    ("tools.pipeline.hadoopfs", "tools.pipeline.splits", "_Units"): "as above",
-    ("tools.pipeline.incremental", "tools.pipeline.splits", "_Units"): "as above",
-    ("tools.pipeline.stage", "tools.pipeline.splits", "_Units"): "as above",
-    ("tools.pipeline.stage", "tools.pipeline.splits", "_find_dledger_dir"):
-        "staging finds the DLedger store as the split reader does; to go: public in splits.py",
-    ("tools.pipeline.stage", "tools.pipeline.splits", "_pread"):
-        "staging reads ranges as the split reader does; to go: public in splits.py",
 }
 
 

@@ -210,7 +210,7 @@ def decode_records(body: bytes, queue: MessageQueue) -> list[MessageExt]:
         except M.MessageFormatError as e:
             raise InvalidMessageError(f"undecodable record in pull response from {queue}: {e}") from None
         out.append(MessageExt.from_record(record, queue))
-        off += M._I32.unpack_from(body, off)[0]
+        off += M.I32.unpack_from(body, off)[0]
     return out
 
 

@@ -572,7 +572,7 @@ class PopProcessor(RequestProcessor):
 def _split(records: bytes) -> list[bytes]:
     out, off = [], 0
     while off < len(records):
-        size = M._I32.unpack_from(records, off)[0]
+        size = M.I32.unpack_from(records, off)[0]
         out.append(records[off:off + size])
         off += size
     return out

@@ -80,7 +80,7 @@ def digest_range(task, allow_fallback: bool, common_begin: int) -> RangeDigest:
     chain = 0
     if end.last_index >= 0:
         files = tuple(S.list_segment_files(os.path.join(store_dir, "data")))
-        found = S._Units(store_dir, files, split.seg_size).entry(end.last_index)
+        found = S.EntryUnits(store_dir, files, split.seg_size).entry(end.last_index)
         if found is not None:
             chain = _header_at(split, found[0])[6]
     first = max(end.first_index, common_begin) if end.first_index >= 0 else -1
@@ -148,7 +148,7 @@ def _replicas(plans, common_begin: int, common_end: int) -> list[Replica]:
         if p.kind == S.KIND_PLAIN:  # positions are the bounds already
             out.append(Replica(k, p, common_begin, common_end))
             continue
-        units = S._Units(p.dledger.store_dir, p.dledger.files, p.dledger.seg_size)
+        units = S.EntryUnits(p.dledger.store_dir, p.dledger.files, p.dledger.seg_size)
         b, e = units.entry(common_begin), units.entry(common_end)
         if b is None or e is None:
             raise S.PipelineInputError(f"{p.root}: entries {common_begin}..{common_end} are not all readable")

@@ -114,16 +114,16 @@ def plan_uri_store(spark, root: str, self_id: str | None = None) -> S.StorePlan:
     return S.StorePlan(root, S.KIND_DLEDGER, tuple(splits), bound, bound.begin_pos, bound.begin_pos)
 
 
-def units_for(spark, plan: S.StorePlan) -> S._Units:
+def units_for(spark, plan: S.StorePlan) -> S.EntryUnits:
     """Index units of a plan's DLedger store, local or behind a Hadoop
     filesystem (the manifest lists the staged index files)."""
     b = plan.dledger
     if not is_uri(plan.root):
-        return S._Units(b.store_dir, b.files, b.seg_size)
+        return S.EntryUnits(b.store_dir, b.files, b.seg_size)
     fs = HadoopFS(spark)
     m = load_manifest(fs, plan.root)
     index = [(f["start"], join(b.store_dir, "index", f["name"]), f["length"]) for f in m["index"]]
-    return S._Units(b.store_dir, b.files, b.seg_size, index_files=index, pread=fs.pread)
+    return S.EntryUnits(b.store_dir, b.files, b.seg_size, index_files=index, pread=fs.pread)
 
 
 # --- the executors' side: one partition per split, in order -------------------------

@@ -106,7 +106,7 @@ def save(directory: str, ckpt: Checkpoint) -> None:
 
 # --- the store still continues the recorded history -----------------------------------
 
-def _entry(units: S._Units, index: int):
+def _entry(units: S.EntryUnits, index: int):
     """(header tuple, body CRC32) of entry `index`, or None."""
     found = units.entry(index)
     if found is None:
@@ -118,14 +118,14 @@ def _entry(units: S._Units, index: int):
     return HEADER.unpack(raw[:HEADER_SIZE]), zlib.crc32(raw[HEADER_SIZE:])
 
 
-def mark_of(units: S._Units, index: int, plain_done: bool) -> Mark:
+def mark_of(units: S.EntryUnits, index: int, plain_done: bool) -> Mark:
     if index < 0:
         return Mark(plain_done=plain_done)
     h, body = _entry(units, index)
     return Mark(index, h[3], h[4] + h[1], h[6], body, plain_done)
 
 
-def check_continues(root: str, plan: S.StorePlan, units: S._Units, mark: Mark) -> None:
+def check_continues(root: str, plan: S.StorePlan, units: S.EntryUnits, mark: Mark) -> None:
     """Raise ExportCheckpointError unless the store still holds the history
     up to `mark` and continues it."""
     if mark.index < 0:

@@ -116,18 +116,18 @@ class StorePlan:
 
 # --- DLedger: the committed bound from the node's files ----------------------
 
-def _pread(path: str, offset: int, size: int) -> bytes:
+def pread_range(path: str, offset: int, size: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(offset)
         return f.read(size)
 
 
-class _Units:
+class EntryUnits:
     """Index units of one DLedger store by entry index (read-only).  Local
     files by default; a staged store behind a Hadoop filesystem passes its
     manifest's index files and a reader (hadoopfs.py)."""
 
-    def __init__(self, store_dir: str, data_files, data_size: int, *, index_files=None, pread=_pread):
+    def __init__(self, store_dir: str, data_files, data_size: int, *, index_files=None, pread=pread_range):
         if index_files is None:
             index_dir = os.path.join(store_dir, "index")
             index_files = list_segment_files(index_dir) if os.path.isdir(index_dir) else []
@@ -175,7 +175,7 @@ def dledger_bound(store_dir: str) -> DLedgerBound:
         # A store reset to a later position (SegmentedStore.reset_to): its
         # first segment is zero up to the recorded begin position.
         begin_pos = base.pos
-    units = _Units(store_dir, files, seg_size)
+    units = EntryUnits(store_dir, files, seg_size)
     head = units.header_at(begin_pos)
     if head is None or head[0] in (0, -1) or head[4] != begin_pos:
         return DLedgerBound(store_dir, begin_pos, -1, -1, begin_pos, seg_size, tuple(files))
@@ -205,7 +205,7 @@ def dledger_bound(store_dir: str) -> DLedgerBound:
 
 # --- planning ----------------------------------------------------------------
 
-def _find_dledger_dir(root: str, self_id: str | None) -> str | None:
+def find_dledger_dir(root: str, self_id: str | None) -> str | None:
     try:
         return resolve_store_dir(root, self_id)
     except (CommitLogError, OSError, ValueError) as exc:
@@ -218,7 +218,7 @@ def plan_store(root: str, self_id: str | None = None) -> StorePlan:
     """The splits of one store root (plain parts still unresolved)."""
     if not os.path.isdir(root):
         raise PipelineInputError(f"{root}: no such directory")
-    store_dir = _find_dledger_dir(root, self_id)
+    store_dir = find_dledger_dir(root, self_id)
     plain_dir = os.path.join(root, COMMITLOG_DIR)
     plain_files = list_segment_files(plain_dir) if os.path.isdir(plain_dir) else []
     bound = dledger_bound(store_dir) if store_dir else None

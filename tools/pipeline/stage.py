@@ -86,7 +86,7 @@ def _copy_checked(src: str, dst: str) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def _write_index(units: S._Units, dest_index: str, last: int) -> list[dict]:
+def _write_index(units: S.EntryUnits, dest_index: str, last: int) -> list[dict]:
     """The index files holding units 0..last, cut after `last` (zeroed to
     the index segment size, as DLedger preallocates them)."""
     out = []
@@ -119,12 +119,12 @@ def _load(dest: str) -> dict | None:
 
 
 def stage_store(root: str, dest: str, self_id: str | None = None, log=lambda *a: None) -> StageReport:
-    store_dir = S._find_dledger_dir(root, self_id)
+    store_dir = S.find_dledger_dir(root, self_id)
     if store_dir is None:
         raise StageError(f"{root}: no DLedger store (dledger-<id>/data) to stage")
     bound = S.dledger_bound(store_dir)
     files = list(bound.files)
-    units = S._Units(store_dir, files, bound.seg_size)
+    units = S.EntryUnits(store_dir, files, bound.seg_size)
     before = _load(dest)
     name = os.path.basename(store_dir)
     if before is not None and before["storeDir"] != name:
@@ -170,7 +170,7 @@ def stage_store(root: str, dest: str, self_id: str | None = None, log=lambda *a:
                          f"still being written)")
     last = segments[-1]["lastIndex"]
     pos, size, term = units.entry(last)
-    h = HEADER.unpack(S._pread(os.path.join(store_dir, "data", segment_name(pos - pos % bound.seg_size)),
+    h = HEADER.unpack(S.pread_range(os.path.join(store_dir, "data", segment_name(pos - pos % bound.seg_size)),
                                pos % bound.seg_size, HEADER_SIZE))
     index = _write_index(units, index_dir, last)
     write_checkpoint(os.path.join(dest, name), last, last)
