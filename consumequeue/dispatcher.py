@@ -29,6 +29,7 @@ import time
 import attrs
 import trio
 
+from commitlog.linger import Linger
 from commitlog.store import RELEASE_STEP
 from commitlog.watermark import Watermark
 from consumequeue import checkpoint as ck
@@ -494,7 +495,7 @@ class Dispatcher:
         # one until it leads, so it dispatches in batches (FOLLOWER_LINGER,
         # set by ConsumeQueueService) instead of paying a dispatch round for
         # every commit while the leader waits for CPU on the same cores.
-        self.linger = 0.0
+        self.linger = Linger()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -508,8 +509,8 @@ class Dispatcher:
             except trio.TooSlowError:
                 await self.checkpoint()
                 continue
-            if self.linger > 0:
-                await trio.sleep(self.linger)
+            if self.linger.seconds > 0:
+                await self.linger.wait()
                 committed = self.committed.value
             await self.dispatch_through(committed)
 

@@ -143,7 +143,7 @@ class ConsumeQueueService:
             return entry_end(self.store, index)
 
         self.dispatcher = Dispatcher(self.engine, self.committed, end_of)
-        self.dispatcher.linger = FOLLOWER_LINGER  # (every node starts as a follower)
+        self.dispatcher.linger.set(FOLLOWER_LINGER)  # (every node starts as a follower)
 
     @classmethod
     def open(cls, store, committed: Watermark, *, root: str | None = None,
@@ -168,7 +168,13 @@ class ConsumeQueueService:
         if not self._hooked:
             self.store.add_append_hook(self.offsets.append_hook)
             self._hooked = True
-        self.dispatcher.linger = 0.0  # consumers wait on the leader's queues
+        self.hurry()
+
+    def hurry(self) -> None:
+        """Dispatch every commit at once from now on (a node that starts to
+        lead: its catch-up waits for dispatch, and consumers wait on a
+        leader's queues), ending a linger in progress."""
+        self.dispatcher.linger.set(0.0)
 
     def on_retention(self) -> tuple[int, int]:
         """After the store deleted head segments: drop consume queue and
@@ -200,7 +206,7 @@ class ConsumeQueueService:
         if self._hooked:
             self.store.remove_append_hook(self.offsets.append_hook)
             self._hooked = False
-        self.dispatcher.linger = FOLLOWER_LINGER
+        self.dispatcher.linger.set(FOLLOWER_LINGER)
 
     def close(self) -> None:
         self.become_follower()

@@ -35,6 +35,7 @@ from broker.metadata.records import INTERNAL_TOPICS, MetadataRecordError, parse_
 from broker.metadata.tables import MetadataState
 from commitlog.entry import OFF_POS
 from commitlog.errors import CommitLogError
+from commitlog.linger import Linger
 from commitlog.watermark import Watermark
 from consumequeue.record import MessageFormatError, decode
 from native.dispatch import (
@@ -122,7 +123,7 @@ class MetadataApplier:
     # Seconds to let commits gather before applying them (0: at once).  A
     # follower's tables are read by no one's writes, so it applies in
     # batches (MetadataService.follow) instead of a step per commit.
-    linger: float = attrs.field(default=0.0, init=False)
+    linger: Linger = attrs.field(factory=Linger, init=False)
     _recs: object = attrs.field(init=False)
     _resumed: trio.Event = attrs.Factory(trio.Event)
 
@@ -222,8 +223,8 @@ class MetadataApplier:
                 await self._resumed.wait()
                 continue
             await self.committed.wait_for(self.state.applied_index + 1)
-            if self.linger > 0:
-                await trio.sleep(self.linger)
+            if self.linger.seconds > 0:
+                await self.linger.wait()
             try:
                 self.apply_available(max_batches=1)
             except (MetadataApplyError, MetadataRecordError, CommitLogError) as exc:

@@ -219,7 +219,7 @@ class MetadataService:
         """Following a leader, committed records are applied in batches
         (FOLLOWER_LINGER apart: the tables serve no writes here); leading,
         at once (writes wait for their records to be applied)."""
-        self.applier.linger = FOLLOWER_LINGER if following else 0.0
+        self.applier.linger.set(FOLLOWER_LINGER if following else 0.0)
 
     async def leader_barrier(self, timeout: float = math.inf) -> int:
         """Wait until the tables include every entry the log held when this

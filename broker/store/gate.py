@@ -15,8 +15,9 @@
 #
 # Rules.  Losing leadership closes the gate at once (on_role_change runs in
 # the replica's driver, synchronously, so no append of the new role is stamped
-# by a stale offset table) and cancels a catch-up; a new leader's metadata
-# applies at once again (MetadataService.follow) before its barrier.  Each change bumps
+# by a stale offset table) and cancels a catch-up; a follower dispatches and
+# applies metadata in pauses, which becoming leader cuts short (_hurry: the
+# catch-up waits on both while no master is registered).  Each change bumps
 # `generation` (a Watermark) so the registration re-registers promptly.  The
 # gate is the one place that knows "may this broker write now": every write
 # path calls check_writable() first, and it is the metadata service's
@@ -163,6 +164,7 @@ class RoleGate:
     def on_role_change(self, ss: SoftState) -> None:
         self.role, self.term = ss.role, ss.term
         if ss.role is Role.LEADER:
+            self._hurry()
             if not self._writable and self._pending_term != ss.term:
                 self._pending_term = ss.term
                 self._wakeup.set()
@@ -191,15 +193,25 @@ class RoleGate:
         self.cq.become_follower()
         self._bump()
 
+    def _hurry(self) -> None:
+        """A leader's dispatch and metadata work through every commit at
+        once, a follower's pause cut short: the catch-up below waits on
+        both, and the group has no master registered until it ends."""
+        self.cq.hurry()
+        if self.metadata is not None:
+            self.metadata.follow(False)
+
     def _bump(self) -> None:
         self.generation.advance(self.generation.value + 1)
 
     # --- the catch-up task -------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        if self.replica.is_leader and not self._writable:
-            self._pending_term = self.term
-        elif not self.replica.is_leader and self.metadata is not None:
+        if self.replica.is_leader:
+            self._hurry()
+            if not self._writable:
+                self._pending_term = self.term
+        elif self.metadata is not None:
             self.metadata.follow(True)
         task_status.started(self)
         while True:
@@ -216,8 +228,6 @@ class RoleGate:
                     self._catch_up = None
 
     async def _become_writable(self, term: int) -> None:
-        if self.metadata is not None:
-            self.metadata.follow(False)  # (the barrier below and every write wait on the tables)
         store = self.cq.store
         target = store.end_index  # the ledger end as of election, NOOP included
         log.info("%s: leader of term %d; catching up to entry %d before accepting writes",

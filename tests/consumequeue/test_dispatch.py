@@ -204,7 +204,7 @@ async def test_a_follower_dispatches_commits_together_and_a_leader_at_once(tmp_p
             assert trio.current_time() == t1  # no linger
         assert len(rounds) == 4
         svc.become_follower()
-        assert svc.dispatcher.linger == service.FOLLOWER_LINGER
+        assert svc.dispatcher.linger.seconds == service.FOLLOWER_LINGER
         # Stopped while a commit lingers: it is dispatched on the way out.
         store.append_leader(bodies(1, 8), term=1)
         store.set_committed(8)
