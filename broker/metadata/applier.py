@@ -35,7 +35,6 @@ from broker.metadata.records import INTERNAL_TOPICS, MetadataRecordError, parse_
 from broker.metadata.tables import MetadataState
 from commitlog.entry import OFF_POS
 from commitlog.errors import CommitLogError
-from commitlog.linger import Linger
 from commitlog.watermark import Watermark
 from consumequeue.record import MessageFormatError, decode
 from native.dispatch import (
@@ -120,10 +119,6 @@ class MetadataApplier:
     topics_version: Watermark = attrs.field(init=False)
     error: BaseException | None = attrs.field(default=None, init=False)
     stats: collections.Counter = attrs.Factory(collections.Counter)
-    # Seconds to let commits gather before applying them (0: at once).  A
-    # follower's tables are read by no one's writes, so it applies in
-    # batches (MetadataService.follow) instead of a step per commit.
-    linger: Linger = attrs.field(factory=Linger, init=False)
     _recs: object = attrs.field(init=False)
     _resumed: trio.Event = attrs.Factory(trio.Event)
 
@@ -223,8 +218,6 @@ class MetadataApplier:
                 await self._resumed.wait()
                 continue
             await self.committed.wait_for(self.state.applied_index + 1)
-            if self.linger.seconds > 0:
-                await self.linger.wait()
             try:
                 self.apply_available(max_batches=1)
             except (MetadataApplyError, MetadataRecordError, CommitLogError) as exc:

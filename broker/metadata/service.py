@@ -10,9 +10,9 @@
 # commits are coalesced: every commit staged during one flush interval
 # (default 200 ms) becomes one record (split when large), keeping the
 # highest offset per queue; a reset drops the staged commits of the queues
-# it resets, so an older commit can never land after it.  A follower applies
-# in batches FOLLOWER_LINGER apart (its tables serve no writes); follow(False)
-# switches back to applying at once before a new leader's barrier.
+# it resets, so an older commit can never land after it.  Every node applies
+# each commit at once (a deposed master hands writes on to the leader whose
+# broker address the tables announce).
 #
 # Snapshots are written every snapshot_interval seconds when the tables moved,
 # and on clean close.  Retention may delete entries only BELOW
@@ -59,9 +59,6 @@ from broker.metadata.tables import MetadataState, SubscriptionGroupConfig, offse
 from consumequeue.record import LOCALHOST, HostAddr
 
 log = logging.getLogger("ledgermq.metadata")
-
-# How long a follower lets committed records gather before applying them.
-FOLLOWER_LINGER = 0.02
 
 
 class FlushAbortedError(Exception):
@@ -214,12 +211,6 @@ class MetadataService:
 
     async def wait_applied(self, index: int, timeout: float = math.inf) -> int:
         return await self.applier.wait_applied(index, timeout)
-
-    def follow(self, following: bool) -> None:
-        """Following a leader, committed records are applied in batches
-        (FOLLOWER_LINGER apart: the tables serve no writes here); leading,
-        at once (writes wait for their records to be applied)."""
-        self.applier.linger.set(FOLLOWER_LINGER if following else 0.0)
 
     async def leader_barrier(self, timeout: float = math.inf) -> int:
         """Wait until the tables include every entry the log held when this

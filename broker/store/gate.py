@@ -15,9 +15,10 @@
 #
 # Rules.  Losing leadership closes the gate at once (on_role_change runs in
 # the replica's driver, synchronously, so no append of the new role is stamped
-# by a stale offset table) and cancels a catch-up; a follower dispatches and
-# applies metadata in pauses, which becoming leader cuts short (_hurry: the
-# catch-up waits on both while no master is registered).  Each change bumps
+# by a stale offset table) and cancels a catch-up; a follower dispatches in
+# pauses, which becoming leader cuts short (_hurry: the catch-up waits on
+# dispatch).  A follower applies metadata at once: a deposed master hands
+# writes on to the leader whose address the tables announce.  Each change bumps
 # `generation` (a Watermark) so the registration re-registers promptly.  The
 # gate is the one place that knows "may this broker write now": every write
 # path calls check_writable() first, and it is the metadata service's
@@ -178,8 +179,6 @@ class RoleGate:
             self.closed_at = trio.current_time()
             log.info("%s: lost leadership in term %d; writes closed", self.replica.node_id, ss.term)
         self.cq.become_follower()  # idempotent; the hook is gone before the next append
-        if self.metadata is not None:
-            self.metadata.follow(True)
         self._bump()
 
     def close(self) -> None:
@@ -194,12 +193,10 @@ class RoleGate:
         self._bump()
 
     def _hurry(self) -> None:
-        """A leader's dispatch and metadata work through every commit at
-        once, a follower's pause cut short: the catch-up below waits on
-        both, and the group has no master registered until it ends."""
+        """A leader dispatches every commit at once, a follower's pause cut
+        short: the catch-up below waits on dispatch, and the group has no
+        writable master until it ends."""
         self.cq.hurry()
-        if self.metadata is not None:
-            self.metadata.follow(False)
 
     def _bump(self) -> None:
         self.generation.advance(self.generation.value + 1)
@@ -211,8 +208,6 @@ class RoleGate:
             self._hurry()
             if not self._writable:
                 self._pending_term = self.term
-        elif self.metadata is not None:
-            self.metadata.follow(True)
         task_status.started(self)
         while True:
             if self._pending_term is None:

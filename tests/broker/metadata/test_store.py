@@ -15,7 +15,6 @@ from broker.common.values import InvalidMetadataError, TopicConfig
 from broker.metadata import snapshot
 from broker.metadata.applier import MetadataApplier, MetadataGapError, find_hits
 from broker.metadata.records import TOPIC_CONFIG_TOPIC, OffsetCommit, TopicUpsert, encode_op
-from broker.metadata import service as metadata_service
 from broker.metadata.service import MetadataConfig, MetadataService
 from broker.metadata.tables import MetadataState, SubscriptionGroupConfig
 from commitlog.errors import NotLeaderError
@@ -295,42 +294,5 @@ async def test_offsets_of_a_flush_in_flight_stay_visible(tmp_path, autojump_cloc
         await trio.testing.wait_all_tasks_blocked()
         assert svc.query_offset("TopicB", "g", 0) == 20
         assert svc.query_offset("TopicB", "g", 1) == 2
-        nursery.cancel_scope.cancel()
-    store.close()
-
-
-async def test_a_follower_applies_commits_together_and_a_leader_at_once(tmp_path, autojump_clock, monkeypatch):
-    """Following, committed records gather for FOLLOWER_LINGER and are
-    applied in one step; leading, each is applied without waiting."""
-    store = open_store(tmp_path)
-    node = LocalNode(store)
-    svc = MetadataService.open(node, store, str(tmp_path), FAST)
-    steps = []
-    real = MetadataApplier.apply_available
-
-    def counted(self, *a, **kw):
-        steps.append(self.state.applied_index)
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(MetadataApplier, "apply_available", counted)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(svc.run)
-        svc.follow(True)
-        t0 = trio.current_time()
-        for i in range(4):
-            [(index, _)] = await node.append([encode_op(TopicUpsert(TopicConfig(f"Follow{i}", 4, 4)),
-                                                        timestamp_ms=1000 + i)])
-            await trio.testing.wait_all_tasks_blocked()
-        await svc.applier.wait_applied(index)
-        assert len(steps) == 1 and trio.current_time() - t0 >= metadata_service.FOLLOWER_LINGER
-        assert all(svc.topic_config(f"Follow{i}") is not None for i in range(4))
-        svc.follow(False)
-        for i in range(4, 6):
-            t1 = trio.current_time()
-            [(index, _)] = await node.append([encode_op(TopicUpsert(TopicConfig(f"Follow{i}", 4, 4)),
-                                                        timestamp_ms=1000 + i)])
-            await svc.applier.wait_applied(index)
-            assert trio.current_time() == t1
-        assert len(steps) == 3
         nursery.cancel_scope.cancel()
     store.close()
