@@ -10,7 +10,9 @@ ARGS    ?=
 
 .PHONY: setup browser prometheus native test quickstart bench clean screenshots
 
-$(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*)
+# (sources only: the build leaves its .o files in native/src, which would make
+# every make reinstall)
+$(STAMP): pyproject.toml setup.py native/_build.py $(wildcard native/src/*.c native/src/*.h native/src/*.cdef)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip setuptools wheel
 	$(VPY) -m pip install -q -e '.[test,spark,bench,dashboard,grpc]'
